@@ -1,0 +1,25 @@
+"""attn: attention variants, position methods and the shared Transformer backbone."""
+from attn import attention, positions  # noqa: F401  (registers the built-ins)
+from attn.attention.base import Attention, Backend, KVCache, UnsupportedBackend
+from attn.model import PRESETS, DecodeState, Transformer, TransformerConfig
+from attn.positions.base import Position
+from attn.registry import (
+    build_attention,
+    build_position,
+    list_attention,
+    list_positions,
+    load_plugin,
+    parse_spec,
+    plugin_errors,
+    register_attention,
+    register_position,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attention", "Backend", "DecodeState", "KVCache", "PRESETS", "Position", "Transformer",
+    "TransformerConfig", "UnsupportedBackend", "build_attention", "build_position", "list_attention",
+    "list_positions", "load_plugin", "parse_spec", "plugin_errors", "register_attention",
+    "register_position", "__version__",
+]

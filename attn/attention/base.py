@@ -1,0 +1,230 @@
+"""The contract every attention variant implements, and the backend dispatch they share.
+
+A variant subclasses :class:`Attention`, lists its :class:`Backend` s (fastest first) and
+writes one ``backend_<name>(q, k, v, causal)`` method per backend. ``auto`` picks the first
+backend that can run on the inputs' device, dtype and mode; ``last_backend`` says which ran.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+MODES = ("forward", "backward", "decode")
+ALL_MODES = frozenset(MODES)
+
+
+class UnsupportedBackend(RuntimeError):
+    """A backend that cannot run here; the message says why (the harness records it)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one backend can run: modes per device type, dtypes, and an availability probe."""
+
+    name: str
+    devices: dict[str, frozenset[str]]
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    requires: Callable[[], str | None] | None = None  # returns why it cannot run, or None
+    note: str = ""
+
+    def why_not(self, device: str, dtype: torch.dtype, mode: str) -> str | None:
+        if device not in self.devices:
+            return f"{self.name} needs {' or '.join(self.devices).upper()}, inputs are on {device}"
+        if mode not in self.devices[device]:
+            return f"{self.name} has no {mode} on {device}"
+        if dtype not in self.dtypes:
+            return f"{self.name} does not support {str(dtype).removeprefix('torch.')}"
+        if self.requires is not None:
+            return self.requires()
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "devices": {d: sorted(m, key=MODES.index) for d, m in self.devices.items()},
+            "available": self.requires() if self.requires else None,
+            "note": self.note,
+        }
+
+
+def modes(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+def have_module(module: str, why: str = "") -> Callable[[], str | None]:
+    """An availability probe: None if ``module`` imports, else the reason."""
+
+    def probe() -> str | None:
+        import importlib.util
+
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed{why}"
+        return None
+
+    return probe
+
+
+def needs_cuda() -> str | None:
+    return None if torch.cuda.is_available() else "no CUDA device"
+
+
+def visible_pairs(q_len: int, k_len: int, causal: bool, window: int | None = None) -> int:
+    """Number of (query, key) pairs a mask lets through, under the design's conventions.
+
+    Causal masks are bottom-right aligned (query i is absolute position i + k_len - q_len);
+    ``window`` w keeps ``i - w < j <= i`` (causal) or ``|i - j| < w`` (bidirectional).
+    """
+    p = torch.arange(q_len, dtype=torch.int64) + (k_len - q_len)  # absolute query positions
+    lo = torch.zeros_like(p) if window is None else (p - window + 1).clamp(min=0)
+    if causal:
+        hi = p.clamp(max=k_len - 1)
+    else:
+        hi = torch.full_like(p, k_len - 1) if window is None else (p + window - 1).clamp(max=k_len - 1)
+    return int((hi - lo + 1).clamp(min=0).sum())
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every past token, preallocated and grown by doubling (gpt-fast style)."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    length: int = 0
+    capacity_hint: int = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: (B, H, T, D) -> all cached keys/values (B, H, length, D)
+        t = k.shape[2]
+        if self.k is None or self.length + t > self.k.shape[2]:
+            cap = max(self.capacity_hint, 2 * (self.length + t))
+            new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
+            new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+            if self.k is not None:
+                new_k[:, :, : self.length] = self.k[:, :, : self.length]
+                new_v[:, :, : self.length] = self.v[:, :, : self.length]
+            self.k, self.v = new_k, new_v
+        self.k[:, :, self.length : self.length + t] = k
+        self.v[:, :, self.length : self.length + t] = v
+        self.length += t
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+    def truncate(self, length: int) -> None:
+        """Forget tokens past ``length`` (the harness rewinds after each timed decode step)."""
+        self.length = min(self.length, length)
+
+    def nbytes(self) -> int:
+        if self.k is None:
+            return 0
+        B, H, _, D = self.k.shape
+        return 2 * B * H * self.length * D * self.k.element_size()
+
+
+class Attention(nn.Module):
+    """Base class: validates the call, picks the backend, runs it, remembers which ran."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    supports_causal: ClassVar[bool] = True
+    supports_bidirectional: ClassVar[bool] = True
+    exact: ClassVar[bool] = True
+    backends: ClassVar[tuple[Backend, ...]] = ()
+
+    def __init__(self, config: Any, backend: str = "auto"):
+        super().__init__()
+        names = [b.name for b in self.backends]
+        if backend != "auto" and backend not in names:
+            raise ValueError(
+                f"unknown backend {backend!r} for {self.name!r}; valid: auto, {', '.join(names)}"
+            )
+        self.config = config
+        self.backend = backend
+        self.last_backend: str | None = None
+
+    # -- dispatch -----------------------------------------------------------------------
+    def backend_info(self, name: str) -> Backend:
+        return next(b for b in self.backends if b.name == name)
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        """The backend that will run for these inputs, or :class:`UnsupportedBackend` with why."""
+        if self.backend != "auto":
+            why = self.backend_info(self.backend).why_not(device, dtype, mode)
+            if why:
+                raise UnsupportedBackend(f"{self.name}/{self.backend}: {why}")
+            return self.backend
+        reasons = []
+        for b in self.backends:
+            if b.name == "reference" and len(self.backends) > 1:
+                continue  # auto never picks the dense reference when a fast path exists
+            why = b.why_not(device, dtype, mode)
+            if why is None:
+                return b.name
+            reasons.append(why)
+        ref = self.backends[0] if self.backends[0].name == "reference" else None
+        if ref is not None and ref.why_not(device, dtype, mode) is None:
+            return "reference"
+        raise UnsupportedBackend(f"{self.name}: no backend can run ({'; '.join(reasons)})")
+
+    @staticmethod
+    def mode_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return "backward"
+        if q.shape[2] < k.shape[2]:
+            return "decode"
+        return "forward"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """q: (B, H, Lq, D), k, v: (B, H, Lk, D) -> (B, H, Lq, D)."""
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"expected (B, H, L, D) tensors, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        if k.shape[:3] != v.shape[:3] or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+            raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if q.shape[2] > k.shape[2]:
+            raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]})")
+        if causal and not self.supports_causal:
+            raise ValueError(f"{self.name} does not support causal attention")
+        if not causal and not self.supports_bidirectional:
+            raise ValueError(f"{self.name} does not support bidirectional attention")
+        name = self.select_backend(q.device.type, q.dtype, self.mode_of(q, k, v))
+        self.last_backend = name
+        return getattr(self, f"backend_{name}")(q, k, v, causal)
+
+    # -- cost ---------------------------------------------------------------------------
+    def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:
+        """Useful forward FLOPs (masked-out pairs not counted): QK^T and PV, 2 FLOPs per MAC."""
+        return 4 * batch * heads * head_dim * self.pairs(q_len, k_len, causal)
+
+    def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        return visible_pairs(q_len, k_len, causal)
+
+    # -- incremental decoding -----------------------------------------------------------
+    supports_decode: ClassVar[bool] = True
+
+    def new_state(self, max_len: int = 0) -> Any:
+        """Per-layer decoding state; the default keeps every key and value."""
+        return KVCache(capacity_hint=max_len)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any) -> torch.Tensor:
+        """Attend new tokens (q, k, v: (B, H, T, D)) to everything before them; updates ``state``."""
+        keys, values = state.append(k, v)
+        return self(q, keys, values, causal=True)
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        return {
+            "causal": cls.supports_causal,
+            "bidirectional": cls.supports_bidirectional,
+            "exact": cls.exact,
+            "decode": cls.supports_decode,
+            "backends": [b.describe() for b in cls.backends],
+            "doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
+        }
+
+
+__all__ = [
+    "Attention", "Backend", "KVCache", "UnsupportedBackend", "ALL_MODES", "MODES",
+    "have_module", "modes", "needs_cuda", "visible_pairs", "field",
+]

@@ -1,0 +1,100 @@
+"""Full softmax attention (Vaswani et al. 2017): the exact baseline every variant is compared to."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attn.attention.base import ALL_MODES, Attention, Backend, have_module
+from attn.registry import register_attention
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | str = "cpu", window: int | None = None,
+                causal: bool = True) -> torch.Tensor:
+    """Boolean (q_len, k_len) mask, True = may attend; bottom-right aligned as in DESIGN.md."""
+    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=device)[None, :]
+    allowed = j <= i if causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if window is not None:
+        allowed = allowed & ((i - j) < window) if causal else allowed & ((i - j).abs() < window)
+    return allowed
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v with explicit matmuls: the shared reference computation.
+
+    Rows with no visible key return 0 (SDPA would return NaN), so references stay comparable.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    return probs @ v  # (B, H, Lq, D)
+
+
+def _xformers_bias(causal: bool, q_len: int, k_len: int, window: int | None = None):
+    from xformers.ops import fmha
+
+    if window is not None:
+        if causal:
+            return fmha.attn_bias.LowerTriangularFromBottomRightLocalAttentionMask(window)
+        return fmha.attn_bias.LocalAttentionFromBottomRightMask(window_left=window - 1, window_right=window - 1)
+    if causal:
+        return fmha.attn_bias.LowerTriangularFromBottomRightMask()
+    return None
+
+
+def xformers_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       window: int | None = None) -> torch.Tensor:
+    """xformers memory_efficient_attention; it takes (B, L, H, D), we keep (B, H, L, D)."""
+    from xformers.ops import memory_efficient_attention
+
+    bias = _xformers_bias(causal, q.shape[2], k.shape[2], window)
+    out = memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+    return out.transpose(1, 2)
+
+
+XFORMERS = Backend(
+    "xformers",
+    {"cuda": ALL_MODES},
+    dtypes=(torch.float32, torch.bfloat16, torch.float16),
+    requires=have_module("xformers", " (pip install 'attn-bench[gpu]')"),
+    note="xformers.ops.memory_efficient_attention",
+)
+
+
+@dataclass(frozen=True)
+class FullConfig:
+    """Full attention has no parameters."""
+
+
+@register_attention("full", config=FullConfig)
+class FullAttention(Attention):
+    """Exact softmax attention over every visible key: O(L^2) time, O(L) memory with SDPA."""
+
+    backends = (
+        Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="explicit matmul + softmax"),
+        Backend("sdpa", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="torch scaled_dot_product_attention"),
+        XFORMERS,
+    )
+
+    def backend_reference(self, q, k, v, causal):
+        mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
+        return dense_attention(q, k, v, mask)
+
+    def backend_sdpa(self, q, k, v, causal):
+        if causal and q.shape[2] != k.shape[2]:
+            # SDPA's is_causal is top-left aligned; decoding needs bottom-right.
+            mask = causal_mask(q.shape[2], k.shape[2], q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def backend_xformers(self, q, k, v, causal):
+        return xformers_attention(q, k, v, causal)
+
+
+__all__ = ["FullAttention", "FullConfig", "causal_mask", "dense_attention", "xformers_attention"]

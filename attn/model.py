@@ -1,0 +1,195 @@
+"""The shared Transformer backbone: any registered attention variant x any position method.
+
+Kept small enough to read in one sitting (nanoGPT-style). Decoding: ``state = model.init_state(
+batch_size, max_len)`` then feed tokens chunk by chunk with ``model(idx, state=state)``; the
+logits equal one full forward pass over the same tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn.registry import ATTENTION, POSITIONS, build_attention, build_position, check
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int = 256  # bytes by default: the accuracy tasks are byte/token level
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int | None = None  # None -> 4 * d_model (ReLU/GELU) or 8/3 * d_model rounded (SwiGLU)
+    attention: str = "full"
+    attention_params: dict[str, Any] = field(default_factory=dict)
+    backend: str = "auto"
+    position: str = "none"
+    position_params: dict[str, Any] = field(default_factory=dict)
+    max_seq_len: int = 4096  # only learned positions allocate by it
+    norm: Literal["pre", "post"] = "pre"  # post-norm is the 2017 paper's layout
+    ffn: Literal["relu", "gelu", "swiglu"] = "gelu"
+    causal: bool = True  # False -> bidirectional encoder
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        check(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        check(self.n_layers >= 1, "n_layers must be >= 1")
+        check(self.vocab_size >= 1, "vocab_size must be >= 1")
+        check(0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)")
+        check(self.norm in ("pre", "post"), f"norm must be 'pre' or 'post', got {self.norm!r}")
+        check(self.ffn in ("relu", "gelu", "swiglu"), f"ffn must be relu, gelu or swiglu, got {self.ffn!r}")
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model if self.ffn != "swiglu" else 64 * math.ceil(8 * self.d_model / 3 / 64)
+        ATTENTION.get(self.attention)  # unknown names fail here, with the registered list
+        POSITIONS.get(self.position)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> TransformerConfig:
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The 2017 base model (Vaswani et al., Table 3).
+    "paper-base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, norm="post", ffn="relu", dropout=0.1,
+                       vocab_size=37000),
+    # Small CPU presets for the accuracy tasks (a few hundred K to a few M parameters).
+    "tiny": dict(d_model=64, n_heads=2, n_layers=2),
+    "small": dict(d_model=128, n_heads=4, n_layers=2),
+    "medium": dict(d_model=256, n_heads=4, n_layers=4),
+}
+
+
+def position_params_for(config: TransformerConfig) -> dict[str, Any]:
+    """The position config's shape fields (head_dim, d_model, max_seq_len) filled from the model."""
+    entry = POSITIONS.get(config.position)
+    names = {f.name for f in dataclasses.fields(entry.config)}
+    shape = {"head_dim": config.head_dim, "d_model": config.d_model, "max_seq_len": config.max_seq_len}
+    return {**{k: v for k, v in shape.items() if k in names}, **config.position_params}
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: TransformerConfig, position: nn.Module):
+        super().__init__()
+        self.n_heads, self.causal = config.n_heads, config.causal
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.attn = build_attention(config.attention, backend=config.backend, **config.attention_params)
+        self.position = position  # shared with the model; rotary methods act here
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+        q = self.position.rotate(q, start, seq_len)
+        k = self.position.rotate(k, start, seq_len)
+        y = self.attn(q, k, v, causal=self.causal) if state is None else self.attn.step(q, k, v, state)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.dropout(self.proj(y))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.kind = config.ffn
+        hidden = config.d_ff * (2 if self.kind == "swiglu" else 1)
+        self.up = nn.Linear(config.d_model, hidden, bias=config.bias)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.kind == "swiglu":  # Shazeer 2020
+            a, b = h.chunk(2, dim=-1)
+            h = F.silu(a) * b
+        else:
+            h = F.relu(h) if self.kind == "relu" else F.gelu(h)
+        return self.dropout(self.down(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config: TransformerConfig, position: nn.Module):
+        super().__init__()
+        self.pre = config.norm == "pre"
+        self.ln1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = SelfAttention(config, position)
+        self.ffn = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None) -> torch.Tensor:
+        if self.pre:
+            x = x + self.attn(self.ln1(x), start, seq_len, state)
+            return x + self.ffn(self.ln2(x))
+        x = self.ln1(x + self.attn(x, start, seq_len, state))
+        return self.ln2(x + self.ffn(x))
+
+
+@dataclass
+class DecodeState:
+    """Where a generation is: the next position, the announced length, per-layer caches."""
+
+    layers: list[Any]
+    max_len: int
+    start: int = 0
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.position = build_position(config.position, **position_params_for(config))
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, self.position) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias) if config.norm == "pre" else nn.Identity()
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def init_state(self, batch_size: int = 1, max_len: int = 0) -> DecodeState:
+        """Fresh decoding state; ``max_len`` is the length the generation will reach, if known."""
+        if not self.config.causal:
+            raise ValueError("incremental decoding needs a causal model")
+        return DecodeState([b.attn.attn.new_state(max_len) for b in self.blocks], max_len=max_len)
+
+    def forward(self, idx: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab). With ``state``, continues a generation."""
+        B, T = idx.shape
+        start = 0 if state is None else state.start
+        seq_len = start + T if state is None or not state.max_len else max(state.max_len, start + T)
+        x = self.drop(self.position.embed(self.tok_emb(idx), start))
+        for i, block in enumerate(self.blocks):
+            x = block(x, start, seq_len, None if state is None else state.layers[i])
+        if state is not None:
+            state.start += T
+        return self.head(self.ln_f(x))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        logits = self(idx)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+
+
+__all__ = ["Transformer", "TransformerConfig", "DecodeState", "PRESETS", "position_params_for"]

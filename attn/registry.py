@@ -1,0 +1,327 @@
+"""One registry mechanism for everything pluggable: attention variants and position methods.
+
+A registered class takes a validated config dataclass; params arrive from Python or from
+``name:key=value`` spec strings and are checked against the dataclass's field types here,
+once, so every variant gets the same clear errors for free.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered name: its class, its config dataclass and where it came from."""
+
+    name: str
+    cls: type
+    config: type
+    source: str = "builtin"
+
+    def params(self) -> dict[str, Any]:
+        """Parameter name -> default (``dataclasses.MISSING`` shown as ``None`` when required)."""
+        out = {}
+        for f in dataclasses.fields(self.config):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+            else:
+                out[f.name] = None
+        return out
+
+    def required(self) -> list[str]:
+        return [
+            f.name
+            for f in dataclasses.fields(self.config)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and, for strings from the command line, convert) ``value`` against ``tp``."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            if type(None) in args:
+                return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ValueError:
+                pass
+        raise ValueError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = get_args(tp)
+        if value in choices:
+            return value
+        raise ValueError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"{where} must be a bool, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError(f"{where} must be an int, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ValueError(f"{where} must be an int, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError(f"{where} must be a float, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{where} must be a float, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{where} must be a str, got {value!r}")
+    if origin is tuple or tp is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace(";", "/").split("/") if v]
+        if isinstance(value, (list, tuple)):
+            inner = get_args(tp)
+            if inner and inner[-1] is not Ellipsis and len(inner) != len(value):
+                raise ValueError(f"{where} must have {len(inner)} items, got {value!r}")
+            item_tp = inner[0] if inner else Any
+            return tuple(
+                v if item_tp is Any else _coerce(v, item_tp, f"{where}[{i}]")
+                for i, v in enumerate(value)
+            )
+        raise ValueError(f"{where} must be a tuple, got {value!r}")
+    return value
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``"sliding_window:window=256,backend=flex"`` -> ``("sliding_window", {"window": "256", ...})``."""
+    name, _, rest = spec.strip().partition(":")
+    if not name:
+        raise ValueError(f"empty name in spec {spec!r}; expected name[:key=value,...]")
+    params: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"malformed parameter {item!r} in spec {spec!r}; expected key=value")
+        if key.strip() in params:
+            raise ValueError(f"parameter {key.strip()!r} given twice in spec {spec!r}")
+        params[key.strip()] = value.strip()
+    return name, params
+
+
+class Registry:
+    """Name -> (class, config dataclass). Entry-point plugins load lazily on first lookup."""
+
+    def __init__(self, kind: str, entry_point_group: str | None = None):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._entries: dict[str, Entry] = {}
+        self._entry_points_loaded = False
+        self.plugin_errors: dict[str, str] = {}
+        self._loading_source = "builtin"
+
+    # -- registration -------------------------------------------------------------------
+    def register(self, name: str, config: type) -> Callable[[type], type]:
+        if not dataclasses.is_dataclass(config):
+            raise TypeError(f"config for {self.kind} {name!r} must be a dataclass, got {config!r}")
+
+        def decorator(cls: type) -> type:
+            if name in self._entries:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered "
+                    f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"
+                )
+            self._entries[name] = Entry(name, cls, config, self._loading_source)
+            cls.name = name
+            cls.config_class = config
+            return cls
+
+        return decorator
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    # -- plugins ------------------------------------------------------------------------
+    def load_entry_points(self) -> None:
+        if self._entry_points_loaded or self.entry_point_group is None:
+            return
+        self._entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+            self._load(ep.name, ep.load, source=f"entry point {ep.value}")
+
+    def load_plugin(self, path_or_module: str) -> bool:
+        """Import a file (``my_attn.py``) or module (``pkg.mod``) so its decorators register.
+
+        A failure is recorded in ``plugin_errors`` and returns False; it never raises.
+        """
+        def do_import() -> Any:
+            p = Path(path_or_module)
+            if p.suffix == ".py" or p.exists():
+                if not p.is_file():
+                    raise FileNotFoundError(f"no such file: {path_or_module}")
+                mod_name = f"attn_plugin_{p.stem}_{abs(hash(str(p.resolve()))) % 10**8}"
+                if mod_name in sys.modules:
+                    return sys.modules[mod_name]
+                spec = importlib.util.spec_from_file_location(mod_name, p)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[mod_name] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[mod_name]
+                    raise
+                return module
+            return importlib.import_module(path_or_module)
+
+        return self._load(path_or_module, do_import, source=f"plugin {path_or_module}")
+
+    def _load(self, label: str, loader: Callable[[], Any], source: str) -> bool:
+        previous, self._loading_source = self._loading_source, source
+        try:
+            loader()
+            self.plugin_errors.pop(label, None)
+            return True
+        except Exception as e:  # a broken plugin must not break the others
+            self.plugin_errors[label] = f"{type(e).__name__}: {e}"
+            return False
+        finally:
+            self._loading_source = previous
+
+    # -- lookup and build ---------------------------------------------------------------
+    def names(self) -> list[str]:
+        self.load_entry_points()
+        return list(self._entries)
+
+    def get(self, name: str) -> Entry:
+        if name not in self._entries:
+            self.load_entry_points()
+        if name not in self._entries:
+            msg = f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self._entries))}"
+            if self.plugin_errors:
+                msg += "; plugins that failed to load: " + "; ".join(
+                    f"{k} ({v})" for k, v in self.plugin_errors.items()
+                )
+            raise ValueError(msg)
+        return self._entries[name]
+
+    def make_config(self, name: str, params: dict[str, Any]) -> Any:
+        """Validate ``params`` against the config dataclass of ``name`` and instantiate it."""
+        entry = self.get(name)
+        fields = {f.name: f for f in dataclasses.fields(entry.config)}
+        unknown = sorted(set(params) - set(fields))
+        if unknown:
+            valid = ", ".join(fields) or "(none)"
+            raise ValueError(
+                f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                f"for {self.kind} {name!r}; valid: {valid}"
+            )
+        missing = [f for f in entry.required() if f not in params]
+        if missing:
+            raise ValueError(f"{self.kind} {name!r} needs parameter(s): {', '.join(missing)}")
+        hints = typing.get_type_hints(entry.config)
+        typed = {k: _coerce(v, hints.get(k, Any), f"{name}.{k}") for k, v in params.items()}
+        try:
+            return entry.config(**typed)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+
+    def specs(self) -> list[dict[str, Any]]:
+        out = []
+        for name in self.names():
+            entry = self._entries[name]
+            spec = {"name": name, "params": entry.params(), "source": entry.source}
+            describe = getattr(entry.cls, "describe", None)
+            if callable(describe):
+                spec.update(describe())
+            out.append(spec)
+        return out
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``condition``: the one way configs state their rules."""
+    if not condition:
+        raise ValueError(message)
+
+
+ATTENTION = Registry("attention variant", entry_point_group="attn.variants")
+POSITIONS = Registry("position method", entry_point_group="attn.variants")
+
+
+def register_attention(name: str, config: type) -> Callable[[type], type]:
+    """Class decorator: ``@register_attention("my_variant", config=MyConfig)``."""
+    return ATTENTION.register(name, config)
+
+
+def register_position(name: str, config: type) -> Callable[[type], type]:
+    return POSITIONS.register(name, config)
+
+
+def build_attention(name: str, backend: str = "auto", **params: Any) -> Any:
+    """Validated params -> attention module; ``ValueError`` names what is wrong and what is valid."""
+    entry = ATTENTION.get(name)
+    return entry.cls(ATTENTION.make_config(name, params), backend=backend)
+
+
+def build_position(name: str, **params: Any) -> Any:
+    entry = POSITIONS.get(name)
+    return entry.cls(POSITIONS.make_config(name, params))
+
+
+def list_attention() -> list[dict[str, Any]]:
+    return ATTENTION.specs()
+
+
+def list_positions() -> list[dict[str, Any]]:
+    return POSITIONS.specs()
+
+
+def load_plugin(path_or_module: str) -> bool:
+    """Import a user's file or module of variants; failures land in ``plugin_errors()``."""
+    return ATTENTION.load_plugin(path_or_module)
+
+
+def plugin_errors() -> dict[str, str]:
+    ATTENTION.load_entry_points()
+    POSITIONS.load_entry_points()
+    return {**POSITIONS.plugin_errors, **ATTENTION.plugin_errors}
+
+
+__all__ = [
+    "ATTENTION", "POSITIONS", "Entry", "Registry", "build_attention", "build_position", "check",
+    "list_attention", "list_positions", "load_plugin", "parse_spec", "plugin_errors",
+    "register_attention", "register_position",
+]

@@ -1,0 +1,1 @@
+"""harness: measuring attention variants (cost, accuracy), storing results, plotting them."""

@@ -1,0 +1,126 @@
+"""The ``attn-bench`` command line. Subcommands load lazily so ``attn-bench list`` stays fast.
+
+Bad input ends with one line on stderr and exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Any
+
+import click
+
+COMMANDS = {
+    "list": "harness.cli:list_command",
+    "sweep": "harness.sweep:sweep_command",
+    "accuracy": "harness.accuracy.cli:accuracy_command",
+    "plot": "harness.plots:plot_command",
+    "report": "harness.report:report_command",
+    "compare": "harness.compare:compare_command",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, _, attr = COMMANDS[name].partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            reason = f"{type(e).__name__}: {e}"
+
+            @click.command(name, help=f"(unavailable: {reason})")
+            def unavailable() -> None:
+                raise click.UsageError(f"'{name}' is not available in this build: {reason}")
+            return unavailable
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attn-bench")
+def cli() -> None:
+    """Benchmark long-context attention variants: speed, memory and accuracy across lengths."""
+
+
+def load_plugins(plugins: tuple[str, ...]) -> None:
+    """Load ``--plugin`` files/modules; a broken one is reported by name and skipped."""
+    import attn
+
+    for p in plugins:
+        if not attn.load_plugin(p):
+            click.echo(f"attn-bench: plugin {p} failed to load: {attn.plugin_errors()[p]}", err=True)
+
+
+def _fmt_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+@click.command("list")
+@click.option("--plugin", "plugins", multiple=True, help="File or module registering extra variants.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
+    """List attention variants, position methods and sweep presets."""
+    import attn
+
+    load_plugins(plugins)
+    variants, positions = attn.list_attention(), attn.list_positions()
+    presets = _presets()
+    if as_json:
+        click.echo(json.dumps({"attention": variants, "positions": positions, "presets": presets}, default=str, indent=1))
+        return
+    click.secho("Attention variants", bold=True)
+    for v in variants:
+        caps = [c for c in ("causal", "bidirectional", "decode") if v.get(c)] + ["exact" if v.get("exact") else "approximate"]
+        click.echo(f"  {v['name']:<16} {v.get('doc', '')}")
+        click.echo(f"    params:       {_fmt_params(v['params'])}")
+        click.echo(f"    capabilities: {', '.join(caps)}")
+        for b in v.get("backends", []):
+            where = "; ".join(f"{d}: {'/'.join(m)}" for d, m in b["devices"].items())
+            avail = f"  [unavailable: {b['available']}]" if b["available"] else ""
+            click.echo(f"    backend {b['name']:<11} {where}{avail}")
+        if v["source"] != "builtin":
+            click.echo(f"    from {v['source']}")
+    click.secho("Position methods", bold=True)
+    for p in positions:
+        click.echo(f"  {p['name']:<16} [{p.get('kind')}] {p.get('doc', '')}")
+        click.echo(f"    params: {_fmt_params(p['params'])}")
+    if presets:
+        click.secho("Sweep presets", bold=True)
+        for name, text in presets.items():
+            click.echo(f"  {name:<8} {text}")
+    errors = attn.plugin_errors()
+    for label, err in errors.items():
+        click.echo(f"plugin {label} failed to load: {err}", err=True)
+
+
+def _presets() -> dict[str, str]:
+    try:
+        from harness.presets import describe_presets
+    except ImportError:
+        return {}
+    return describe_presets()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="attn-bench", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("attn-bench: aborted", err=True)
+        return 130
+    except click.ClickException as e:
+        click.echo(f"attn-bench: error: {e.format_message()}", err=True)
+        return 2
+    except ValueError as e:  # bad input detected by our own validation
+        click.echo(f"attn-bench: error: {e}", err=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

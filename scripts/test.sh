@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The README's test command: set up from scratch if needed, lint, then run the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+ruff check .
+python -m pytest -q -p no:cacheprovider tests
