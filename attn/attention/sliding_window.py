@@ -1,0 +1,233 @@
+"""Sliding-window (local) attention: each query sees only the ``window`` nearest keys.
+
+The local attention of Longformer (Beltagy et al. 2020, https://arxiv.org/abs/2004.05150) and
+Mistral 7B (Jiang et al. 2023, https://arxiv.org/abs/2310.06825): O(L * w) work instead of O(L^2),
+and a decoding cache bounded by the window (Mistral's rolling buffer cache).
+
+Convention (DESIGN.md): causal, query i sees key j iff ``i - w < j <= i`` (w keys, itself included;
+bottom-right aligned when Lq < Lk); bidirectional, ``|i - j| < w``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attn.attention import flex
+from attn.attention.base import ALL_MODES, Attention, Backend, modes, visible_pairs
+from attn.attention.full import XFORMERS, causal_mask, dense_attention, xformers_attention
+from attn.registry import check, register_attention
+
+FLEX_BLOCK = 128  # FlexAttention's default tile; the BlockMask layout is built at this granularity
+
+
+@dataclass(frozen=True)
+class SlidingWindowConfig:
+    """``window``: keys each query sees (itself included, causal) -- Mistral 7B uses 4096."""
+
+    window: int = 256
+
+    def __post_init__(self):
+        check(self.window >= 1, f"window must be >= 1, got {self.window}")
+
+
+# -- flex: BlockMask straight from the band's block layout ---------------------------------------
+
+def band_block_layout(q_len: int, k_len: int, window: int, causal: bool,
+                      block: int = FLEX_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) bool (nq, nk) layouts of the window band, without touching the L x L mask.
+
+    A block is ``full`` when every pair in it is visible and it lies wholly inside both lengths;
+    blocks that are cut by the band's edge or touch a padded tail are ``partial`` (masked exactly).
+    """
+    nq, nk = -(-q_len // block), -(-k_len // block)
+    offset = k_len - q_len  # query row r is absolute position r + offset (bottom-right aligned)
+    qb = torch.arange(nq)[:, None]
+    kb = torch.arange(nk)[None, :]
+    # Range of (query position - key position) over the block pair.
+    d_lo = qb * block + offset - (kb * block + block - 1)
+    d_hi = qb * block + block - 1 + offset - kb * block
+    lo, hi = (0, window - 1) if causal else (-(window - 1), window - 1)
+    any_visible = (d_hi >= lo) & (d_lo <= hi)
+    inside = (d_lo >= lo) & (d_hi <= hi)
+    whole = ((qb + 1) * block <= q_len) & ((kb + 1) * block <= k_len)  # no padded rows or columns
+    full = any_visible & inside & whole
+    return any_visible & ~full, full
+
+
+def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool) -> flex.MaskMod:
+    """Exact per-pair rule for partial blocks; excludes padded keys (k >= k_len)."""
+    offset = k_len - q_len
+
+    def sliding_window_mask(b, h, q_idx, kv_idx):
+        d = q_idx + offset - kv_idx
+        visible = (d >= 0) & (d < window) if causal else (d < window) & (d > -window)
+        return visible & (kv_idx < k_len)
+
+    sliding_window_mask.__name__ = f"sliding_window_{window}_{'causal' if causal else 'bidirectional'}"
+    return sliding_window_mask
+
+
+@functools.lru_cache(maxsize=32)
+def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: str) -> flex.BlockMask:
+    """Cached BlockMask of the band; O(nq * nk) to build, never O(L^2)."""
+    partial, full = band_block_layout(q_len, k_len, window, causal)
+    mask = flex.block_mask_from_layout(partial, full, FLEX_BLOCK, q_len, k_len, band_mask_mod(q_len, k_len, window, causal))
+    return mask.to(device)
+
+
+# -- blocked: pure torch, O(L * w) time and memory -----------------------------------------------
+
+def blocked_chunk(window: int, q_len: int) -> int:
+    """Query chunk c: each chunk scores c + w - 1 keys (causal), so c ~ w/2 wastes ~1/3 of the work
+    while keeping the batched matmuls big enough; never more than the queries there are."""
+    return max(1, min(q_len, max(64, window // 2)))
+
+
+def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool,
+                      chunk: int | None = None) -> torch.Tensor:
+    """Exact sliding-window attention in O(L * w): queries in chunks of c, each against its key span.
+
+    q: (B, H, Lq, D), k, v: (B, H, Lk, D), Lq <= Lk (queries are the last Lq positions).
+    Chunk n of queries needs keys ``[n*c - (w-1), n*c + c - 1 (+ w-1 if bidirectional)]`` in
+    query coordinates; an ``unfold`` of the (padded) keys gives all spans as overlapping views,
+    and autograd sums the overlaps back in the backward.
+    """
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    w = window
+    c = chunk or blocked_chunk(w, Lq)
+    n = -(-Lq // c)
+    span = c + (w - 1) * (1 if causal else 2)  # keys scored per query chunk
+    start = Lk - Lq - (w - 1)  # key index at the start of chunk 0's span
+    need = (n - 1) * c + span  # key positions covered by all spans together
+    lo, hi = max(start, 0), min(start + need, Lk)
+    kk = F.pad(k[:, :, lo:hi], (0, 0, lo - start, start + need - hi))  # (B, H, need, D)
+    vv = F.pad(v[:, :, lo:hi], (0, 0, lo - start, start + need - hi))
+    qq = F.pad(q, (0, 0, 0, n * c - Lq)).view(B, H, n, c, D)  # (B, H, n, c, D)
+    k_spans = kk.unfold(2, span, c)  # (B, H, n, D, span)
+    v_spans = vv.unfold(2, span, c).transpose(-1, -2)  # (B, H, n, span, D)
+
+    a = torch.arange(c, device=q.device)[:, None]  # query offset in its chunk
+    b = torch.arange(span, device=q.device)[None, :]  # key offset in its span
+    # Query (n, a) is at position start + n*c + a + (w-1); key (n, b) at start + n*c + b.
+    band = (b >= a) & (b <= a + (w - 1) * (1 if causal else 2))  # (c, span)
+    key_pos = start + torch.arange(n, device=q.device)[:, None, None] * c + b  # (n, 1, span)
+    mask = band & (key_pos >= 0) & (key_pos < Lk)  # (n, c, span)
+    # Padded query rows (past Lq) may see no key; a finite fill keeps their softmax NaN-free so
+    # the (discarded) rows cannot poison the key/value gradients.
+    scores = (qq @ k_spans) * (1.0 / math.sqrt(D))  # (B, H, n, c, span)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    out = probs @ v_spans  # (B, H, n, c, D)
+    return out.reshape(B, H, n * c, D)[:, :, :Lq]
+
+
+# -- decoding: a cache that keeps only the last w - 1 keys ---------------------------------------
+
+@dataclass
+class RollingKVCache:
+    """Keys/values of the last ``keep = w - 1`` tokens: all a new token can see besides itself
+    (Mistral's rolling buffer cache), so decoding memory is bounded by the window, not the length."""
+
+    keep: int
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    length: int = 0  # tokens seen so far
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: (B, H, T, D) new tokens -> (cached + new) keys/values; then keeps the last ``keep``."""
+        keys = k if self.k is None else torch.cat([self.k, k], dim=2)  # (B, H, cached + T, D)
+        values = v if self.v is None else torch.cat([self.v, v], dim=2)
+        n = keys.shape[2]
+        # clone: a view would pin the whole concatenation in memory.
+        self.k = keys[:, :, max(n - self.keep, 0):].clone()
+        self.v = values[:, :, max(n - self.keep, 0):].clone()
+        self.length += k.shape[2]
+        return keys, values
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def truncate(self, length: int) -> None:
+        """Forget the newest tokens past ``length``; only possible while no token it needs was evicted."""
+        if length >= self.length:
+            return
+        drop = self.length - length
+        if self.cached - drop < min(length, self.keep):
+            raise ValueError(
+                f"cannot rewind a rolling cache from {self.length} to {length} tokens: keys it needs were "
+                f"evicted (it keeps the last {self.keep}); copy the state before stepping instead"
+            )
+        self.k = self.k[:, :, : self.cached - drop].clone()
+        self.v = self.v[:, :, : self.cached - drop].clone()
+        self.length = length
+
+    def nbytes(self) -> int:
+        if self.k is None:
+            return 0
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+# -- the variant --------------------------------------------------------------------------------
+
+@register_attention("sliding_window", config=SlidingWindowConfig)
+class SlidingWindowAttention(Attention):
+    """Local attention over the last ``window`` keys (Longformer / Mistral style); exact, O(L * w)."""
+
+    backends = (
+        Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense windowed mask + explicit softmax"),
+        Backend(
+            "flex",
+            {"cpu": modes("forward"), "cuda": modes("forward", "backward")},  # Flex has no CPU backward
+            dtypes=(torch.float32, torch.bfloat16, torch.float16),
+            requires=flex.flex_unavailable,
+            note="compiled FlexAttention, BlockMask from the band's block layout",
+        ),
+        Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, pure torch"),
+        XFORMERS,
+    )
+
+    @property
+    def window(self) -> int:
+        return self.config.window
+
+    def backend_reference(self, q, k, v, causal):
+        mask = causal_mask(q.shape[2], k.shape[2], q.device, window=self.window, causal=causal)
+        return dense_attention(q, k, v, mask)
+
+    def backend_flex(self, q, k, v, causal):
+        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device))
+        return flex.run_flex(q, k, v, block_mask)
+
+    def backend_blocked(self, q, k, v, causal):
+        return blocked_attention(q, k, v, self.window, causal)
+
+    def backend_xformers(self, q, k, v, causal):
+        return xformers_attention(q, k, v, causal, window=self.window)
+
+    def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        return visible_pairs(q_len, k_len, causal, window=self.window)
+
+    # -- incremental decoding -----------------------------------------------------------
+    def new_state(self, max_len: int = 0) -> RollingKVCache:
+        return RollingKVCache(keep=self.window - 1)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: RollingKVCache) -> torch.Tensor:
+        """q, k, v: (B, H, T, D) new tokens -> (B, H, T, D), attending to the cache and themselves."""
+        keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
+        # A step is decoding even when the cache is still empty: never compile Flex for one token.
+        mode = self.mode_of(q, keys, values)
+        name = self.select_backend(q.device.type, q.dtype, "decode" if mode == "forward" else mode)
+        self.last_backend = name
+        return getattr(self, f"backend_{name}")(q, keys, values, True)
+
+
+__all__ = [
+    "RollingKVCache", "SlidingWindowAttention", "SlidingWindowConfig", "band_block_layout", "band_block_mask",
+    "band_mask_mod", "blocked_attention",
+]
