@@ -1,0 +1,304 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"): softmax -> phi(q) phi(k)^T.
+
+out_i = phi(q_i) S_i / max(phi(q_i) . z_i, eps),  S_i = sum_j phi(k_j)^T v_j (d_phi x D),  z_i = sum_j phi(k_j),
+summing over j <= i (causal) or every j (bidirectional). One variant, three equal forms:
+the quadratic parallel form (``reference``), the chunkwise-parallel form (``chunked``: quadratic inside
+a chunk, a carried state between chunks; Yang et al. 2024, "Gated Linear Attention Transformers with
+Hardware-Efficient Training", sec. 3 without gates) and the recurrence (``recurrent``: one token at a
+time, constant memory -- the decoding path). ``fla`` runs flash-linear-attention's Triton kernel.
+
+Scale: ``elu1`` and ``relu`` see raw q and k, as in Katharopoulos et al. (for relu a D^-1/2 would cancel
+anyway); ``favor`` scales q and k by D^-1/4 each, so it estimates softmax(q k^T / sqrt(D)) like ``full``.
+
+Numerics: after the inputs everything runs in fp32 (fp64 for fp64 inputs) -- features, state and
+normaliser -- and the output is cast back: a bf16 running sum over thousands of tokens drifts. z rides
+along as an extra all-ones column of v, so one matmul yields numerator and normaliser together.
+
+favor stabiliser: each key's features are divided by exp of its largest logit M_j (so nothing
+overflows) and query i rescales key j by exp(M_j - R_i), R_i = max_{j<=i} M_j. This is the paper's
+"subtract the max over all keys" made causal, as in online softmax: no query depends on a later key
+even through rounding, and the decoder's state stays constant-size (S, z, R).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+from attn.attention.base import ALL_MODES, Attention, Backend, have_module, modes
+from attn.attention.feature_maps import ELEMENTWISE, favor_features, favor_logits, orthogonal_gaussian
+from attn.attention.full import causal_mask
+from attn.registry import check, register_attention
+
+FeatureMap = Literal["elu1", "relu", "favor"]
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    feature_map: FeatureMap = "elu1"
+    num_features: int = 64  # favor only: random features m; the estimate's variance falls as 1/m
+    seed: int = 0  # favor only: draws the orthogonal random features (fixed, never redrawn)
+    chunk_size: int = 64  # chunked backend: tokens per chunk; the fastest of 64/128/256 on a 2-core CPU
+    eps: float = 1e-6  # normaliser clamp: relu features of a query can all be zero
+
+    def __post_init__(self) -> None:
+        check(self.feature_map in get_args(FeatureMap),
+              f"feature_map must be one of {', '.join(get_args(FeatureMap))}, got {self.feature_map!r}")
+        check(self.num_features >= 1, f"num_features must be >= 1, got {self.num_features}")
+        check(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        check(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
+        check(math.isfinite(self.eps) and self.eps > 0, f"eps must be a positive finite float, got {self.eps}")
+
+
+@dataclass
+class LinearState:
+    """Decoding state, the same size at every length: kv = [S | z] (B, H, d_phi, D + 1), fp32.
+
+    ``log_scale`` (B, H) is favor's running max key logit (None otherwise). A recurrent state cannot
+    forget tokens, so ``truncate`` can only undo the last step (the harness rewinds one timed step).
+    """
+
+    kv: torch.Tensor | None = None
+    log_scale: torch.Tensor | None = None
+    length: int = 0
+    _undo: tuple | None = None
+
+    @property
+    def S(self) -> torch.Tensor | None:  # noqa: N802  (the paper's name)
+        return None if self.kv is None else self.kv[..., :-1]  # (B, H, d_phi, D)
+
+    @property
+    def z(self) -> torch.Tensor | None:
+        return None if self.kv is None else self.kv[..., -1]  # (B, H, d_phi)
+
+    def update(self, kv: torch.Tensor, log_scale: torch.Tensor | None, new_tokens: int) -> None:
+        self._undo = (self.kv, self.log_scale, self.length)
+        self.kv, self.log_scale, self.length = kv, log_scale, self.length + new_tokens
+
+    def truncate(self, length: int) -> None:
+        if length >= self.length:
+            return
+        if self._undo is None or self._undo[2] != length:
+            last = "nothing" if self._undo is None else f"only to {self._undo[2]}"
+            raise ValueError(f"a linear-attention state cannot forget tokens: at {self.length}, it can rewind {last}, "
+                             f"not to {length}")
+        self.kv, self.log_scale, self.length = self._undo
+        self._undo = None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.log_scale) if t is not None)
+
+
+# -- the three forms of the causal sum, on features (all fp32) ------------------------------------
+# phi_q, phi_k: (B, H, T, d); v1 = [v | 1]: (B, H, T, D + 1); log_k: (B, H, T) favor key scales or None;
+# kv: (B, H, d, D + 1) state of the keys before these tokens, at scale r: (B, H) (None without log_k).
+
+def _absorb(phi_k, v1, log_k, kv, r):
+    """Add T >= 1 keys to the state at once (prefix of a decode call, or the whole bidirectional sum)."""
+    if log_k is None:
+        return kv + phi_k.transpose(-1, -2) @ v1, None
+    r_new = torch.maximum(r, log_k.amax(-1))  # (B, H)
+    w = torch.exp(log_k - r_new[..., None])[..., None]  # (B, H, T, 1), <= 1
+    return kv * torch.exp(r - r_new)[..., None, None] + (phi_k * w).transpose(-1, -2) @ v1, r_new
+
+
+def _causal_chunked(phi_q, phi_k, v1, log_k, kv, r, chunk: int):
+    """Chunkwise parallel: masked quadratic inside each chunk + the carried state of earlier chunks.
+
+    O(T c d + T d D) work and O(c^2 + d D) live memory per (batch, head); the last chunk may be short.
+    """
+    T = phi_q.shape[2]
+    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=phi_q.device).tril()
+    outs = []
+    for s in range(0, T, chunk):
+        e = min(s + chunk, T)
+        qc, kc, vc = phi_q[:, :, s:e], phi_k[:, :, s:e], v1[:, :, s:e]  # (B, H, n, .)
+        hidden = ~tril[: e - s, : e - s]
+        a = qc @ kc.transpose(-1, -2)  # (B, H, n, n)
+        if log_k is None:
+            outs.append(a.masked_fill(hidden, 0.0) @ vc + qc @ kv)
+            kv = kv + kc.transpose(-1, -2) @ vc
+            continue
+        lc = log_k[..., s:e]  # (B, H, n)
+        R = torch.maximum(lc.cummax(-1).values, r[..., None])  # (B, H, n): each query's common key scale
+        decay = torch.exp((lc[..., None, :] - R[..., :, None]).clamp(max=0.0))  # (B, H, n, n), exact where visible
+        outs.append((a * decay).masked_fill(hidden, 0.0) @ vc + (qc @ kv) * torch.exp(r[..., None] - R)[..., None])
+        r_new = R[..., -1]
+        kc = kc * torch.exp(lc - r_new[..., None])[..., None]
+        kv = kv * torch.exp(r - r_new)[..., None, None] + kc.transpose(-1, -2) @ vc
+        r = r_new
+    return torch.cat(outs, 2), kv, r
+
+
+def _causal_recurrent(phi_q, phi_k, v1, log_k, kv, r):
+    """The RNN view: per token, a rank-1 update of [S | z], then read it out with phi(q_t)."""
+    outs = []
+    for t in range(phi_q.shape[2]):
+        update = phi_k[:, :, t, :, None] * v1[:, :, t, None, :]  # (B, H, d, D + 1)
+        if log_k is None:
+            kv = kv + update
+        else:
+            lt = log_k[..., t]
+            r_new = torch.maximum(r, lt)
+            kv = kv * torch.exp(r - r_new)[..., None, None] + update * torch.exp(lt - r_new)[..., None, None]
+            r = r_new
+        outs.append(phi_q[:, :, t, None] @ kv)  # (B, H, 1, D + 1)
+    return torch.cat(outs, 2), kv, r
+
+
+@register_attention("linear", config=LinearConfig)
+class LinearAttention(Attention):
+    """Kernelised linear attention phi(q)(phi(k)^T v): O(L d^2) time, constant-size decoding state."""
+
+    exact = False  # not softmax attention (favor estimates it; elu1/relu are different kernels)
+    backends = (
+        Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="quadratic parallel form, explicit causal mask"),
+        Backend("chunked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="chunkwise parallel, O(L c d + L d^2)"),
+        Backend("recurrent", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="token by token, (d_phi x D) state; decode path"),
+        Backend(
+            "fla",
+            {"cuda": modes("forward", "backward")},
+            dtypes=(torch.float32, torch.bfloat16, torch.float16),
+            requires=have_module("fla", " (pip install 'attn-bench[gpu]')"),
+            note="flash-linear-attention chunk_linear_attn (Triton) on the features",
+        ),
+    )
+
+    def __init__(self, config: LinearConfig, backend: str = "auto"):
+        super().__init__(config, backend)
+        # favor's random features: a buffer (moves with .to()), not saved (redrawn from seed), drawn
+        # lazily because the head dim is only known at the first call.
+        self.register_buffer("projection", None, persistent=False)
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        # auto: chunked for forward and backward (first in order), the recurrence for decoding.
+        if self.backend == "auto" and mode == "decode" and self.backend_info("recurrent").why_not(device, dtype, mode) is None:
+            return "recurrent"
+        return super().select_backend(device, dtype, mode)
+
+    # -- features -------------------------------------------------------------------------------
+    def feature_dim(self, head_dim: int) -> int:
+        return self.config.num_features if self.config.feature_map == "favor" else head_dim
+
+    def random_features(self, head_dim: int, device: torch.device) -> torch.Tensor:
+        """favor's (num_features, head_dim) orthogonal projection, the same for every call and device."""
+        p, m = self.projection, self.config.num_features
+        if p is None or p.shape != (m, head_dim) or p.device != device or p.dtype not in (torch.float32, torch.float64):
+            self.projection = orthogonal_gaussian(m, head_dim, self.config.seed).to(device=device, dtype=torch.float32)
+        return self.projection
+
+    def features(self, q: torch.Tensor, k: torch.Tensor):
+        """q: (B, H, Lq, D), k: (B, H, Lk, D) -> phi(q) (B, H, Lq, d), phi(k) (B, H, Lk, d), key log scale (B, H, Lk) or None."""
+        if self.config.feature_map != "favor":
+            phi = ELEMENTWISE[self.config.feature_map]
+            return phi(q), phi(k), None
+        w = self.random_features(q.shape[-1], q.device).to(q.dtype)
+        phi_q, _ = favor_features(favor_logits(q, w))  # a query's own scale cancels in the ratio
+        phi_k, log_k = favor_features(favor_logits(k, w))
+        return phi_q, phi_k, log_k
+
+    def _prepare(self, q, k, v):
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        phi_q, phi_k, log_k = self.features(q, k)
+        v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)  # (B, H, Lk, D + 1): the last column sums z
+        return phi_q, phi_k, v1, log_k
+
+    def _empty_state(self, phi_k, v1, log_k):
+        B, H, _, d = phi_k.shape
+        kv = phi_k.new_zeros(B, H, d, v1.shape[-1])
+        return kv, (None if log_k is None else phi_k.new_full((B, H), -math.inf))
+
+    def _normalise(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # out: (B, H, Lq, D + 1) = [phi(q) S | phi(q) . z]
+        return (out[..., :-1] / out[..., -1:].clamp(min=self.config.eps)).to(dtype)
+
+    def _state_form(self, q, k, v, causal, core):
+        phi_q, phi_k, v1, log_k = self._prepare(q, k, v)
+        kv, r = self._empty_state(phi_k, v1, log_k)
+        if not causal:  # every query reads the state of all keys
+            kv, _ = _absorb(phi_k, v1, log_k, kv, r)
+            return self._normalise(phi_q @ kv, q.dtype)
+        p = k.shape[2] - q.shape[2]  # bottom-right: queries are the last Lq positions; keys before them form a prefix
+        if p:
+            kv, r = _absorb(phi_k[:, :, :p], v1[:, :, :p], None if log_k is None else log_k[..., :p], kv, r)
+        out, _, _ = core(phi_q, phi_k[:, :, p:], v1[:, :, p:], None if log_k is None else log_k[..., p:], kv, r)
+        return self._normalise(out, q.dtype)
+
+    # -- backends -------------------------------------------------------------------------------
+    def backend_reference(self, q, k, v, causal):
+        phi_q, phi_k, _, log_k = self._prepare(q, k, v)
+        a = phi_q @ phi_k.transpose(-1, -2)  # (B, H, Lq, Lk) unnormalised weights
+        if log_k is not None:  # favor: rescale key j to the scale of query i, the max key logit it sees
+            R = log_k.cummax(-1).values[..., k.shape[2] - q.shape[2]:] if causal else log_k.amax(-1, keepdim=True)
+            a = a * torch.exp((log_k[..., None, :] - R[..., :, None]).clamp(max=0.0))
+        if causal:
+            a = a.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), 0.0)
+        v = v.to(a.dtype)
+        return ((a @ v) / a.sum(-1, keepdim=True).clamp(min=self.config.eps)).to(q.dtype)
+
+    def backend_chunked(self, q, k, v, causal):
+        chunk = self.config.chunk_size
+        return self._state_form(q, k, v, causal, lambda *xs: _causal_chunked(*xs, chunk))
+
+    def backend_recurrent(self, q, k, v, causal):
+        return self._state_form(q, k, v, causal, _causal_recurrent)
+
+    def backend_fla(self, q, k, v, causal):
+        """fla's chunk kernel computes phi(q) S; the clamped normaliser is computed here (fla adds 1e-10)."""
+        if not causal:  # no causal sum to fuse: the bidirectional form is two matmuls
+            return self._state_form(q, k, v, causal, None)
+        from fla.ops.linear_attn import chunk_linear_attn
+
+        phi_q, phi_k, v1, log_k = self._prepare(q, k, v)
+        if log_k is not None:  # the kernel takes one scale for all keys: the paper's max over keys
+            phi_k = phi_k * torch.exp(log_k - log_k.amax(-1, keepdim=True))[..., None]
+        p = k.shape[2] - q.shape[2]
+        kv = phi_k[:, :, :p].transpose(-1, -2) @ v1[:, :, :p]  # (B, H, d, D + 1) prefix state (zeros if p == 0)
+        kwargs = dict(scale=1.0, initial_state=kv[..., :-1].contiguous(), output_final_state=False, normalize=False)
+        if "head_first" in inspect.signature(chunk_linear_attn).parameters:
+            kwargs["head_first"] = False
+        bthd = lambda x: x.transpose(1, 2).contiguous()  # fla takes (B, T, H, K)
+        num, _ = chunk_linear_attn(bthd(phi_q), bthd(phi_k[:, :, p:]), bthd(v1[:, :, p:, :-1]), **kwargs)
+        z = kv[..., -1].unsqueeze(2) + phi_k[:, :, p:].cumsum(2)  # (B, H, Lq, d) running key sums
+        den = (phi_q * z).sum(-1, keepdim=True)
+        return (num.transpose(1, 2) / den.clamp(min=self.config.eps)).to(q.dtype)
+
+    # -- cost -----------------------------------------------------------------------------------
+    def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:
+        """Useful FLOPs of the linear (recurrent) form, 2 per MAC; the same causal or not, and not L^2.
+
+        Per token, feature map: favor 2 D m (projection) + m (exp); elu1/relu D (one op per element),
+        for queries and keys. Per key: phi(k)^T v into S, 2 d D, and phi(k) into z, d. Per query:
+        phi(q) S, 2 d D, phi(q) . z, 2 d, and D divisions (d = d_phi). The chunked backend's extra
+        intra-chunk products are an implementation cost, not counted.
+        """
+        d = self.feature_dim(head_dim)
+        feature = 2 * head_dim * d + d if self.config.feature_map == "favor" else head_dim
+        per_key = feature + 2 * d * head_dim + d
+        per_query = feature + 2 * d * head_dim + 2 * d + head_dim
+        return batch * heads * (k_len * per_key + q_len * per_query)
+
+    # -- incremental decoding -------------------------------------------------------------------
+    def new_state(self, max_len: int = 0) -> LinearState:
+        """A constant-size recurrent state; ``max_len`` is not needed (nothing grows with length)."""
+        return LinearState()
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: LinearState) -> torch.Tensor:
+        """New tokens q, k, v: (B, H, T, D) -> (B, H, T, D); T == 1 runs the recurrence, T > 1 (prefill) the chunks."""
+        phi_q, phi_k, v1, log_k = self._prepare(q, k, v)
+        kv, r = (state.kv, state.log_scale) if state.kv is not None else self._empty_state(phi_k, v1, log_k)
+        if q.shape[2] == 1:
+            out, kv, r = _causal_recurrent(phi_q, phi_k, v1, log_k, kv, r)
+            self.last_backend = "recurrent"
+        else:
+            out, kv, r = _causal_chunked(phi_q, phi_k, v1, log_k, kv, r, self.config.chunk_size)
+            self.last_backend = "chunked"
+        state.update(kv, r, q.shape[2])
+        return self._normalise(out, q.dtype)
+
+
+__all__ = ["LinearAttention", "LinearConfig", "LinearState"]
