@@ -1,0 +1,283 @@
+"""Block-sparse attention: softmax attention restricted to a boolean layout of (query block, key block) pairs.
+
+The layout is built from named, combinable parts: a local band and global blocks (Longformer,
+Beltagy et al. 2020; BigBird, Zaheer et al. 2020, arXiv:2007.14062), random blocks (BigBird) and
+the strided pattern of the Sparse Transformer (Child et al. 2019, arXiv:1904.10509, Sec. 4.2).
+
+Blocks are absolute: block ``b`` covers positions ``[b * block_size, (b + 1) * block_size)``, the
+last block is cut at the sequence length. When ``Lq < Lk`` the queries are the last ``Lq`` positions
+(bottom-right alignment, DESIGN.md), so the layout is computed over ``Lk`` and the rows of the blocks
+holding the queries are used; that keeps token-by-token decoding equal to one full forward pass.
+
+Element rule: query at absolute position ``i`` sees key ``j`` iff ``layout[i // bs, j // bs]`` and
+``j < Lk`` and, when causal, ``j <= i`` (inside the diagonal block too).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attn.attention.base import ALL_MODES, Attention, Backend, modes
+from attn.attention.flex import block_mask_from_layout, flex_unavailable, layout_to_kv_blocks, run_flex
+from attn.attention.full import dense_attention
+from attn.registry import check, register_attention
+
+
+@dataclass(frozen=True)
+class BlockSparseConfig:
+    """Layout parts, all combinable; query block ``b`` may see key block ``c`` if any part allows it."""
+
+    block_size: int = 64
+    local_blocks: int = 2  # band, diagonal included: causal b-local+1 <= c <= b; bidirectional |b - c| < local
+    global_blocks: int = 1  # key blocks c < global seen by every query; bidirectional: query blocks b < global see all
+    random_blocks: int = 0  # extra blocks per query block, drawn from `seed` (causal: earlier blocks only)
+    stride: int = 0  # 0 = off; else Sparse Transformer strided pattern at block level: (b - c) % stride == 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
+        check(self.local_blocks >= 0, f"local_blocks must be >= 0, got {self.local_blocks}")
+        check(self.global_blocks >= 0, f"global_blocks must be >= 0, got {self.global_blocks}")
+        check(self.random_blocks >= 0, f"random_blocks must be >= 0, got {self.random_blocks}")
+        check(self.stride >= 0, f"stride must be >= 0 (0 = off), got {self.stride}")
+        check(0 <= self.seed < 2**31, f"seed must be in [0, 2**31), got {self.seed}")
+        # Random blocks alone could leave a query with no key at all (softmax over nothing).
+        check(self.local_blocks > 0 or self.global_blocks > 0 or self.stride > 0,
+              "local_blocks, global_blocks and stride are all 0: at least one must be > 0 so every query sees a key")
+
+
+# -- layout ----------------------------------------------------------------------------------
+
+
+def _layout_rows(cfg: BlockSparseConfig, rows: torch.Tensor, num_blocks: int, causal: bool) -> torch.Tensor:
+    """Layout rows for absolute query blocks ``rows`` (R,) over ``num_blocks`` key blocks -> (R, num_blocks) bool."""
+    b = rows.to(torch.int32)[:, None]  # (R, 1)
+    c = torch.arange(num_blocks, dtype=torch.int32)[None, :]  # (1, n)
+    d = b - c
+    lay = (d >= 0) & (d < cfg.local_blocks) if causal else d.abs() < cfg.local_blocks
+    lay |= c < cfg.global_blocks
+    if not causal:
+        lay |= b < cfg.global_blocks
+    if cfg.stride:
+        lay |= d.remainder(cfg.stride) == 0
+    if causal:
+        lay &= d >= 0
+    if cfg.random_blocks:
+        # One generator per query block, seeded by (seed, block): a causal row never depends on the
+        # sequence length, so decoding sees the same blocks as the full forward pass.
+        g = torch.Generator()
+        for r, blk in enumerate(rows.tolist()):
+            cand = ~lay[r] & (c[0] < blk) if causal else ~lay[r]
+            cand = cand.nonzero().squeeze(1)
+            g.manual_seed((cfg.seed << 32) + blk)
+            lay[r, cand[torch.randperm(len(cand), generator=g)[: cfg.random_blocks]]] = True
+    return lay
+
+
+@functools.lru_cache(maxsize=32)
+def _query_layout(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool) -> torch.Tensor:
+    """Rows of the absolute layout over ``k_len`` for the blocks holding the last ``q_len`` positions."""
+    bs = cfg.block_size
+    first, last = (k_len - q_len) // bs, (k_len - 1) // bs
+    n = -(-k_len // bs)
+    rows = torch.arange(first, last + 1)
+    # Row chunks keep the integer temporaries small at long lengths (n = 16K blocks at 1M tokens).
+    return torch.cat([_layout_rows(cfg, r, n, causal) for r in rows.split(1024)])
+
+
+def block_layout(cfg: BlockSparseConfig, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
+    """Bool (num_q_blocks, num_k_blocks): which key blocks each query block sees.
+
+    num_k_blocks = ceil(k_len / bs). Row r is absolute block ``(k_len - q_len) // bs + r``; the rows
+    cover the blocks holding the last ``q_len`` positions, so num_q_blocks = ceil(q_len / bs) when
+    q_len == k_len.
+    """
+    k_len = q_len if k_len is None else k_len
+    check(1 <= q_len <= k_len, f"need 1 <= q_len <= k_len, got q_len={q_len}, k_len={k_len}")
+    return _query_layout(cfg, q_len, k_len, causal).clone()
+
+
+def element_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """Dense (q_len, k_len) bool mask, True = visible: the layout expanded to elements (reference only)."""
+    bs, off = cfg.block_size, k_len - q_len
+    lay = _query_layout(cfg, q_len, k_len, causal).to(device)
+    i = torch.arange(q_len, device=device)[:, None] + off  # absolute query positions
+    j = torch.arange(k_len, device=device)[None, :]
+    mask = lay[i // bs - off // bs, j // bs]  # (Lq, Lk)
+    return mask & (j <= i) if causal else mask
+
+
+def visible_pairs(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool) -> int:
+    """Exact number of visible (query, key) pairs, counted per block: O(blocks), not O(L^2)."""
+    bs, off = cfg.block_size, k_len - q_len
+    lay = _query_layout(cfg, q_len, k_len, causal)  # (R, n)
+    n = lay.shape[1]
+    b = torch.arange(lay.shape[0], dtype=torch.int64) + off // bs  # absolute query blocks
+    lo, hi = (b * bs).clamp(min=off), ((b + 1) * bs).clamp(max=k_len)  # queries [lo, hi) in each block
+    nq = hi - lo
+    # Keys seen per query if every active block were fully visible; only the last block is short.
+    keys = lay.sum(-1) * bs - lay[:, -1].long() * (n * bs - k_len)
+    total = int((nq * keys).sum())
+    if causal:  # the diagonal block is triangular: query i sees keys b*bs .. i
+        diag = lay[torch.arange(lay.shape[0]), b].long()
+        u, w = lo - b * bs + 1, hi - b * bs
+        block_keys = ((b + 1) * bs).clamp(max=k_len) - b * bs
+        total -= int((diag * (nq * block_keys - (u + w) * nq // 2)).sum())
+    return total
+
+
+# -- gathered backend --------------------------------------------------------------------------
+
+
+def _buckets(counts: torch.Tensor) -> list[torch.Tensor]:
+    """Group query-block rows by active-block count, each group padded to its largest count.
+
+    Groups span counts within 25% of each other, so padding wastes at most a quarter of the work and
+    a few dense rows (bidirectional global blocks) do not make every row dense.
+    """
+    groups: list[list[int]] = []
+    for c in torch.unique(counts[counts > 0]).tolist():
+        if groups and c * 4 <= groups[-1][0] * 5:
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return [torch.nonzero((counts >= g[0]) & (counts <= g[-1])).squeeze(1) for g in groups]
+
+
+def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.Tensor, block_size: int,
+                       causal: bool) -> torch.Tensor:
+    """Softmax attention that gathers only the active key blocks of each query block (pure torch, differentiable).
+
+    q: (B, H, Lq, D), k, v: (B, H, Lk, D), layout: (R, n) rows of :func:`block_layout` -> (B, H, Lq, D).
+    Work and memory are proportional to the number of active blocks, not to Lq * Lk.
+    """
+    B, H, Lq, D = q.shape
+    Lk, bs = k.shape[2], block_size
+    off = Lk - Lq
+    R, n = layout.shape
+    start = off - (off // bs) * bs  # offset of query 0 inside the first query block
+    qb = F.pad(q, (0, 0, start, R * bs - start - Lq)).view(B, H, R, bs, D)
+    kb = F.pad(k, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
+    vb = F.pad(v, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
+    qpos = (torch.arange(R * bs, device=q.device) + (off // bs) * bs).view(R, bs)  # absolute, padded rows too
+    counts = layout.sum(-1)
+    _, order = layout_to_kv_blocks(layout)
+    order = order[0, 0].long()  # (R, n) active key blocks first, ascending
+    scale = 1.0 / math.sqrt(D)
+    parts, part_rows = [], []
+    for rows in _buckets(counts.cpu()):
+        rows = rows.to(q.device)
+        W = int(counts[rows].max())
+        idx = order[rows, :W]  # (r, W) key blocks
+        kpos = (idx[:, :, None] * bs + torch.arange(bs, device=q.device)).flatten(1)  # (r, W*bs)
+        seen = (torch.arange(W, device=q.device) < counts[rows, None]).repeat_interleave(bs, dim=1) & (kpos < Lk)
+        mask = seen[:, None, :]  # (r, 1, W*bs)
+        if causal:
+            mask = mask & (kpos[:, None, :] <= qpos[rows][:, :, None])  # (r, bs, W*bs)
+        kg = kb[:, :, idx].flatten(3, 4)  # (B, H, r, W*bs, D)
+        vg = vb[:, :, idx].flatten(3, 4)
+        scores = (qb[:, :, rows] @ kg.transpose(-2, -1)) * scale  # (B, H, r, bs, W*bs)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
+        # Padded query rows may see no key: softmax them over zeros and zero the result, so neither
+        # the output nor the gradient ever meets a NaN.
+        any_key = mask.any(-1, keepdim=True)
+        probs = torch.softmax(scores.masked_fill(~any_key, 0.0), dim=-1) * any_key
+        parts.append(probs.to(q.dtype) @ vg)  # (B, H, r, bs, D)
+        part_rows.append(rows)
+    empty = torch.nonzero(counts == 0).squeeze(1)
+    if len(empty):
+        parts.append(q.new_zeros(B, H, len(empty), bs, D))
+        part_rows.append(empty)
+    out = torch.cat(parts, dim=2)[:, :, torch.argsort(torch.cat(part_rows))]  # (B, H, R, bs, D)
+    return out.flatten(2, 3)[:, :, start : start + Lq]
+
+
+# -- flex backend --------------------------------------------------------------------------------
+
+
+def _range_reduce(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dim: int, op: str) -> torch.Tensor:
+    """any/all of ``x`` over index ranges [lo[t], hi[t]] along ``dim`` (ranges are short: a few blocks)."""
+    out = None
+    for s in range(int((hi - lo).max()) + 1):
+        part = x.index_select(dim, torch.minimum(lo + s, hi))
+        out = part if out is None else (out | part if op == "any" else out & part)
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool, device: str):
+    """BlockMask for the element rule, at flex block size = ``block_size``; cached per shape.
+
+    Flex blocks count query indices 0..Lq-1 while layout rows are absolute, so a flex block may
+    straddle two layout rows when Lq < Lk: partial/full are reduced over the layout blocks each
+    flex block touches (partial may over-cover, which only costs time; full is exact).
+    """
+    bs, off = cfg.block_size, k_len - q_len
+    lay = _query_layout(cfg, q_len, k_len, causal)  # (R, n)
+    nqf, nkf = -(-q_len // bs), -(-k_len // bs)
+    r = torch.arange(nqf)
+    q_lo, q_hi = off + r * bs, off + ((r + 1) * bs).clamp(max=q_len) - 1  # absolute query span per flex row
+    s = torch.arange(nkf)
+    k_lo, k_hi = s * bs, ((s + 1) * bs).clamp(max=k_len) - 1
+    row_lo, row_hi = q_lo // bs - off // bs, q_hi // bs - off // bs
+    any_ = _range_reduce(_range_reduce(lay, row_lo, row_hi, 0, "any"), k_lo // bs, k_hi // bs, 1, "any")
+    all_ = _range_reduce(_range_reduce(lay, row_lo, row_hi, 0, "all"), k_lo // bs, k_hi // bs, 1, "all")
+    whole = (((r + 1) * bs <= q_len)[:, None]) & (((s + 1) * bs <= k_len)[None, :])  # no padded edge
+    if causal:
+        any_ &= k_lo[None, :] <= q_hi[:, None]
+        all_ &= k_hi[None, :] <= q_lo[:, None]
+    full = all_ & whole
+    partial = any_ & ~full
+    lay_dev = F.pad(lay, (0, 0, 0, 1)).to(device)  # extra empty row: padded query indices stay in bounds
+
+    def block_sparse_mask(b, h, q_idx, kv_idx):
+        i = q_idx + off
+        seen = lay_dev[i // bs - off // bs, kv_idx // bs] & (kv_idx < k_len)
+        return seen & (kv_idx <= i) if causal else seen
+
+    return block_mask_from_layout(partial.to(device), full.to(device), bs, q_len, k_len, block_sparse_mask)
+
+
+@register_attention("block_sparse", config=BlockSparseConfig)
+class BlockSparseAttention(Attention):
+    """Softmax attention over a block layout (local band, global, random, strided blocks)."""
+
+    backends = (
+        Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense element mask from the layout"),
+        Backend("flex", {"cpu": modes("forward"), "cuda": modes("forward", "backward")},
+                dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=flex_unavailable,
+                note="compiled FlexAttention, BlockMask from the layout (no CPU backward; no decode: a mask per length)"),
+        Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="gathers the active key blocks per query block"),
+    )
+
+    def layout(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
+        """Bool (num_q_blocks, num_k_blocks), see :func:`block_layout`."""
+        return block_layout(self.config, q_len, k_len, causal)
+
+    def density(self, q_len: int, k_len: int | None = None, causal: bool = True) -> float:
+        """Fraction of the q_len x k_len (query, key) pairs that are visible."""
+        k_len = q_len if k_len is None else k_len
+        return self.pairs(q_len, k_len, causal) / (q_len * k_len)
+
+    def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        return visible_pairs(self.config, q_len, k_len, causal)
+
+    def backend_reference(self, q, k, v, causal):
+        return dense_attention(q, k, v, element_mask(self.config, q.shape[2], k.shape[2], causal, q.device))
+
+    def backend_flex(self, q, k, v, causal):
+        return run_flex(q, k, v, _flex_block_mask(self.config, q.shape[2], k.shape[2], causal, str(q.device)))
+
+    def backend_gathered(self, q, k, v, causal):
+        lay = _query_layout(self.config, q.shape[2], k.shape[2], causal).to(q.device)
+        return gathered_attention(q, k, v, lay, self.config.block_size, causal)
+
+
+__all__ = [
+    "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "gathered_attention", "visible_pairs",
+]
