@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,12 +39,12 @@ class NtkConfig(ScaledConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class DynamicConfig(NtkConfig):
-    original_max_position_embeddings: int  # the base starts growing past this length
+    original_max_position_embeddings: int = field()  # required: the base starts growing past this length
 
 
 @dataclass(frozen=True, kw_only=True)
 class YarnConfig(ScaledConfig):
-    original_max_position_embeddings: int
+    original_max_position_embeddings: int = field()  # required (field() overrides the inherited default)
     beta_fast: float = 32.0  # dims rotating more than beta_fast times in L0 keep their frequency
     beta_slow: float = 1.0  # dims rotating fewer than beta_slow times in L0 are interpolated by s
     attention_factor: float | None = None  # None -> get_mscale(s) (= 0.1 ln s + 1) or the mscale ratio
@@ -62,7 +62,7 @@ class YarnConfig(ScaledConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class Llama3Config(ScaledConfig):
-    original_max_position_embeddings: int
+    original_max_position_embeddings: int = field()  # required
     low_freq_factor: float = 1.0  # wavelengths above L0 / low_freq_factor are divided by s
     high_freq_factor: float = 4.0  # wavelengths below L0 / high_freq_factor are kept
 
