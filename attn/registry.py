@@ -29,7 +29,7 @@ class Entry:
     source: str = "builtin"
 
     def params(self) -> dict[str, Any]:
-        """Parameter name -> default (``dataclasses.MISSING`` shown as ``None`` when required)."""
+        """Parameter name -> default; required parameters map to the string ``"<required>"``."""
         out = {}
         for f in dataclasses.fields(self.config):
             if f.default is not dataclasses.MISSING:
@@ -37,7 +37,7 @@ class Entry:
             elif f.default_factory is not dataclasses.MISSING:
                 out[f.name] = f.default_factory()
             else:
-                out[f.name] = None
+                out[f.name] = "<required>"
         return out
 
     def required(self) -> list[str]:

@@ -1,8 +1,5 @@
 """Attention variants; importing this package registers the built-in ones."""
-from attn.attention import block_sparse  # noqa: F401
-from attn.attention import full  # noqa: F401
-from attn.attention import linear  # noqa: F401
-from attn.attention import sliding_window  # noqa: F401
+from attn.attention import block_sparse, full, linear, sliding_window  # noqa: F401
 from attn.attention.base import Attention, Backend, KVCache, UnsupportedBackend
 
 __all__ = ["Attention", "Backend", "KVCache", "UnsupportedBackend"]

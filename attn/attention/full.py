@@ -32,7 +32,8 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+    probs = probs.nan_to_num(0.0).to(q.dtype)
     return probs @ v  # (B, H, Lq, D)
 
 
