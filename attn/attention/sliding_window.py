@@ -157,14 +157,13 @@ class RollingKVCache:
         """Forget the newest tokens past ``length``; only possible while no token it needs was evicted."""
         if length >= self.length:
             return
-        drop = self.length - length
-        if self.cached - drop < min(length, self.keep):
+        left = self.cached - (self.length - length)
+        if left < min(length, self.keep):
             raise ValueError(
                 f"cannot rewind a rolling cache from {self.length} to {length} tokens: keys it needs were "
                 f"evicted (it keeps the last {self.keep}); copy the state before stepping instead"
             )
-        self.k = self.k[:, :, : self.cached - drop].clone()
-        self.v = self.v[:, :, : self.cached - drop].clone()
+        self.k, self.v = self.k[:, :, :left].clone(), self.v[:, :, :left].clone()
         self.length = length
 
     def nbytes(self) -> int:
