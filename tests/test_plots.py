@@ -1,0 +1,377 @@
+"""Each figure is drawn from small synthetic results and its drawn data are checked against the rows."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from harness import plots as P  # noqa: E402
+from harness import tables as T  # noqa: E402
+from harness.cli import main  # noqa: E402
+
+LENS = [256, 512, 1024, 2048, 4096, 8192]
+ENV = {"device": "cpu", "device_name": "Test CPU (2 cores)", "torch_version": "2.13.0", "project_version": "0.1.0",
+       "dtype": "float32", "batch_size": 1, "num_heads": 4, "head_dim": 32, "scope": "op", "position": "none", "seed": 0}
+# (variant, params, backend, latency in ms as a function of L)
+SERIES = [
+    ("full", {}, "sdpa", lambda L: 1e-5 * L**2),
+    ("full", {}, "reference", lambda L: 3e-5 * L**2),
+    ("sliding_window", {"window": 256}, "flex", lambda L: 4e-3 * L),
+    # wins at 256, loses at 512, wins from 1k on: the crossover is where it wins *for good*
+    ("toy", {}, "reference", lambda L: {256: 0.5, 512: 5.0}.get(L, 5e-3 * L)),
+]
+FAILED = {("full", "sdpa", 8192): "oom", ("full", "reference", 4096): "timeout", ("full", "reference", 8192): "oom",
+          ("toy", "reference", 8192): "error"}
+
+
+def cost_rows(mem_limit: bool = True, device_name: str = ENV["device_name"]) -> list[dict]:
+    rows = []
+    for variant, params, backend, lat in SERIES:
+        for L in LENS:
+            status = FAILED.get((variant, backend, L), "ok")
+            ok = status == "ok"
+            ms = lat(L)
+            row = dict(ENV, device_name=device_name, run_id="r", variant=variant, variant_params=params, backend=backend,
+                       mode="forward", seq_len=L, status=status, error=None if ok else "boom",
+                       latency_ms=ms if ok else None, latency_iqr_ms=0.04 * ms if ok else None,
+                       tokens_per_s=L / ms * 1e3 if ok else None,
+                       peak_mem_bytes=(4.0 * L * L + 2**20 if variant == "full" else 64.0 * L + 2**20) if ok else None,
+                       flops=4.0 * L * L * 32, achieved_flops_per_s=4.0 * L * L * 32 / ms * 1e3 if ok else None,
+                       peak_flops_per_s=1e12)
+            if mem_limit:
+                row["mem_limit_bytes"] = 24 * 2**30
+            rows.append(row)
+    return rows
+
+
+POSITIONS = [("none", {}, 0.3), ("rope", {}, 0.5), ("rope_yarn", {"factor": 4.0}, 0.1)]
+ACC_LENS = [128, 256, 512, 1024]
+DEPTHS = [0.0, 0.5, 1.0]
+
+
+def passkey_value(decay: float, L: int, depth: float) -> float:
+    return 1.0 if L <= 256 else max(0.0, 1.0 - decay * np.log2(L / 256) * (0.5 + depth))
+
+
+def acc_rows() -> list[dict]:
+    rows = []
+    for pos, pp, decay in POSITIONS:
+        for L in ACC_LENS:
+            for d in DEPTHS:
+                v = passkey_value(decay, L, d)
+                rows.append(dict(run_id="a", task="passkey", variant="full", variant_params={}, position=pos, position_params=pp,
+                                 train_len=256, eval_len=L, metric="accuracy", value=v, ci_low=v - 0.05, ci_high=v + 0.05,
+                                 n=50, seed=0, depth=d, device="cpu", device_name=ENV["device_name"], torch_version="2.13.0"))
+    for variant, params, value in [("full", {}, 0.99), ("sliding_window", {"window": 256}, 0.6)]:
+        rows.append(dict(run_id="m", task="mqar", variant=variant, variant_params=params, position="rope", position_params={},
+                         train_len=256, eval_len=256, metric="accuracy", value=value, ci_low=None, ci_high=None, n=100, seed=0))
+    for L in LENS[:4]:
+        rows.append(dict(run_id="f", task="fidelity", variant="sliding_window", variant_params={"window": 256},
+                         backend="flex", position="none", position_params={}, seq_len=L, metric="rel_l2",
+                         value=1e-3 * L / 256, ci_low=None, ci_high=None, n=4, seed=0))
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cost() -> pd.DataFrame:
+    return T.prepare_cost(pd.DataFrame(cost_rows()))
+
+
+@pytest.fixture(scope="module")
+def acc() -> pd.DataFrame:
+    return T.prepare_accuracy(pd.DataFrame(acc_rows()))
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("figs")
+
+
+@pytest.fixture(scope="module")
+def latency_fig(cost, out):
+    return P.plot_latency(cost, out)
+
+
+def by_gid(fig, gid: str, kind: str = "lines"):
+    hits = [a for ax in fig.axes for a in getattr(ax, kind) if a.get_gid() == gid]
+    assert len(hits) == 1, f"expected one {kind[:-1]} with gid {gid!r}, found {len(hits)}"
+    return hits[0]
+
+
+def expected(variant: str, backend: str, column: str = "latency_ms") -> tuple[list[int], list[float]]:
+    rows = [r for r in cost_rows() if r["variant"] == variant and r["backend"] == backend]
+    return [r["seq_len"] for r in rows], [r[column] if r["status"] == "ok" else np.nan for r in rows]
+
+
+def assert_line(line, xs, ys) -> None:
+    np.testing.assert_array_equal(line.get_xdata(), xs)
+    y = np.asarray(line.get_ydata(), dtype=float)
+    np.testing.assert_allclose(y, np.asarray(ys, dtype=float), rtol=1e-12)  # NaN where the cell did not run
+    assert not np.any(y == 0), "a non-ok cell was drawn as zero"
+
+
+def test_latency_lines_equal_ok_latencies_and_failures_break_the_line(latency_fig, out):
+    assert (out / "latency.png").stat().st_size > 0
+    for variant, params, backend, _ in SERIES:
+        label = f"{T.spec_label(variant, params)}/{backend}"
+        assert_line(by_gid(latency_fig, f"latency:{label}"), *expected(variant, backend))
+    ax = latency_fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    assert "(ms)" in ax.get_ylabel() and "(tokens)" in ax.get_xlabel()
+
+
+def test_latency_band_spans_the_iqr(latency_fig):
+    band = by_gid(latency_fig, "band:sliding_window(window=256)/flex", "collections")
+    ys = band.get_paths()[0].vertices[:, 1]
+    lat = np.array([4e-3 * L for L in LENS])
+    assert ys.min() == pytest.approx((lat - 0.02 * lat).min())
+    assert ys.max() == pytest.approx((lat + 0.02 * lat).max())
+
+
+def test_oom_and_timeout_marked_at_their_length(latency_fig):
+    for status, label, at in [("oom", "full/sdpa", [8192]), ("timeout", "full/reference", [4096]),
+                              ("oom", "full/reference", [8192])]:
+        marks = by_gid(latency_fig, f"{status}:{label}", "collections")
+        np.testing.assert_array_equal(marks.get_offsets()[:, 0], at)
+    # an error is not a length limit: it breaks the line but gets no marker
+    assert not [c for c in latency_fig.axes[0].collections if c.get_gid() == "error:toy/reference"]
+
+
+def test_caption_names_device_and_torch(latency_fig):
+    caption = latency_fig.get_supxlabel()
+    assert ENV["device_name"] in caption and "torch 2.13.0" in caption
+
+
+def test_throughput_lines(cost, out):
+    fig = P.plot_throughput(cost, out)
+    assert (out / "throughput.png").exists()
+    assert_line(by_gid(fig, "throughput:full/sdpa"), *expected("full", "sdpa", "tokens_per_s"))
+    assert "tokens/s" in fig.axes[0].get_ylabel()
+
+
+def test_memory_in_mib_with_device_limit(cost, out):
+    fig = P.plot_memory(cost, out)
+    assert (out / "memory.png").exists()
+    xs, ys = expected("full", "sdpa", "peak_mem_bytes")
+    assert max(v for v in ys if v == v) < 2**31  # so the axis is in MiB
+    assert_line(by_gid(fig, "memory:full/sdpa"), xs, np.asarray(ys) / 2**20)
+    assert "(MiB)" in fig.axes[0].get_ylabel()
+    np.testing.assert_array_equal(by_gid(fig, "oom:full/sdpa", "collections").get_offsets()[:, 0], [8192])
+    assert by_gid(fig, "reference").get_ydata()[0] == 24 * 2**30 / 2**20
+
+
+def test_memory_without_limit_column_draws_no_limit(out):
+    fig = P.plot_memory(T.prepare_cost(pd.DataFrame(cost_rows(mem_limit=False))))
+    assert not [ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "reference"]
+
+
+def test_flops_fraction_is_achieved_over_peak(cost, out):
+    fig = P.plot_flops_fraction(cost, out)
+    xs, ys = expected("sliding_window", "flex", "achieved_flops_per_s")
+    assert_line(by_gid(fig, "flops_fraction:sliding_window(window=256)/flex"), xs, np.asarray(ys) / 1e12)
+    with pytest.raises(P.Skip, match="peak"):
+        P.plot_flops_fraction(cost.drop(columns=["peak_flops_per_s"]))
+
+
+def first_winning_length(variant: str, backend: str) -> int:
+    """Definition: the shortest length from which the variant beats the fastest full at every longer shared length."""
+    rows = cost_rows()
+    full = {}
+    for r in rows:
+        if r["variant"] == "full" and r["status"] == "ok":
+            full[r["seq_len"]] = min(full.get(r["seq_len"], np.inf), r["latency_ms"])
+    mine = {r["seq_len"]: r["latency_ms"] for r in rows if r["variant"] == variant and r["status"] == "ok"}
+    shared = sorted(set(full) & set(mine))
+    for L in shared:
+        if all(mine[m] < full[m] for m in shared if m >= L):
+            return L
+    raise AssertionError("never wins")
+
+
+def test_speedup_over_fastest_full_and_crossover_annotated(cost, out):
+    fig = P.plot_speedup(cost, out)
+    assert (out / "speedup.png").exists()
+    line = by_gid(fig, "speedup:sliding_window(window=256)/flex")
+    shared = [L for L in LENS if L <= 4096]  # full/sdpa fails at 8k, so there is no ratio there
+    np.testing.assert_array_equal(line.get_xdata(), shared)
+    np.testing.assert_allclose(line.get_ydata(), [1e-5 * L**2 / (4e-3 * L) for L in shared])
+    for label, variant, backend in [("sliding_window(window=256)/flex", "sliding_window", "flex"),
+                                    ("toy/reference", "toy", "reference")]:
+        note = by_gid(fig, f"crossover:{label}", "texts")
+        assert note.xy[0] == first_winning_length(variant, backend)
+    assert first_winning_length("toy", "reference") == 1024  # the synthetic data were built so
+    assert not [t for t in fig.axes[0].texts if t.get_gid() == "crossover:full/sdpa"]
+
+
+def test_speedup_skips_without_full(cost):
+    with pytest.raises(P.Skip, match="full"):
+        P.plot_speedup(cost[cost["variant"] != "full"])
+
+
+def test_fidelity_lines(acc, out):
+    fig = P.plot_fidelity(acc, out)
+    assert (out / "fidelity.png").exists()
+    line = by_gid(fig, "fidelity:sliding_window(window=256)/flex")
+    np.testing.assert_array_equal(line.get_xdata(), LENS[:4])
+    np.testing.assert_allclose(line.get_ydata(), [1e-3 * L / 256 for L in LENS[:4]])
+
+
+def test_accuracy_vs_length_averages_depth_and_marks_train_length(acc, out):
+    fig = P.plot_accuracy(acc, out)
+    assert (out / "accuracy.png").exists()
+    (ax,) = [a for a in fig.axes if a.get_title() == "passkey · accuracy"]
+    for pos, pp, decay in POSITIONS:
+        line = by_gid(fig, f"accuracy:{T.spec_label(pos, pp)}")
+        np.testing.assert_array_equal(line.get_xdata(), ACC_LENS)
+        np.testing.assert_allclose(line.get_ydata(), [np.mean([passkey_value(decay, L, d) for d in DEPTHS]) for L in ACC_LENS])
+    train = [ln for ln in ax.lines if ln.get_gid() == "train_len:256"]
+    assert len(train) == 1 and train[0].get_xdata()[0] == 256
+
+
+def test_position_heatmap_cells_equal_mean_over_depth(acc, out):
+    fig = P.plot_position_heatmap(acc, out)
+    assert (out / "position_heatmap.png").exists()
+    mesh = by_gid(fig, "heatmap:passkey:accuracy", "collections")
+    rows = sorted(T.spec_label(p, pp) for p, pp, _ in POSITIONS)
+    decay = {T.spec_label(p, pp): d for p, pp, d in POSITIONS}
+    want = np.array([[np.mean([passkey_value(decay[r], L, d) for d in DEPTHS]) for L in ACC_LENS] for r in rows])
+    np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(want.shape), want)
+    ax = mesh.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == rows
+
+
+def test_passkey_heatmap_is_length_by_depth(acc, out):
+    fig = P.plot_passkey(acc, out)
+    assert (out / "passkey.png").exists()
+    for pos, pp, decay in POSITIONS:
+        mesh = by_gid(fig, f"passkey:{T.spec_label(pos, pp)}:accuracy", "collections")
+        want = np.array([[passkey_value(decay, L, d) for L in ACC_LENS] for d in DEPTHS])
+        np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(want.shape), want)
+
+
+def test_tradeoff_points_join_accuracy_and_cost_by_variant(cost, acc, out):
+    fig = P.plot_tradeoff(cost, acc, out)
+    assert (out / "tradeoff.png").exists()
+    points = by_gid(fig, "tradeoff:mqar:accuracy", "collections")
+    # longest length where both joined variants ran ok: full/sdpa ooms at 8k -> 4k; fastest full backend is sdpa
+    L = 4096
+    want = {(L / (1e-5 * L**2) * 1e3, 0.99), (L / (4e-3 * L) * 1e3, 0.6)}
+    got = {tuple(p) for p in np.round(points.get_offsets(), 6)}
+    assert got == {tuple(np.round(p, 6)) for p in want}
+    sizes = dict(zip([tuple(np.round(p, 6)) for p in points.get_offsets()], points.get_sizes(), strict=True))
+    full_pt = tuple(np.round((L / (1e-5 * L**2) * 1e3, 0.99), 6))
+    assert sizes[full_pt] == max(sizes.values())  # full uses the most memory at 4k
+
+
+class FakeLayout:
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def layout(self, q_len: int, k_len: int | None = None, causal: bool = True) -> np.ndarray:
+        n = -(-q_len // self.block_size)
+        return np.tril(np.ones((n, n), dtype=bool)) & (np.add.outer(np.arange(n), -np.arange(n)) < 2)
+
+
+def test_block_sparse_layout_drawn_from_row_params(out):
+    df = pd.DataFrame({"variant": ["block_sparse"] * 3, "variant_params": [{"block_size": 64}] * 3, "seq_len": [512, 1024, 8192]})
+    built = []
+
+    def build(name, **params):
+        built.append((name, params))
+        return FakeLayout(**params)
+
+    fig = P.plot_block_sparse_layout(df, out, build=build)
+    assert (out / "block_sparse_layout.png").exists()
+    assert built == [("block_sparse", {"block_size": 64})]
+    image = [im for ax in fig.axes for im in ax.images][0]
+    # 8192 / 64 = 128 blocks is over the 64-block limit, so the drawn length is 1024 (16 blocks)
+    np.testing.assert_array_equal(np.asarray(image.get_array()), FakeLayout(64).layout(1024))
+
+
+def test_block_sparse_layout_absent_variant_is_a_skip():
+    df = pd.DataFrame({"variant": ["block_sparse"], "variant_params": [{}], "seq_len": [1024]})
+
+    def build(name, **params):
+        raise ValueError("unknown attention 'block_sparse'")
+
+    with pytest.raises(P.Skip, match="block_sparse"):
+        P.plot_block_sparse_layout(df, build=build)
+
+
+def test_block_sparse_layout_with_the_real_variant():
+    import attn
+
+    if "block_sparse" not in {v["name"] for v in attn.list_attention()}:
+        pytest.skip("block_sparse not registered in this build")
+    module = attn.build_attention("block_sparse")
+    if not hasattr(module, "layout"):
+        pytest.skip("block_sparse has no layout() yet")
+    df = pd.DataFrame({"variant": ["block_sparse"], "variant_params": [{}], "seq_len": [2048]})
+    fig = P.plot_block_sparse_layout(df)
+    image = [im for ax in fig.axes for im in ax.images][0]
+    np.testing.assert_array_equal(np.asarray(image.get_array()), np.asarray(module.layout(2048), dtype=bool))
+
+
+def test_one_colour_per_variant_across_figures(tmp_path):
+    results = T.load_results([write_jsonl(tmp_path / "c.jsonl", cost_rows()), write_jsonl(tmp_path / "a.jsonl", acc_rows())])
+    figs = {name: fig for name, fig, _ in P.figures(results, None, only=("latency", "fidelity"))}
+    a = by_gid(figs["latency"], "latency:sliding_window(window=256)/flex").get_color()
+    b = by_gid(figs["fidelity"], "fidelity:sliding_window(window=256)/flex").get_color()
+    assert matplotlib.colors.to_rgb(a) == matplotlib.colors.to_rgb(b)
+
+
+# -- the command -------------------------------------------------------------------------------------
+
+def test_plot_command_draws_supported_figures_and_says_what_it_skipped(tmp_path, capsys):
+    c = write_jsonl(tmp_path / "c.jsonl", cost_rows())
+    rc = main(["plot", str(c), "--out", str(tmp_path / "figs"), "--only", "latency", "--only", "fidelity",
+               "--only", "block_sparse_layout", "--format", "svg"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert (tmp_path / "figs" / "latency.svg").exists()
+    assert "skipped fidelity: no accuracy rows" in text
+    assert "skipped block_sparse_layout: no block_sparse rows" in text
+
+
+def test_plot_command_splits_mixed_devices(tmp_path, capsys):
+    c = write_jsonl(tmp_path / "c.jsonl", cost_rows() + cost_rows(device_name="Other GPU"))
+    assert main(["plot", str(c), "--out", str(tmp_path / "figs"), "--only", "memory"]) == 0
+    assert "several devices" in capsys.readouterr().out
+    assert (tmp_path / "figs" / "other-gpu" / "memory.png").exists()
+    assert (tmp_path / "figs" / "test-cpu-2-cores" / "memory.png").exists()
+    with pytest.raises(ValueError, match="mix 2 devices"):
+        P.plot_memory(T.load_results([c]).cost)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "does not exist"),
+    ("columns", "lack column(s) latency_ms"),
+    ("no_ok", "no ok cost rows"),
+    ("garbage", "neither cost rows"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case, message):
+    path = tmp_path / "r.jsonl"
+    rows = cost_rows()
+    if case == "columns":
+        write_jsonl(path, [{k: v for k, v in r.items() if k != "latency_ms"} for r in rows])
+    elif case == "no_ok":
+        write_jsonl(path, [dict(r, status="error", latency_ms=None) for r in rows])
+    elif case == "garbage":
+        write_jsonl(path, [{"hello": 1}])
+    rc = main(["plot", str(path), "--out", str(tmp_path / "figs")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and err.count("\n") == 1
+    assert "Traceback" not in err
