@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -610,8 +611,8 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
         for ax, (label, length, grid) in zip(axes, layouts, strict=True):
             ax.imshow(grid, cmap="Greys", vmin=0, vmax=1, interpolation="nearest", gid=f"layout:{label}")
             ax.grid(False)
-            ax.set_title(f"{label}\nL={T.fmt_len(length)}: {grid.shape[0]}×{grid.shape[1]} blocks, "
-                         f"{grid.mean():.0%} computed", fontsize="small")
+            ax.set_title(f"{textwrap.fill(label, 44)}\nL={T.fmt_len(length)}: {grid.shape[0]}×{grid.shape[1]} blocks, "
+                         f"{grid.mean():.0%} of them computed", fontsize="small")
             ax.set_xlabel("key block")
             ax.set_ylabel("query block")
         _finish(fig, "Block-sparse layouts (black = computed block)", "")

@@ -429,7 +429,7 @@ def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
         tied = per[np.isclose(per, per.iloc[0], rtol=1e-9, atol=1e-12)]
         rest = per.iloc[len(tied):]
         out.append({"task": task, "metric": metric, "variant": variant, "eval_len": length,
-                    "best_position": " = ".join(tied.index), "value": float(per.iloc[0]),
+                    "best_position": " = ".join(sorted(tied.index)), "value": float(per.iloc[0]),
                     "runner_up": f"{rest.index[0]} ({rest.iloc[0]:.4g})" if len(rest) else ""})
     return pd.DataFrame(out)
 

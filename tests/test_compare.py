@@ -1,0 +1,127 @@
+"""``compare`` flags a cell only when it got worse by more than the tolerance beyond the measured noise."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness import compare as C
+from harness import tables as T
+from harness.cli import main
+
+LENS = [256, 512, 1024]
+
+
+def rows(scale: dict | None = None, iqr_frac: float = 0.02, mem_scale: dict | None = None,
+         status: dict | None = None) -> list[dict]:
+    """Cost rows of two variants; ``scale[(variant, L)]`` multiplies one cell's latency."""
+    out = []
+    for variant, params, backend, c in [("full", {}, "sdpa", 1e-5), ("sliding_window", {"window": 64}, "flex", 2e-3)]:
+        for L in LENS:
+            ms = c * L * L * (scale or {}).get((variant, L), 1.0)
+            st_ = (status or {}).get((variant, L), "ok")
+            ok = st_ == "ok"
+            out.append({"run_id": "x", "variant": variant, "variant_params": params, "backend": backend, "position": "none",
+                        "scope": "op", "mode": "forward", "device": "cpu", "device_name": "CI box", "dtype": "float32",
+                        "batch_size": 1, "num_heads": 2, "head_dim": 16, "seq_len": L, "status": st_,
+                        "error": None if ok else "x", "latency_ms": ms if ok else None,
+                        "latency_iqr_ms": iqr_frac * ms if ok else None, "tokens_per_s": L / ms * 1e3 if ok else None,
+                        "peak_mem_bytes": 1e6 * L * (mem_scale or {}).get((variant, L), 1.0) if ok else None,
+                        "flops": None, "achieved_flops_per_s": None})
+    return out
+
+
+def write(path: Path, rs: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rs))
+    return str(path)
+
+
+def run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # compare ends a failing gate with exit status 1
+        return int(e.code)
+
+
+def test_injected_20_percent_slowdown_fails_the_gate(tmp_path, capsys):
+    base = write(tmp_path / "base.jsonl", rows())
+    new = write(tmp_path / "new.jsonl", rows(scale={("sliding_window", 512): 1.2}))
+    assert run(["compare", base, new, "--fail-if-regression", "0.05"]) == 1
+    out = capsys.readouterr().out
+    bad = [line for line in out.splitlines() if "REGRESSION" in line]
+    assert len(bad) == 1 and "sliding_window(window=64)/flex" in bad[0] and "512" in bad[0] and "1.200×" in bad[0]
+    # without the flag the same comparison is reported but does not fail
+    assert run(["compare", base, new]) == 0
+
+
+def test_change_within_noise_passes(tmp_path, capsys):
+    base = write(tmp_path / "base.jsonl", rows(iqr_frac=0.10))
+    # 12% slower everywhere, but the timings' IQR is 10-11%: 12% < 5% + noise
+    new = write(tmp_path / "new.jsonl", rows(scale={(v, L): 1.12 for v in ("full", "sliding_window") for L in LENS},
+                                             iqr_frac=0.10))
+    assert run(["compare", base, new, "--fail-if-regression", "0.05"]) == 0
+    assert "0 regression(s)" in capsys.readouterr().out
+
+
+def test_memory_growth_and_new_failures_are_regressions(tmp_path, capsys):
+    base = write(tmp_path / "base.jsonl", rows())
+    more_mem = write(tmp_path / "mem.jsonl", rows(mem_scale={("full", 1024): 1.3}))
+    assert run(["compare", base, more_mem, "--fail-if-regression", "0.05"]) == 1
+    assert "more memory" in capsys.readouterr().out
+    oom = write(tmp_path / "oom.jsonl", rows(status={("full", 1024): "oom"}))
+    assert run(["compare", base, oom, "--fail-if-regression", "0.05"]) == 1
+    assert "now oom" in capsys.readouterr().out
+
+
+def test_cells_failing_in_both_runs_are_not_regressions(tmp_path):
+    both = {("full", 1024): "oom"}
+    base, new = write(tmp_path / "b.jsonl", rows(status=both)), write(tmp_path / "n.jsonl", rows(status=both))
+    assert run(["compare", base, new, "--fail-if-regression", "0.0"]) == 0
+
+
+def frame(rs: list[dict]) -> pd.DataFrame:
+    return T.prepare_cost(pd.DataFrame(rs))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(slow=st.floats(0.5, 2.0), iqr=st.floats(0.0, 0.3), tol=st.floats(0.0, 0.3))
+def test_uniform_slowdown_flagged_iff_beyond_tolerance_plus_noise(slow, iqr, tol):
+    # Definition: flag iff new - base > tol * base + max(iqr_base, iqr_new); here iqr_x = iqr * x.
+    margin = (slow - 1) - tol - iqr * max(1.0, slow)
+    if abs(margin) < 1e-9:
+        return
+    scale = {(v, L): slow for v in ("full", "sliding_window") for L in LENS}
+    table = C.compare_frames(frame(rows(iqr_frac=iqr)), frame(rows(scale=scale, iqr_frac=iqr)), tol)
+    assert len(table) == 2 * len(LENS)
+    assert table["regression"].tolist() == [margin > 0] * len(table)
+    assert table["ratio"].tolist() == pytest.approx([slow] * len(table))
+
+
+def test_comparing_a_run_with_itself_finds_nothing():
+    table = C.compare_frames(frame(rows()), frame(rows()), 0.0)
+    assert not table["regression"].any() and set(table["verdict"]) == {"within noise"}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "does not exist"),
+    ("no_ok", "no ok cost rows"),
+    ("disjoint", "no cells in common"),
+    ("accuracy_only", "holds no cost rows"),
+])
+def test_bad_input_exits_2(tmp_path, capsys, case, message):
+    base = write(tmp_path / "base.jsonl", rows())
+    new = str(tmp_path / "nope.jsonl")
+    if case == "no_ok":
+        new = write(tmp_path / "new.jsonl", [dict(r, status="error", latency_ms=None) for r in rows()])
+    elif case == "disjoint":
+        new = write(tmp_path / "new.jsonl", [dict(r, seq_len=r["seq_len"] * 3) for r in rows()])
+    elif case == "accuracy_only":
+        new = write(tmp_path / "new.jsonl", [{"task": "mqar", "variant": "full", "metric": "accuracy", "value": 1.0,
+                                              "eval_len": 64}])
+    assert run(["compare", base, new]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,193 @@
+"""The HTML report has every section, and its numbers are the ones the data define."""
+from __future__ import annotations
+
+import base64
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from harness import report as R  # noqa: E402
+from harness import tables as T  # noqa: E402
+from harness.cli import main  # noqa: E402
+
+LENS = [512, 1024, 2048, 4096, 8192]
+ENV = {"device": "cpu", "device_name": "Report CPU", "torch_version": "2.13.0", "project_version": "0.1.0", "dtype": "float32",
+       "batch_size": 1, "num_heads": 2, "head_dim": 16, "scope": "op", "position": "none", "seed": 0,
+       "timestamp": "2026-01-01T00:00:00+00:00"}
+# latency = c * L^p and memory = m * L^q: the fitted exponents must come out as p and q
+SERIES = {"full/sdpa": ("full", {}, "sdpa", 2e-6, 2, 8.0, 2),
+          "sliding_window(window=128)/flex": ("sliding_window", {"window": 128}, "flex", 1e-3, 1, 4096.0, 1)}
+OOM = {("full", 8192)}
+POSITIONS = {"rope": [0.9, 0.8, 0.2], "alibi_like(slope=0.5)": [0.9, 0.7, 0.6]}
+EVAL = [256, 512, 1024]
+
+
+def cost_rows(device_name: str = "Report CPU") -> list[dict]:
+    rows = []
+    for variant, params, backend, c, p, m, q in SERIES.values():
+        for L in LENS:
+            ok = (variant, L) not in OOM
+            ms = c * L**p
+            rows.append(dict(ENV, device_name=device_name, run_id="r", variant=variant, variant_params=params, backend=backend,
+                             mode="forward", seq_len=L, status="ok" if ok else "oom", error=None if ok else "CUDA out of memory",
+                             latency_ms=ms if ok else None, latency_iqr_ms=0.01 * ms if ok else None,
+                             tokens_per_s=L / ms * 1e3 if ok else None, peak_mem_bytes=m * L**q if ok else None,
+                             flops=None, achieved_flops_per_s=None))
+    return rows
+
+
+def acc_rows() -> list[dict]:
+    rows = []
+    for label, values in POSITIONS.items():
+        name, _, rest = label.partition("(")
+        params = {"slope": 0.5} if rest else {}
+        for L, v in zip(EVAL, values, strict=True):
+            rows.append(dict(run_id="a", task="lm", variant="full", variant_params={}, position=name, position_params=params,
+                             train_len=256, eval_len=L, metric="accuracy", value=v, ci_low=None, ci_high=None, n=10, seed=0,
+                             torch_version="2.13.0"))
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+class Tables(HTMLParser):
+    """Every <table id=...> of a page as a list of rows of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.current: str | None = None
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table" and "id" in attrs:
+            self.current = attrs["id"]
+            self.tables[self.current] = []
+        elif tag == "tr" and self.current:
+            self.tables[self.current].append([])
+        elif tag in ("td", "th") and self.current:
+            self.cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.current = None
+        elif tag in ("td", "th") and self.current and self.cell is not None:
+            self.tables[self.current][-1].append("".join(self.cell).strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def table(html: str, table_id: str) -> dict[str, dict[str, str]]:
+    parser = Tables()
+    parser.feed(html)
+    header, *body = parser.tables[table_id]
+    return {row[0]: dict(zip(header, row, strict=True)) for row in body}
+
+
+@pytest.fixture(scope="module")
+def html(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("report")
+    c, a = write_jsonl(d / "cost.jsonl", cost_rows()), write_jsonl(d / "acc.jsonl", acc_rows())
+    out = d / "sub" / "report.html"
+    assert main(["report", str(c), str(a), "--out", str(out)]) == 0
+    return out.read_text()
+
+
+def test_every_section_present(html):
+    for sid in R.SECTIONS:
+        assert f'<section id="{sid}">' in html, sid
+
+
+def test_self_contained_with_figures_embedded(html):
+    assert "<link" not in html and "<script" not in html and 'src="http' not in html
+    images = html.split('src="data:image/png;base64,')[1:]
+    skipped = table(html, "skipped-table") if "skipped-table" in html else {}
+    figures = html.count("<figure ")
+    assert figures == len(images) >= 4
+    for img in images:
+        assert base64.b64decode(img.split('"', 1)[0])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "speedup" in html.split('<section id="figures">')[1] and "latency" not in skipped
+
+
+def test_environment_lists_device_and_versions(html):
+    env = table(html, "environment-table")
+    assert env["device_name"]["value"] == "Report CPU"
+    assert env["torch_version"]["value"] == "2.13.0"
+    assert env["timestamp"]["value"] == ENV["timestamp"]
+
+
+def test_scaling_exponents_match_the_generating_powers(html):
+    rows = table(html, "scaling-table")
+    for series, (_, _, _, _, p, _, q) in SERIES.items():
+        assert float(rows[series]["latency exponent"]) == pytest.approx(p, abs=0.005)
+        assert float(rows[series]["memory exponent"]) == pytest.approx(q, abs=0.005)
+
+
+def test_crossover_is_where_latencies_cross(html):
+    # 1e-3 L < 2e-6 L^2  <=>  L > 500: the first shared length after that is 512
+    want = min(L for L in LENS if 1e-3 * L < 2e-6 * L**2)
+    row = table(html, "crossover-table")["sliding_window(window=128)/flex"]
+    assert row["beats full from"] == T.fmt_len(want)
+    longest = max(L for L in LENS if ("full", L) not in OOM)
+    assert row["speed-up at longest shared length"] == f"{2e-6 * longest**2 / (1e-3 * longest):.2f}× at {T.fmt_len(longest)}"
+
+
+def test_longest_length_reached_and_what_stopped_it(html):
+    rows = table(html, "reach-table")
+    assert rows["full/sdpa"]["longest ok length"] == T.fmt_len(4096)
+    assert rows["full/sdpa"]["stopped by"] == "oom at 8k"
+    assert rows["sliding_window(window=128)/flex"]["longest ok length"] == "8k"
+    assert rows["sliding_window(window=128)/flex"]["stopped by"] == "—"
+
+
+def test_best_position_per_eval_length(html):
+    parser = Tables()
+    parser.feed(html)
+    header, *body = parser.tables["positions-table"]
+    got = {row[header.index("eval length")]: row[header.index("best position")] for row in body}
+    for i, L in enumerate(EVAL):
+        best = max(POSITIONS, key=lambda k: POSITIONS[k][i])
+        tied = [k for k in POSITIONS if np.isclose(POSITIONS[k][i], POSITIONS[best][i])]
+        assert got[T.fmt_len(L)] == " = ".join(sorted(tied)), L
+
+
+def test_summary_table_shows_status_not_a_number_for_failed_cells(html):
+    tables = html.split('<section id="tables">')[1].split("</section>")[0]
+    assert "Latency (ms) · op · forward" in tables
+    latency = tables.split("Latency (ms) · op · forward")[1].split("</table>")[0]
+    full_row = latency.split("full/sdpa")[1].split("</tr>")[0]
+    assert "oom" in full_row
+    assert R.fmt_num(2e-6 * 4096**2) in full_row
+
+
+def test_findings_sentences(html):
+    findings = html.split('<section id="findings">')[1].split('<section id="scaling">')[0]
+    assert "full/sdpa (op · forward): latency grows as L^2.00" in findings
+    assert "reached 4k before oom at 8k" in findings
+
+
+def test_mixed_devices_refused_unless_one_is_picked(tmp_path, capsys):
+    c = write_jsonl(tmp_path / "c.jsonl", cost_rows() + cost_rows(device_name="Other"))
+    rc = main(["report", str(c), "--out", str(tmp_path / "r.html")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--device" in err and err.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_missing_file_exits_2(tmp_path, capsys):
+    rc = main(["report", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "r.html")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
