@@ -1,0 +1,101 @@
+"""Peak memory of one cell, measured rather than estimated.
+
+- CUDA: the caching allocator's peak (``torch.cuda.max_memory_allocated``) after
+  ``reset_peak_memory_stats``, minus what was allocated before the cell's inputs were built.
+- CPU: the worker process's peak resident set size (``VmHWM``, reset by writing ``5`` to
+  ``/proc/self/clear_refs``) minus its resident set size right before the cell's inputs were
+  built, taken after ``gc.collect()`` and ``malloc_trim(0)`` so memory freed by earlier cells
+  is back with the OS and cannot hide in the baseline.
+
+Both therefore count the inputs (and the KV cache for decoding, the weights for a model), the
+output and every intermediate alive at the worst moment of a steady-state call, autograd
+buffers in training; compilation happens in an earlier warm-up call and is not counted.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+
+import torch
+
+
+def proc_status(field: str) -> int | None:
+    """A ``/proc/self/status`` size field (``VmRSS``, ``VmHWM``, ``VmSize``) in bytes; None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        return None
+    return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand glibc's free heap pages back to the OS (no-op elsewhere)."""
+    gc.collect()
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def reset_rss_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux >= 4.0); False if not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """``baseline()`` before building a cell's inputs, ``reset_peak()`` once they exist, ``peak()`` after."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+        self.device = device
+        self.method = "cuda_max_allocated" if self.cuda else "rss_hwm"
+        self._base: int | None = None
+        self._reset_ok = True
+
+    def baseline(self) -> None:
+        release_freed_memory()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            self._base = proc_status("VmRSS")
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._reset_ok = reset_rss_peak()
+
+    def peak(self) -> int | None:
+        """Bytes above the baseline at the worst moment since ``reset_peak``; None if unmeasurable."""
+        if self._base is None:
+            return None
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
+        hwm = proc_status("VmHWM")
+        if hwm is None or not self._reset_ok:
+            return None  # no resettable high-water mark: an unreset lifetime peak would be wrong
+        return max(0, hwm - self._base)
+
+
+__all__ = ["PeakMemory", "proc_status", "release_freed_memory", "reset_rss_peak"]

@@ -1,0 +1,623 @@
+"""``attn-bench sweep``: measure every cell of a grid of variants x lengths x shapes x modes.
+
+A sweep comes from a preset, a TOML sweep file and the command line, in that order of
+precedence; the file's keys are the command-line option names (``head_dim`` for ``--head-dim``)
+and an optional ``[[grid]]`` list adds sub-grids that override a few keys each. Everything is
+validated -- names against the registries, parameters against their dataclasses -- before the
+first cell runs and before the results file is opened. Each cell runs in a worker process
+(harness.worker) and its row is appended and flushed as soon as it finishes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import difflib
+import itertools
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.cost import DTYPES, KEY_FIELDS, MODES, SCOPES, Cell, json_normal
+from harness.presets import get_preset
+from harness.results import COST_FIELDS, ResultsStore, cell_key, read_rows
+from harness.timing import TimingConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FAILURES_THAT_SKIP = ("oom", "timeout")  # a longer length of the same configuration would fail too
+
+
+# -- parsing values ------------------------------------------------------------------------------
+
+_LENGTH = re.compile(r"^(\d+)([kKmM]?)$")
+
+
+def parse_length(token: str | int, where: str) -> int:
+    """``4096``, ``4K`` or ``1M`` (K = 1024) -> a positive int."""
+    if isinstance(token, bool):
+        raise ValueError(f"{where}: expected a length, got {token!r}")
+    if isinstance(token, int):
+        n = token
+    else:
+        m = _LENGTH.match(str(token).strip().replace("_", ""))
+        if not m:
+            raise ValueError(f"{where}: malformed length {token!r}; expected e.g. 4096, 4K or 1M")
+        n = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
+    if n < 1:
+        raise ValueError(f"{where}: lengths must be >= 1, got {token!r}")
+    return n
+
+
+def parse_lengths(value: Any, where: str) -> list[int]:
+    """A list, a comma list (``1024,2048``) or a doubling range (``1K..1M``) -> sorted unique lengths."""
+    if isinstance(value, (list, tuple)):
+        items: list[Any] = list(value)
+    else:
+        items = [s for s in str(value).split(",") if s.strip()] if not isinstance(value, int) else [value]
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, str) and ".." in item:
+            lo_s, _, hi_s = item.partition("..")
+            lo, hi = parse_length(lo_s, where), parse_length(hi_s, where)
+            if lo > hi:
+                raise ValueError(f"{where}: empty range {item!r} (start > end)")
+            while lo <= hi:
+                out.append(lo)
+                lo *= 2
+        else:
+            out.append(parse_length(item, where))
+    if not out:
+        raise ValueError(f"{where}: no lengths given")
+    return sorted(set(out))
+
+
+def _strs(split: bool) -> Callable[[Any, str], list[str]]:
+    def parse(value: Any, where: str) -> list[str]:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        out = []
+        for v in items:
+            if not isinstance(v, str) or not v.strip():
+                raise ValueError(f"{where}: expected text, got {v!r}")
+            out += [s.strip() for s in v.split(",") if s.strip()] if split else [v.strip()]
+        if not out:
+            raise ValueError(f"{where}: empty list")
+        return out
+    return parse
+
+
+def _ints(value: Any, where: str) -> list[int]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
+    out = []
+    for v in items:
+        try:
+            n = int(v) if not isinstance(v, (bool, float)) else None
+        except ValueError:
+            n = None
+        if n is None or n < 1:
+            raise ValueError(f"{where}: expected positive integers, got {v!r}")
+        out.append(n)
+    if not out:
+        raise ValueError(f"{where}: empty list")
+    return sorted(set(out))
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _positive(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: expected text, got {value!r}")
+    return value
+
+
+# Grid keys may appear at the top level or in a [[grid]] entry; run keys only at the top level.
+GRID_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "variant": _strs(split=False),  # commas belong to the spec: name:key=v,key=v
+    "position": _strs(split=False),
+    "lengths": parse_lengths,
+    "batch": _ints,
+    "heads": _ints,
+    "head_dim": _ints,
+    "dtype": _strs(split=True),
+    "mode": _strs(split=True),
+    "scope": _strs(split=True),
+    "causal": _bool,
+    "layers": _int,
+}
+RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "device": _str,
+    "time_limit": _positive,
+    "mem_limit": _positive,
+    "skip_after_failure": _bool,
+    "seed": _int,
+    "min_run_time": _positive,
+    "max_run_time": _positive,
+    "threshold": _positive,
+    "plugin": _strs(split=False),
+    "out": _str,
+}
+FILE_KEYS = ("preset", "grid")
+
+
+# -- the spec ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Grid:
+    """One product of values; a sweep is one or more of them."""
+
+    variant: tuple[str, ...]
+    position: tuple[str, ...] = ("none",)
+    lengths: tuple[int, ...] = (1024, 2048, 4096)
+    batch: tuple[int, ...] = (1,)
+    heads: tuple[int, ...] = (8,)
+    head_dim: tuple[int, ...] = (64,)
+    dtype: tuple[str, ...] = ("float32",)
+    mode: tuple[str, ...] = ("forward",)
+    scope: tuple[str, ...] = ("op",)
+    causal: bool = True
+    layers: int = 2  # backbone depth for scope=model
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    device: str = "cpu"
+    time_limit: float = 300.0  # seconds per cell, warm-up included
+    mem_limit: float | None = None  # GiB; None: 80% of the memory available when the sweep starts
+    skip_after_failure: bool = True
+    seed: int = 0
+    min_run_time: float = 0.2
+    max_run_time: float = 2.0
+    threshold: float = 0.1
+    plugin: tuple[str, ...] = ()
+    out: str | None = None
+
+    @property
+    def timing(self) -> TimingConfig:
+        return TimingConfig(min_run_time=self.min_run_time, max_run_time=self.max_run_time, threshold=self.threshold)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    grids: tuple[Grid, ...]
+    run: RunSettings
+    preset: str | None = None
+
+
+def _where(source: str, key: str) -> str:
+    return f"--{key.replace('_', '-')}" if source == "command line" else f"{source}: {key}"
+
+
+def _unknown_key(source: str, key: str, valid: Sequence[str]) -> ValueError:
+    near = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ValueError(f"{source}: unknown key {key!r}{hint}; valid: {', '.join(valid)}")
+
+
+def _parse_layer(source: str, mapping: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """Type-check one source's keys; returns its top-level settings and its grid entries (if any)."""
+    top: dict[str, Any] = {}
+    grids = None
+    valid = [*GRID_KEYS, *RUN_KEYS, *FILE_KEYS]
+    for key, value in mapping.items():
+        if key == "preset":
+            if not isinstance(value, str):
+                raise ValueError(f"{source}: preset must be a name, got {value!r}")
+        elif key == "grid":
+            if not isinstance(value, list) or not all(isinstance(g, dict) for g in value):
+                raise ValueError(f"{source}: grid must be a list of tables ([[grid]])")
+            grids = []
+            for i, entry in enumerate(value):
+                parsed = {}
+                for k, v in entry.items():
+                    if k in RUN_KEYS:
+                        raise ValueError(f"{source}: grid[{i}]: {k!r} can only be set at the top level")
+                    if k not in GRID_KEYS:
+                        raise _unknown_key(f"{source}: grid[{i}]", k, list(GRID_KEYS))
+                    parsed[k] = GRID_KEYS[k](v, f"{source}: grid[{i}].{k}")
+                grids.append(parsed)
+        elif key in GRID_KEYS:
+            top[key] = GRID_KEYS[key](value, _where(source, key))
+        elif key in RUN_KEYS:
+            top[key] = RUN_KEYS[key](value, _where(source, key))
+        else:
+            raise _unknown_key(source, key, valid)
+    return top, grids
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read sweep file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    if "plugin" in data:  # plugin paths in a file are relative to the file
+        plugins = data["plugin"] if isinstance(data["plugin"], list) else [data["plugin"]]
+        data["plugin"] = [str(path.parent / p) if isinstance(p, str) and p.endswith(".py") and (path.parent / p).exists()
+                          else p for p in plugins]
+    return data
+
+
+def build_spec(layers: Sequence[tuple[str, dict[str, Any]]]) -> SweepSpec:
+    """Merge sources, later ones winning: a later top-level key also overrides it inside earlier grids."""
+    top: dict[str, Any] = {}
+    grids: list[dict[str, Any]] = []
+    preset = None
+    for source, mapping in layers:
+        if source.startswith("preset "):
+            preset = source.removeprefix("preset ")
+        layer_top, layer_grids = _parse_layer(source, mapping)
+        for g in grids:
+            for k in layer_top:
+                g.pop(k, None)
+        top.update(layer_top)
+        if layer_grids is not None:
+            grids = layer_grids
+    shared = {k: v for k, v in top.items() if k in GRID_KEYS}
+    out = []
+    for g in grids or [{}]:
+        values = {**shared, **g}
+        if "variant" not in values:
+            raise ValueError("nothing to sweep: give --variant NAME[:key=value,...], --preset or --config")
+        out.append(Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}))
+    run = {k: tuple(v) if isinstance(v, list) else v for k, v in top.items() if k in RUN_KEYS}
+    return SweepSpec(tuple(out), RunSettings(**run), preset)
+
+
+def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[str, Any] | None = None) -> SweepSpec:
+    """Preset < sweep file < command line. ``cli`` holds only the options actually given."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    data = load_toml(config) if config is not None else None
+    name = preset or (data or {}).get("preset")
+    if name is not None:
+        if not isinstance(name, str):
+            raise ValueError(f"{config}: preset must be a name, got {name!r}")
+        layers.append((f"preset {name}", get_preset(name).settings))
+    if data is not None:
+        layers.append((str(config), data))
+    layers.append(("command line", cli or {}))
+    return build_spec(layers)
+
+
+# -- expansion and validation --------------------------------------------------------------------
+
+def resolve_variant(spec: str) -> tuple[str, dict[str, Any], str]:
+    """``name:key=v,backend=b`` -> (name, every config field's value, requested backend); ValueError if invalid."""
+    import attn
+    from attn.registry import ATTENTION
+
+    name, params = attn.parse_spec(spec)
+    backend = params.pop("backend", "auto")
+    entry = ATTENTION.get(name)
+    config = ATTENTION.make_config(name, params)
+    backends = [b.name for b in entry.cls.backends]
+    if backend != "auto" and backend not in backends:
+        raise ValueError(f"unknown backend {backend!r} for {name!r} in {spec!r}; valid: auto, {', '.join(backends)}")
+    resolved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+    return name, json_normal(resolved), backend
+
+
+def resolve_position(spec: str, heads: int, head_dim: int, seq_len: int) -> tuple[str, dict[str, Any]]:
+    """Position spec -> (name, its own config fields); the shape fields the backbone fills are left out."""
+    import attn
+    from attn.registry import POSITIONS
+
+    name, params = attn.parse_spec(spec)
+    entry = POSITIONS.get(name)
+    names = {f.name for f in dataclasses.fields(entry.config)}
+    shape = {"head_dim": head_dim, "d_model": heads * head_dim, "max_seq_len": seq_len + 1}
+    fill = {k: v for k, v in shape.items() if k in names and k not in params}
+    config = POSITIONS.make_config(name, {**fill, **params})
+    resolved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name not in fill}
+    return name, json_normal(resolved)
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"unknown device {device!r}; valid: cpu, cuda, cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device} requested but no CUDA device is visible (torch.cuda.is_available() is False)")
+
+
+def _check_choices(values: Sequence[str], valid: Sequence[str], what: str) -> None:
+    for v in values:
+        if v not in valid:
+            raise ValueError(f"unknown {what} {v!r}; valid: {', '.join(valid)}")
+
+
+def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
+    """Every cell of every grid, validated, deduplicated; within a configuration, lengths ascend."""
+    if check_device_available:
+        check_device(spec.run.device)
+    elif not re.fullmatch(r"cpu|cuda(:\d+)?", spec.run.device):
+        raise ValueError(f"unknown device {spec.run.device!r}; valid: cpu, cuda, cuda:N")
+    cells: dict[str, Cell] = {}
+    for grid in spec.grids:
+        _check_choices(grid.mode, MODES, "mode")
+        _check_choices(grid.scope, SCOPES, "scope")
+        _check_choices(grid.dtype, list(DTYPES), "dtype")
+        if "decode" in grid.mode and not grid.causal:
+            raise ValueError("mode decode needs causal attention (drop --bidirectional or the decode mode)")
+        if grid.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {grid.layers}")
+        variants = [(resolve_variant(v), v.strip()) for v in grid.variant]
+        for position in grid.position:  # validated even when only op-scope cells use none
+            resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
+        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d in itertools.product(
+            variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads, grid.head_dim
+        ):
+            for length in grid.lengths:
+                if scope == "op":  # the attention call alone: no positions, no backbone
+                    pos_name, pos_params, layers = "none", {}, None
+                else:
+                    (pos_name, pos_params), layers = resolve_position(position, h, d, length), grid.layers
+                cell = Cell(
+                    variant=name, variant_params=params, backend_requested=backend, position=pos_name,
+                    position_params=pos_params, scope=scope, mode=mode, device=spec.run.device, dtype=dtype,
+                    batch_size=b, num_heads=h, head_dim=d, seq_len=length, causal=grid.causal, layers=layers,
+                    variant_spec=label,
+                )
+                cells.setdefault(cell.key(), cell)
+    return list(cells.values())
+
+
+# -- running -------------------------------------------------------------------------------------
+
+def _fmt_len(n: int) -> str:
+    for unit, size in (("M", 1024**2), ("K", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _failure_index(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """Configuration key -> (status, shortest length) of its oom/timeout rows."""
+    out: dict[str, tuple[str, int]] = {}
+    for r in rows:
+        if r.get("status") in FAILURES_THAT_SKIP and isinstance(r.get("seq_len"), int):
+            key = cell_key(r, tuple(f for f in KEY_FIELDS if f != "seq_len"))
+            if key not in out or r["seq_len"] < out[key][1]:
+                out[key] = (r["status"], r["seq_len"])
+    return out
+
+
+def skip_reason(cell: Cell, failures: dict[str, tuple[str, int]]) -> str | None:
+    """Why ``cell`` is not worth running: its configuration already failed at a shorter length."""
+    failed = failures.get(cell.config_key())
+    if failed is None or cell.seq_len <= failed[1]:
+        return None
+    return f"not run: {failed[0]} at seq_len {failed[1]} in this configuration (--no-skip-after-failure runs it anyway)"
+
+
+def default_mem_limit_gib() -> float:
+    import psutil
+
+    return 0.8 * psutil.virtual_memory().available / 2**30
+
+
+def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """A results row: DESIGN.md's cost columns first, then the cell, the environment and the extras."""
+    row: dict[str, Any] = {f: None for f in COST_FIELDS}
+    row.update(cell.as_row())
+    row.update(env)
+    row.update({"run_id": run_id, "device": cell.device})
+    row.update(extra)
+    row.update(result)
+    peak = row.get("peak_flops_per_s")
+    achieved = row.get("achieved_flops_per_s")
+    row["peak_fraction"] = achieved / peak if achieved and peak else None
+    row["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return row
+
+
+def existing_rows(out: Path, resume: bool) -> list[dict[str, Any]]:
+    """Rows already in ``out``; refuses to mix a new sweep into a file unless resuming it."""
+    rows = read_rows(out)
+    if rows and not resume:
+        raise ValueError(f"{out} already holds {len(rows)} rows; pass --resume to continue it, or choose another --out")
+    return rows
+
+
+def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
+              echo: Callable[[str], None] = click.echo) -> list[dict[str, Any]]:
+    """Measure the cells not yet in ``out``; returns the rows of ``out`` that belong to ``cells``."""
+    from tqdm import tqdm
+
+    from harness.environment import environment
+    from harness.worker import Worker, WorkerConfig
+
+    existing = existing_rows(out, resume)
+    done = {cell_key(r, KEY_FIELDS) for r in existing}
+    todo = [c for c in cells if c.key() not in done]
+    failures = _failure_index(existing)
+    if resume and existing:
+        echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured")
+
+    run = spec.run
+    mem_gib = run.mem_limit if run.mem_limit is not None else default_mem_limit_gib()
+    env = environment(run.device, run.seed)
+    run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    store = ResultsStore(out, KEY_FIELDS)
+    extra: dict[str, Any] = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": int(mem_gib * 2**30),
+                             "peak_flops_per_s": None, "peak_dtype": None}
+    peak_measured = False
+    worker = Worker(WorkerConfig(run.device, int(mem_gib * 2**30), tuple(run.plugin)))
+    with worker, tqdm(total=len(todo), unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo) as bar:
+        for cell in todo:
+            bar.set_description_str(cell.label)
+            reason = skip_reason(cell, failures) if run.skip_after_failure else None
+            if reason:
+                result, wall = {"status": "skipped", "error": reason}, 0.0
+            else:
+                if not peak_measured:  # once per run, in the process that measures the cells
+                    peak_measured = True
+                    bar.set_description_str("measuring the device's matmul peak")
+                    peak = worker.measure_peak(TimingConfig(min_run_time=0.2, max_run_time=1.0))
+                    extra.update({k: peak.get(k) for k in ("peak_flops_per_s", "peak_dtype")})
+                    bar.set_description_str(cell.label)
+                start = time.monotonic()
+                result = worker.run_cell(cell.as_row(), run.timing, run.seed, run.time_limit)
+                wall = time.monotonic() - start
+            row = make_row(cell, result, env, run_id, {**extra, "cell_wall_s": wall, "worker_starts": worker.starts})
+            store.append(row)
+            status = row["status"]
+            if status in FAILURES_THAT_SKIP:
+                prev = failures.get(cell.config_key())
+                if prev is None or cell.seq_len < prev[1]:
+                    failures[cell.config_key()] = (status, cell.seq_len)
+            if status not in ("ok", "skipped"):
+                bar.write(f"{cell.label}: {status}: {row['error']}")
+            bar.set_postfix_str(status, refresh=False)
+            bar.update()
+    keys = {c.key() for c in cells}
+    return [r for r in read_rows(out) if cell_key(r, KEY_FIELDS) in keys]
+
+
+# -- the summary ---------------------------------------------------------------------------------
+
+MARKS = {"oom": "OOM", "timeout": "T/O", "skipped": "skip", "unsupported": "n/a", "error": "ERR"}
+LEGEND = "OOM = out of memory, T/O = over the time limit, skip = not run after a failure, n/a = unsupported, ERR = error"
+
+
+def _num(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
+    """Variant x length tables of median latency and peak memory, failures marked."""
+    import pandas as pd
+
+    if not rows:
+        return "no rows"
+    df = pd.DataFrame(rows)
+    df["variant"] = [r.get("variant_spec") or r.get("variant") for r in rows]
+    dims = [c for c in ("scope", "position", "mode", "dtype", "batch_size", "num_heads", "head_dim", "device")
+            if c in df and df[c].astype(str).nunique() > 1]
+    index = ["variant", *dims]
+
+    def table(value: str, scale: float) -> str:
+        text = [
+            _num(r[value] / scale) if r["status"] == "ok" and r.get(value) is not None
+            else MARKS.get(r["status"], r["status"]) if r["status"] != "ok" else "-"
+            for r in df.to_dict("records")
+        ]
+        t = df.assign(text=text, length=df["seq_len"]).pivot_table(
+            index=index, columns="length", values="text", aggfunc="first", sort=False
+        )
+        t = t.reindex(columns=sorted(t.columns)).fillna("")
+        t.columns = [_fmt_len(int(c)) for c in t.columns]
+        return t.to_string()
+
+    counts = df["status"].value_counts()
+    parts = [
+        "median latency, ms",
+        table("latency_ms", 1.0),
+        "",
+        "peak memory above baseline, MiB",
+        table("peak_mem_bytes", 2**20),
+        "",
+        LEGEND,
+        f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()),
+    ]
+    return "\n".join(parts)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options the user actually gave (click passes None / () for the others)."""
+    names = {"variant", "position", "lengths", "batch", "heads", "head_dim", "dtype", "mode", "scope", "causal", "layers",
+             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "plugin"}
+    layer = {}
+    for k in names:
+        v = opts.get(k)
+        if v is None or v == ():
+            continue
+        layer[k] = list(v) if isinstance(v, tuple) else v
+    return layer
+
+
+@click.command("sweep")
+@click.option("--variant", multiple=True, help="NAME[:key=value,...]; backend=NAME picks a backend. Repeatable.")
+@click.option("--position", multiple=True, help="Position method spec (scope=model only). Repeatable.")
+@click.option("--lengths", help="Sequence lengths: 1024,2048 or 1K,4K or a doubling range 1K..1M.")
+@click.option("--batch", help="Batch sizes, comma list.")
+@click.option("--heads", help="Numbers of heads, comma list.")
+@click.option("--head-dim", help="Head dimensions, comma list.")
+@click.option("--dtype", multiple=True, help="float32, bfloat16, float16, float64 (repeatable or comma list).")
+@click.option("--mode", multiple=True, help="forward, train, decode (repeatable or comma list).")
+@click.option("--scope", multiple=True, help="op (attention alone) or model (whole backbone).")
+@click.option("--causal/--bidirectional", default=None, help="Causal (default) or bidirectional attention.")
+@click.option("--layers", type=int, help="Backbone depth for --scope model (default 2).")
+@click.option("--device", help="cpu (default), cuda or cuda:N.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Results JSONL (default: results/sweep-<preset>-<time>.jsonl).")
+@click.option("--resume", is_flag=True, help="Continue --out: cells already in it are not run again.")
+@click.option("--preset", help="quick, long or gpu (see attn-bench list).")
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML sweep file; keys are these option names.")
+@click.option("--plugin", multiple=True, help="File or module registering extra variants. Repeatable.")
+@click.option("--time-limit", type=float, help="Seconds per cell, warm-up included (default 300).")
+@click.option("--mem-limit", type=float, help="GiB per cell (default: 80%% of the memory available at start).")
+@click.option("--skip-after-failure/--no-skip-after-failure", default=None,
+              help="After an OOM or timeout, record longer lengths of that configuration as skipped (default on).")
+@click.option("--seed", type=int, help="Seed of the random inputs (default 0).")
+@click.option("--min-run-time", type=float, help="Seconds of timed calls before the spread is checked.")
+@click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
+@click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
+def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
+    """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, one worker process per cell."""
+    from harness.cli import load_plugins
+
+    spec = load_spec(preset, config, _cli_layer(opts))
+    load_plugins(spec.run.plugin)
+    cells = expand(spec)
+    if out is None and spec.run.out:
+        out = Path(spec.run.out)
+    if out is None:
+        if resume:
+            raise click.UsageError("--resume needs --out (the results file to continue)")
+        out = Path("results") / f"sweep-{spec.preset or 'custom'}-{dt.datetime.now():%Y%m%d-%H%M%S}.jsonl"
+    if dry_run:
+        for c in cells:
+            click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads} D={c.head_dim}]")
+        click.echo(f"{len(cells)} cells -> {out}")
+        return
+    existing_rows(out, resume)
+    click.echo(f"{len(cells)} cells on {spec.run.device} -> {out}", err=True)
+    rows = run_sweep(spec, cells, out, resume)
+    click.echo(summary_tables(rows))
+    click.echo(f"results: {out}")
+
+
+__all__ = [
+    "Grid", "RunSettings", "SweepSpec", "build_spec", "expand", "load_spec", "load_toml", "make_row", "parse_lengths",
+    "resolve_position", "resolve_variant", "run_sweep", "skip_reason", "summary_tables", "sweep_command",
+]
