@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import attn
 from attn.attention import flex
 from attn.attention.base import UnsupportedBackend
-from attn.attention.sliding_window import band_block_mask, blocked_attention
+from attn.attention.sliding_window import blocked_attention
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=4e-2, rtol=4e-2)}
 
@@ -94,29 +94,29 @@ def test_window_one_causal_returns_v(inputs):
         torch.testing.assert_close(out, v[:, :, k.shape[2] - q.shape[2]:], **TOL[dtype])
 
 
-# Flex: a handful of fixed shapes (each costs a compile): a length that is not a multiple of the
-# 128 block, a window longer than the sequence, and fewer queries than keys.
+# Flex: fixed shapes, as each new shape costs a compile (window and direction do not: they are
+# captured tensors). Lengths not multiples of the 128 block, a window longer than the sequence;
+# both cases have some full blocks, so they share one kernel.
 @pytest.mark.skipif(flex.flex_unavailable() is not None, reason="needs FlexAttention")
-@pytest.mark.parametrize("lq, lk, w, causal", [(300, 300, 50, True), (300, 300, 400, False), (100, 333, 130, True)])
-def test_flex_matches_reference(lq, lk, w, causal):
-    g = torch.Generator().manual_seed(lq + w)
-    q = torch.randn(1, 2, lq, 16, generator=g)
-    k, v = torch.randn(2, 1, 2, lk, 16, generator=g)
-    ref = sw("reference", w)(q, k, v, causal=causal)
-    if lq == lk:  # the module: auto runs Flex for a CPU forward without grad
-        m = sw("auto", w)
-        with torch.no_grad():
-            out = m(q, k, v, causal=causal)
-        assert m.last_backend == "flex"
-    else:  # Lq < Lk is decode mode, where auto runs `blocked`; check the bottom-right BlockMask directly
-        out = flex.run_flex(q, k, v, band_block_mask(lq, lk, w, causal, "cpu"))
-    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+@pytest.mark.parametrize("w, causal", [(260, True), (450, False)])
+def test_flex_matches_reference(w, causal):
+    g = torch.Generator().manual_seed(w)
+    q, k, v = torch.randn(3, 1, 2, 400, 16, generator=g)
+    m = sw("auto", w)
+    with torch.no_grad():
+        out = m(q, k, v, causal=causal)
+    assert m.last_backend == "flex"  # auto: Flex for a CPU forward without grad
+    torch.testing.assert_close(out, sw("reference", w)(q, k, v, causal=causal), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("lq, lk, w, causal", [(300, 300, 50, True), (300, 300, 400, False), (100, 333, 130, True),
-                                               (256, 256, 128, True), (129, 1000, 1, False)])
-def test_flex_block_layout_covers_the_band_and_full_blocks_need_no_mask(lq, lk, w, causal):
-    from attn.attention.sliding_window import FLEX_BLOCK, band_block_layout
+# The BlockMask itself, for any lengths (Lq < Lk included) without compiling: the block layout
+# covers exactly the blocks with visible pairs, full blocks need no mask, and the mask_mod applied
+# to partial blocks is the design's rule with padded keys excluded.
+@pytest.mark.parametrize("lq, lk, w, causal", [(400, 400, 260, True), (400, 400, 450, False), (300, 400, 360, True),
+                                               (100, 333, 130, True), (256, 256, 128, True), (129, 1000, 1, False),
+                                               (1, 700, 200, True)])
+def test_flex_block_mask_is_the_window(lq, lk, w, causal):
+    from attn.attention.sliding_window import FLEX_BLOCK, band_block_layout, band_mask_mod
 
     partial, full = band_block_layout(lq, lk, w, causal)
     assert not (partial & full).any()
@@ -126,6 +126,9 @@ def test_flex_block_layout_covers_the_band_and_full_blocks_need_no_mask(lq, lk, 
     any_visible, all_visible = padded.any(3).any(1), padded.all(3).all(1)
     assert torch.equal(partial | full, any_visible)  # no visible pair is skipped, no empty block is visited
     assert not (full & ~all_visible).any()
+    q_idx, kv_idx = torch.arange(nq * FLEX_BLOCK)[:, None], torch.arange(nk * FLEX_BLOCK)[None, :]
+    mask_mod = band_mask_mod(lq, lk, w, causal)(0, 0, q_idx, kv_idx)
+    assert torch.equal(mask_mod[:lq], F.pad(mask, (0, nk * FLEX_BLOCK - lk)))
 
 
 def test_flex_refuses_cpu_backward_and_xformers_refuses_cpu():

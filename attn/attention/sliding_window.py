@@ -58,14 +58,19 @@ def band_block_layout(q_len: int, k_len: int, window: int, causal: bool,
     return any_visible & ~full, full
 
 
-def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool) -> flex.MaskMod:
-    """Exact per-pair rule for partial blocks; excludes padded keys (k >= k_len)."""
-    offset = k_len - q_len
+def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool, device: str = "cpu") -> flex.MaskMod:
+    """Exact per-pair rule for partial blocks; excludes padded keys (k >= k_len).
+
+    The numbers live in captured tensors, not Python constants, so every window, direction and
+    offset at one shape shares one compiled kernel instead of recompiling (seconds each).
+    """
+    as_t = lambda x: torch.tensor(x, device=device)
+    offset, k_end, w = as_t(k_len - q_len), as_t(k_len), as_t(window)
+    lowest = as_t(0 if causal else 1 - window)  # smallest visible q - k
 
     def sliding_window_mask(b, h, q_idx, kv_idx):
         d = q_idx + offset - kv_idx
-        visible = (d >= 0) & (d < window) if causal else (d < window) & (d > -window)
-        return visible & (kv_idx < k_len)
+        return (d >= lowest) & (d < w) & (kv_idx < k_end)
 
     sliding_window_mask.__name__ = f"sliding_window_{window}_{'causal' if causal else 'bidirectional'}"
     return sliding_window_mask
@@ -75,7 +80,8 @@ def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool) -> flex.Mas
 def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: str) -> flex.BlockMask:
     """Cached BlockMask of the band; O(nq * nk) to build, never O(L^2)."""
     partial, full = band_block_layout(q_len, k_len, window, causal)
-    mask = flex.block_mask_from_layout(partial, full, FLEX_BLOCK, q_len, k_len, band_mask_mod(q_len, k_len, window, causal))
+    mask_mod = band_mask_mod(q_len, k_len, window, causal, device)
+    mask = flex.block_mask_from_layout(partial, full, FLEX_BLOCK, q_len, k_len, mask_mod)
     return mask.to(device)
 
 
