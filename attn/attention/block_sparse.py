@@ -18,6 +18,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -67,13 +68,14 @@ def _layout_rows(cfg: BlockSparseConfig, rows: torch.Tensor, num_blocks: int, ca
     if causal:
         lay &= d >= 0
     if cfg.random_blocks:
-        # One generator per query block, seeded by (seed, block): a causal row never depends on the
-        # sequence length, so decoding sees the same blocks as the full forward pass.
+        # One stream per query block, seeded from (seed, block) by numpy's SeedSequence (independent
+        # streams): a causal row never depends on the sequence length, so decoding sees the same
+        # blocks as the full forward pass.
         g = torch.Generator()
         for r, blk in enumerate(rows.tolist()):
             cand = ~lay[r] & (c[0] < blk) if causal else ~lay[r]
             cand = cand.nonzero().squeeze(1)
-            g.manual_seed((cfg.seed << 32) + blk)
+            g.manual_seed(int(np.random.SeedSequence([cfg.seed, blk]).generate_state(1)[0]))
             lay[r, cand[torch.randperm(len(cand), generator=g)[: cfg.random_blocks]]] = True
     return lay
 
@@ -149,6 +151,28 @@ def _buckets(counts: torch.Tensor) -> list[torch.Tensor]:
     return [torch.nonzero((counts >= g[0]) & (counts <= g[-1])).squeeze(1) for g in groups]
 
 
+class _GatherBlocks(torch.autograd.Function):
+    """``x[:, :, idx]`` whose backward sums the gradients of a block gathered many times in fp32.
+
+    A global key block is gathered by every query block; summing those gradients in bf16 (what
+    indexing's backward does) loses digits that a dense matmul, accumulating in fp32, keeps.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(idx)
+        ctx.shape = x.shape
+        return x[:, :, idx]  # (B, H, *idx.shape, bs, D)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (idx,) = ctx.saved_tensors
+        B, H, n, bs, D = ctx.shape
+        acc = grad.new_zeros(B, H, n, bs, D, dtype=torch.promote_types(grad.dtype, torch.float32))
+        acc.index_add_(2, idx.flatten(), grad.flatten(2, 3).to(acc.dtype))
+        return acc.to(grad.dtype), None
+
+
 def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.Tensor, block_size: int,
                        causal: bool) -> torch.Tensor:
     """Softmax attention that gathers only the active key blocks of each query block (pure torch, differentiable).
@@ -179,8 +203,8 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
         mask = seen[:, None, :]  # (r, 1, W*bs)
         if causal:
             mask = mask & (kpos[:, None, :] <= qpos[rows][:, :, None])  # (r, bs, W*bs)
-        kg = kb[:, :, idx].flatten(3, 4)  # (B, H, r, W*bs, D)
-        vg = vb[:, :, idx].flatten(3, 4)
+        kg = _GatherBlocks.apply(kb, idx).flatten(3, 4)  # (B, H, r, W*bs, D)
+        vg = _GatherBlocks.apply(vb, idx).flatten(3, 4)
         scores = (qb[:, :, rows] @ kg.transpose(-2, -1)) * scale  # (B, H, r, bs, W*bs)
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
         # Padded query rows may see no key: softmax them over zeros and zero the result, so neither
@@ -209,38 +233,49 @@ def _range_reduce(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dim: int,
     return out
 
 
+def flex_block_size(block_size: int) -> int:
+    """Flex tile for a layout block size: the block itself when it is a power of two >= 64, else 128.
+
+    Triton tiles are powers of two of at least 16, and the CPU kernel gave wrong results at
+    BLOCK_SIZE=8 (= the AVX2 vector width; torch 2.13); a coarser tile stays exact because the
+    mask_mod looks the layout up per element.
+    """
+    if block_size & (block_size - 1) == 0:
+        return max(block_size, 64)
+    return 128
+
+
 @functools.lru_cache(maxsize=32)
 def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool, device: str):
-    """BlockMask for the element rule, at flex block size = ``block_size``; cached per shape.
+    """BlockMask for the element rule at tile :func:`flex_block_size`; cached per shape.
 
-    Flex blocks count query indices 0..Lq-1 while layout rows are absolute, so a flex block may
-    straddle two layout rows when Lq < Lk: partial/full are reduced over the layout blocks each
-    flex block touches (partial may over-cover, which only costs time; full is exact).
+    Flex tiles count query indices 0..Lq-1 while layout rows are absolute, so a tile may straddle
+    layout blocks: partial/full are reduced over every layout block a tile touches (partial may
+    over-cover, which only costs time; full is exact).
     """
-    bs, off = cfg.block_size, k_len - q_len
+    bs, fb, off = cfg.block_size, flex_block_size(cfg.block_size), k_len - q_len
     lay = _query_layout(cfg, q_len, k_len, causal)  # (R, n)
-    nqf, nkf = -(-q_len // bs), -(-k_len // bs)
-    r = torch.arange(nqf)
-    q_lo, q_hi = off + r * bs, off + ((r + 1) * bs).clamp(max=q_len) - 1  # absolute query span per flex row
-    s = torch.arange(nkf)
-    k_lo, k_hi = s * bs, ((s + 1) * bs).clamp(max=k_len) - 1
+    r, s = torch.arange(-(-q_len // fb)), torch.arange(-(-k_len // fb))
+    q_lo, q_hi = off + r * fb, off + ((r + 1) * fb).clamp(max=q_len) - 1  # absolute query span per tile row
+    k_lo, k_hi = s * fb, ((s + 1) * fb).clamp(max=k_len) - 1
     row_lo, row_hi = q_lo // bs - off // bs, q_hi // bs - off // bs
     any_ = _range_reduce(_range_reduce(lay, row_lo, row_hi, 0, "any"), k_lo // bs, k_hi // bs, 1, "any")
     all_ = _range_reduce(_range_reduce(lay, row_lo, row_hi, 0, "all"), k_lo // bs, k_hi // bs, 1, "all")
-    whole = (((r + 1) * bs <= q_len)[:, None]) & (((s + 1) * bs <= k_len)[None, :])  # no padded edge
+    whole = (((r + 1) * fb <= q_len)[:, None]) & (((s + 1) * fb <= k_len)[None, :])  # no padded edge
     if causal:
         any_ &= k_lo[None, :] <= q_hi[:, None]
         all_ &= k_hi[None, :] <= q_lo[:, None]
     full = all_ & whole
     partial = any_ & ~full
-    lay_dev = F.pad(lay, (0, 0, 0, 1)).to(device)  # extra empty row: padded query indices stay in bounds
+    pad = -(-fb // bs)  # empty rows/columns: lookups from padded tile positions stay in bounds
+    lay_dev = F.pad(lay, (0, pad, 0, pad)).to(device)
 
     def block_sparse_mask(b, h, q_idx, kv_idx):
         i = q_idx + off
         seen = lay_dev[i // bs - off // bs, kv_idx // bs] & (kv_idx < k_len)
         return seen & (kv_idx <= i) if causal else seen
 
-    return block_mask_from_layout(partial.to(device), full.to(device), bs, q_len, k_len, block_sparse_mask)
+    return block_mask_from_layout(partial.to(device), full.to(device), fb, q_len, k_len, block_sparse_mask)
 
 
 @register_attention("block_sparse", config=BlockSparseConfig)
@@ -279,5 +314,6 @@ class BlockSparseAttention(Attention):
 
 
 __all__ = [
-    "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "gathered_attention", "visible_pairs",
+    "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "flex_block_size", "gathered_attention",
+    "visible_pairs",
 ]
