@@ -20,23 +20,26 @@ import pandas as pd
 from harness import tables as T
 
 # What makes two cost rows the same measurement (device *type*, so a rerun on another box still matches).
-KEY = ("variant", "variant_params", "backend", "position", "scope", "mode", "device", "dtype", "batch_size", "num_heads",
-       "head_dim", "seq_len")
+# The backend is the one *requested*: a failed cell has no backend that ran, and must still match.
+KEY = ("variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device", "dtype",
+       "batch_size", "num_heads", "head_dim", "seq_len", "causal", "layers")
 DEFAULT_TOL = 0.05
 
 
 def _key(df: pd.DataFrame) -> pd.Series:
     cols = [c for c in KEY if c in df]
 
+    def norm(c: str, v: Any) -> Any:
+        if c.endswith("_params"):
+            return json.dumps(T.params_dict(v), sort_keys=True, default=str)
+        if isinstance(v, float):
+            return None if math.isnan(v) else (int(v) if v.is_integer() else v)
+        return v
+
     def one(row: pd.Series) -> str:
-        vals: dict[str, Any] = {}
-        for c in cols:
-            v = row[c]
-            if c == "variant_params":
-                v = json.dumps(T.params_dict(v), sort_keys=True, default=str)
-            elif isinstance(v, float):
-                v = None if math.isnan(v) else (int(v) if v.is_integer() else v)
-            vals[c] = v
+        vals = {c: norm(c, row[c]) for c in cols}
+        if vals.get("backend_requested") is None:  # older rows: only the backend that ran
+            vals["backend_requested"] = row.get("backend")
         return json.dumps(vals, sort_keys=True, default=str)
 
     return df.apply(one, axis=1) if len(df) else pd.Series(dtype=str)

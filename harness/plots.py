@@ -178,7 +178,7 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
     """One panel per scope/mode, one line per series; non-ok cells break the line."""
     df = _cost_frame(cost, column, ylabel)
     pal = palette or _frame_palette(df)
-    styles = _styles(df["backend"])
+    styles = _styles(df["backend_label"])
     facets = _facets(df)
     with _style():
         fig, axes = _figure(len(facets))
@@ -191,7 +191,7 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
                 y = np.where(ok, g[column].astype(float) / scale, np.nan)
                 colour = pal[g["variant_label"].iloc[0]]
                 ax.plot(g["seq_len"], y, color=colour, label=series, gid=f"{name}:{series}", markersize=4,
-                        **styles[g["backend"].iloc[0]])
+                        **styles[g["backend_label"].iloc[0]])
                 if band and band in g:
                     b = ok & g[band].notna()
                     mid, half = g.loc[b, column] / scale, g.loc[b, band] / scale / 2
@@ -201,10 +201,10 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
                 if g["status"].isin(T.FAILED).any():
                     any_fail = True
                     _mark_failures(ax, g, colour)
-            if ref_line is not None:
-                ax.axhline(ref_line[0], color="0.3", linestyle="--", linewidth=1, label=ref_line[1], gid="reference")
             if logy:
                 ax.set_yscale("log")
+            if ref_line is not None:
+                _reference_line(ax, *ref_line)
             _length_axis(ax, sub["seq_len"])
             ax.set_ylabel(ylabel)
             ax.set_title(facet)
@@ -213,6 +213,18 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
             legend.append((Line2D([], [], color="0.2", marker=FAIL_MARKER, linestyle=""), "× = out of memory / timeout"))
         _finish(fig, title, T.caption(df), legend)
     return fig
+
+
+def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) -> None:
+    """A horizontal limit line; when it is ``off_scale`` times above the data it would flatten them, so it
+    is named in a corner note instead of stretching the axis."""
+    finite = [v for ln in ax.lines for v in np.asarray(ln.get_ydata(), dtype=float) if np.isfinite(v)]
+    top = max(finite) if finite else None
+    if top is not None and top > 0 and y > off_scale * top:
+        ax.text(0.99, 0.9, f"{label}: {y / top:.3g}× above the largest value", transform=ax.transAxes, ha="right",
+                va="top", fontsize="x-small", color="0.3", gid="reference_note")
+        return
+    ax.axhline(y, color="0.3", linestyle="--", linewidth=1, label=label, gid="reference")
 
 
 def _frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
@@ -252,7 +264,7 @@ def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: d
     df = _cost_frame(cost, "peak_mem_bytes", "peak memory")
     scale, unit = mem_unit(float(T.ok_rows(df, "peak_mem_bytes")["peak_mem_bytes"].max()))
     limit = T.mem_limit(df)
-    ref = (limit / scale, f"device memory ({limit / 2**30:.1f} GiB)") if limit else None
+    ref = (limit / scale, f"memory limit ({limit / 2**30:.1f} GiB)") if limit else None
     fig = _cost_lines(df, "peak_mem_bytes", name="memory", title="Peak memory", ylabel=f"peak memory ({unit})",
                       scale=scale, palette=palette, ref_line=ref)
     save(fig, out, "memory", formats)
@@ -287,7 +299,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
         raise Skip("no variant other than 'full' ran at a length where 'full' ran too")
     cross = T.crossovers(df).set_index(["series", "facet"])["crossover_len"]
     pal = palette or _frame_palette(df)
-    styles = _styles(df["backend"])
+    styles = _styles(df["backend_label"])
     facets = _facets(sp)
     with _style():
         fig, axes = _figure(len(facets))
@@ -297,7 +309,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
                 g = g.sort_values("seq_len")
                 colour = pal[g["variant_label"].iloc[0]]
                 ax.plot(g["seq_len"], g["speedup"], color=colour, label=series, gid=f"speedup:{series}", markersize=4,
-                        **styles[g["backend"].iloc[0]])
+                        **styles[g["backend_label"].iloc[0]])
                 at = cross.get((series, facet), math.nan)
                 if np.isfinite(at):
                     y = float(g.loc[g["seq_len"] == at, "speedup"].iloc[0])
@@ -526,7 +538,7 @@ def tradeoff_points(cost: pd.DataFrame, acc: pd.DataFrame) -> tuple[pd.DataFrame
     length = float(common.index.max())
     best = ok[ok["seq_len"] == length].sort_values("tokens_per_s").groupby("variant_label").tail(1)
     score = acc[acc["variant_label"].isin(shared)].groupby(["task", "metric", "variant_label"], as_index=False)["value"].mean()
-    pts = score.merge(best[["variant_label", "backend", "tokens_per_s", "peak_mem_bytes"]], on="variant_label")
+    pts = score.merge(best[["variant_label", "backend_label", "tokens_per_s", "peak_mem_bytes"]], on="variant_label")
     note = f"throughput and memory at {T.fmt_len(length)} tokens ({mode}, fastest backend); accuracy = mean over rows"
     return pts, note
 

@@ -5,6 +5,7 @@ a label and a failure are. Nothing here measures anything (STYLE.md: measure, ag
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -22,7 +23,8 @@ from harness.results import STATUSES, read_rows
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
 ACCURACY_REQUIRED = ("task", "variant", "metric", "value")
 # What, besides the label and the length, tells two cost cells apart on one device.
-COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "head_dim", "position")
+COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "head_dim", "position", "causal", "layers")
+SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "head_dim", "position", "causal", "layers")
 COST_NUMERIC = (
     "seq_len", "latency_ms", "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
     "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
@@ -79,9 +81,36 @@ def params_dict(params: Any) -> dict[str, Any]:
     return {}
 
 
-def spec_label(name: Any, params: Any) -> str:
-    """``sliding_window`` + ``{"window": 256}`` -> ``"sliding_window(window=256)"``; names flow into legends."""
-    p = {k: v for k, v in params_dict(params).items() if k not in _LABEL_SKIP and k != "backend"}
+@functools.cache
+def registered_defaults(kind: str, name: str) -> dict[str, Any] | None:
+    """Config fields and defaults of a registered variant (``kind="attention"``) or position; None if unknown."""
+    try:
+        import attn
+
+        specs = attn.list_attention() if kind == "attention" else attn.list_positions()
+    except Exception:  # plotting old results must not depend on the models importing
+        return None
+    return next((dict(s["params"]) for s in specs if s["name"] == name), None)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return json.dumps(a, default=str) == json.dumps(b, default=str)
+
+
+def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
+    """``sliding_window`` + ``{"window": 256}`` -> ``"sliding_window(window=256)"``; names flow into legends.
+
+    Rows carry the variant's resolved config (every field), which would make legends unreadable,
+    so a field at its registered default is left out -- except a variant's first field (its
+    defining parameter: ``window``, ``block_size``, ``feature_map``), which is always shown. The
+    same rule labels cost and accuracy rows, so the two join on it.
+    """
+    defaults = registered_defaults(kind, str(name)) or {}
+    first = next(iter(defaults), None) if kind == "attention" else None
+    p = {k: v for k, v in params_dict(params).items()
+         if k not in _LABEL_SKIP and k != "backend" and (k == first or k not in defaults or not _same(v, defaults[k]))}
     inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in p.items())
     return f"{name}({inner})" if inner else str(name)
 
@@ -116,6 +145,29 @@ def _require(df: pd.DataFrame, cols: Sequence[str], kind: str, sources: Iterable
         )
 
 
+def backend_labels(df: pd.DataFrame) -> list[str]:
+    """The backend a series is drawn under, the same for its ok and its failed cells.
+
+    A failed cell has no backend that ran, only the one requested (often ``auto``); so cells are
+    grouped by the request, and a group is named by the backend that actually ran when that is one.
+    """
+    ran = df["backend"].astype(object).where(df["backend"].notna(), None)
+    if "backend_requested" not in df:
+        return [str(b) if isinstance(b, str) and b else "?" for b in ran]
+    req = df["backend_requested"].astype(object).where(df["backend_requested"].notna(), "auto").astype(str)
+    group = [c for c in ("variant_label", "device_key", "scope", "mode", *SHAPE_FIELDS) if c in df]
+    keys = ["|".join(map(str, t)) + "|" + r for t, r in zip(df[group].itertuples(index=False), req, strict=True)]
+    names: dict[str, set[str]] = {}
+    for k, b in zip(keys, ran, strict=True):
+        if isinstance(b, str) and b:
+            names.setdefault(k, set()).add(b)
+    out = []
+    for k, r in zip(keys, req, strict=True):
+        seen = names.get(k, set())
+        out.append(next(iter(seen)) if len(seen) == 1 else r)
+    return out
+
+
 def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     """Add the derived columns (labels, device key, facet, series) to raw cost rows; idempotent."""
     df = df.copy()
@@ -130,19 +182,19 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     df["status"] = [s if isinstance(s, str) else ("ok" if pd.notna(lat) else "error")
                     for s, lat in zip(status, df["latency_ms"], strict=True)]
     df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
-    df["backend"] = df["backend"].astype(object).where(df["backend"].notna(), "?").astype(str)
-    df["label"] = df["variant_label"] + "/" + df["backend"]
     name = df["device_name"] if "device_name" in df else pd.Series([None] * len(df), index=df.index)
     df["device_key"] = [str(n) if isinstance(n, str) and n else str(d) for n, d in zip(name, df["device"], strict=True)]
     df["scope"] = df["scope"].fillna("op") if "scope" in df else "op"
     df["facet"] = df["scope"].astype(str) + " · " + df["mode"].astype(str)
+    df["backend_label"] = backend_labels(df)
+    df["label"] = df["variant_label"] + "/" + df["backend_label"]
     # Shape fields that vary within the frame go into the series name, so two shapes never share a line.
-    varying = [c for c in ("dtype", "batch_size", "num_heads", "head_dim", "position")
-               if c in df and df[c].astype(str).nunique() > 1]
-    short = {"batch_size": "B", "num_heads": "H", "head_dim": "D"}
+    varying = [c for c in SHAPE_FIELDS if c in df and df[c].astype(str).nunique() > 1]
+    short = {"batch_size": "B", "num_heads": "H", "head_dim": "D", "causal": "causal", "layers": "layers"}
 
     def suffix(row: pd.Series) -> str:
-        parts = [f"{short.get(c, '')}{'=' if c in short else ''}{_fmt_value(row[c])}" for c in varying]
+        parts = [f"{short.get(c, '')}{'=' if c in short else ''}{_fmt_value(row[c])}" for c in varying
+                 if row[c] is not None and not (isinstance(row[c], float) and math.isnan(row[c]))]
         return f" [{' '.join(parts)}]" if parts else ""
 
     df["series"] = df["label"] + (df.apply(suffix, axis=1) if varying and len(df) else "")
@@ -163,7 +215,7 @@ def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
         df["position"] = "none"
     df["position"] = df["position"].fillna("none")
     df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
-    df["position_label"] = [spec_label(v, p) for v, p in zip(df["position"], df["position_params"], strict=True)]
+    df["position_label"] = [spec_label(v, p, "position") for v, p in zip(df["position"], df["position_params"], strict=True)]
     length = pd.Series(np.nan, index=df.index)
     for col in ("eval_len", "seq_len"):
         if col in df:

@@ -125,3 +125,13 @@ def test_bad_input_exits_2(tmp_path, capsys, case, message):
     assert run(["compare", base, new]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_newly_failing_cell_matches_although_no_backend_ran(tmp_path, capsys):
+    base_rows = [dict(r, backend_requested="auto") for r in rows()]
+    new_rows = [dict(r, backend=None if r["status"] != "ok" else r["backend"]) for r in
+                (dict(r, backend_requested="auto") for r in rows(status={("sliding_window", 1024): "oom"}))]
+    base, new = write(tmp_path / "b.jsonl", base_rows), write(tmp_path / "n.jsonl", new_rows)
+    assert run(["compare", base, new, "--fail-if-regression", "0.05"]) == 1
+    bad = [line for line in capsys.readouterr().out.splitlines() if "REGRESSION" in line]
+    assert len(bad) == 1 and "now oom" in bad[0] and "sliding_window" in bad[0]
