@@ -361,24 +361,17 @@ def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
                   formats: Sequence[str] = ("png",)) -> Figure:
     """Output error of each variant against full attention vs length, one panel per metric."""
     df = _acc_frame(acc, fidelity=True)
-    if "backend" in df:
-        df = df.assign(series=[f"{v}/{b}" if isinstance(b, str) else v for v, b in zip(df["variant_label"], df["backend"],
-                                                                                        strict=True)])
-    else:
-        df = df.assign(series=df["variant_label"])
+    pts = T.accuracy_points(df, extra=("backend",) if "backend" in df else ())
+    backend = pts["backend"] if "backend" in pts else pd.Series("", index=pts.index)
+    pts["series"] = [f"{v}/{b}" if b else v for v, b in zip(pts["variant_label"], backend, strict=True)]
+    pts["series"] = [f"{s} [{e}]" if e else s for s, e in zip(pts["series"], pts["extra_label"], strict=True)]
     pal = palette or _frame_palette(df)
-    metrics = sorted(df["metric"].unique())
+    metrics = sorted(pts["metric"].unique())
     with _style():
         fig, axes = _figure(len(metrics))
         for ax, metric in zip(axes, metrics, strict=True):
-            sub = df[df["metric"] == metric]
-            agg = sub.groupby(["series", "variant_label", "length"], as_index=False).agg(
-                value=("value", "mean"), rows=("value", "size"),
-                **{c: (c, "mean") for c in ("ci_low", "ci_high") if c in sub})
-            for c in ("ci_low", "ci_high"):
-                if c in agg:
-                    agg.loc[agg["rows"] > 1, c] = np.nan
-            for series, g in sorted(agg.groupby("series"), key=lambda kv: _order_key(kv[0])):
+            sub = pts[pts["metric"] == metric]
+            for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
                 g = g.sort_values("length")
                 colour = pal[g["variant_label"].iloc[0]]
                 ax.plot(g["length"], g["value"], color=colour, marker="o", markersize=4, label=series,
@@ -399,13 +392,15 @@ def _acc_series(pts: pd.DataFrame, pal: dict) -> list[tuple[str, pd.DataFrame, A
     several = pts["variant_label"].nunique() > 1
     pos_styles = _styles(pts["position_label"])
     train_varies = "train_len" in pts and pts.groupby(["variant_label", "position_label"])["train_len"].nunique().max() > 1
-    keys = ["variant_label", "position_label"] + (["train_len"] if train_varies else [])
+    keys = ["variant_label", "position_label", "extra_label"] + (["train_len"] if train_varies else [])
     out = []
     for key, g in pts.groupby(keys, dropna=False):
-        variant, position = key[0], key[1]
+        variant, position, extra = key[0], key[1], key[2]
         label = f"{variant} · {position}" if several else position
-        if train_varies and pd.notna(key[2]):
-            label += f" (train {T.fmt_len(key[2])})"
+        if extra:
+            label += f" [{extra}]"
+        if train_varies and pd.notna(key[3]):
+            label += f" (train {T.fmt_len(key[3])})"
         style = pos_styles[position] if several else {"linestyle": "-", "marker": "o"}
         out.append((label, g.sort_values("length"), pal[variant if several else position], style))
     return sorted(out, key=lambda s: _order_key(s[0]))
@@ -443,6 +438,8 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
 def _heat_rows(pts: pd.DataFrame) -> pd.Series:
     several = pts["variant_label"].nunique() > 1
     label = pts["variant_label"] + " · " + pts["position_label"] if several else pts["position_label"]
+    if "extra_label" in pts:
+        label = label + pts["extra_label"].map(lambda e: f" [{e}]" if e else "")
     if "train_len" in pts and pts["train_len"].nunique() > 1:
         label = label + " (train " + pts["train_len"].map(lambda x: T.fmt_len(x) if pd.notna(x) else "?") + ")"
     return label

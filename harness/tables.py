@@ -446,27 +446,74 @@ def longest_reached(cost: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["series", "facet", "longest_ok", "stopped_by", "stopped_at", "tried_up_to"])
 
 
-def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFrame:
-    """One value per (task, metric, variant, position, train length, eval length, *extra).
+# Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
+SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap", "model", "steps")
+AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
 
-    Rows that differ in anything else (e.g. passkey ``depth``) are averaged; the CI is kept only
-    where a point is a single row, since averaged rows no longer have one.
+
+def _dim_text(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt_value(v)
+
+
+def _seed_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Student t interval of the mean over seeds (as the accuracy harness reports it)."""
+    from scipy import stats
+
+    sem = stats.sem(values)
+    if not np.isfinite(sem) or sem == 0:
+        m = float(np.mean(values))
+        return m, m
+    lo, hi = stats.t.interval(confidence, len(values) - 1, loc=float(np.mean(values)), scale=sem)
+    return float(lo), float(hi)
+
+
+def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFrame:
+    """One value per (task, metric, variant, position, train length, eval length, task columns, *extra).
+
+    Rows that differ only in the seed are averaged, with a t interval over seeds (a single row keeps
+    its own CI). Averaged dimensions (passkey ``depth``) not named in ``extra`` are then averaged
+    too, and such points have no CI. ``extra_label`` names the task columns that vary within a
+    task/metric panel (``"num_pairs=8"``), for legends.
     """
     acc = acc[acc["value"].notna() & np.isfinite(acc["value"].astype(float))]
-    keys = ["task", "metric", "variant_label", "position_label", "length", *extra]
-    if "train_len" in acc:
-        keys.insert(4, "train_len")
-        acc = acc.assign(train_len=acc["train_len"].fillna(-1))
-    agg = {"value": ("value", "mean"), "rows": ("value", "size")}
-    for c in ("ci_low", "ci_high"):
-        if c in acc:
-            agg[c] = (c, "mean")
-    pts = acc.groupby(keys, as_index=False, dropna=False).agg(**agg)
-    for c in ("ci_low", "ci_high"):
-        if c in pts:
-            pts.loc[pts["rows"] > 1, c] = np.nan
-    if "train_len" in pts:
-        pts["train_len"] = pts["train_len"].where(pts["train_len"] >= 0)
+    if "status" in acc:
+        acc = acc[acc["status"].fillna("ok") == "ok"]
+    acc = acc.copy()
+    acc["train_len"] = acc["train_len"].fillna(-1.0) if "train_len" in acc else -1.0
+    dims = [c for c in SERIES_DIMS if c in acc and c not in extra]
+    for c in dims:
+        acc[c] = acc[c].map(_dim_text)
+    kept = [c for c in extra if c in acc]
+    averaged = [c for c in AVERAGED_DIMS if c in acc and c not in kept]
+    for c in (*kept, *averaged):
+        acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(_dim_text)
+    base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
+    rows = []
+    for key, g in acc.groupby([*base, *averaged], sort=True, dropna=False):
+        vals = g["value"].to_numpy(dtype=float)
+        if len(vals) > 1:
+            lo, hi = _seed_ci(vals)
+        else:
+            lo = float(g["ci_low"].iloc[0]) if "ci_low" in g and pd.notna(g["ci_low"].iloc[0]) else np.nan
+            hi = float(g["ci_high"].iloc[0]) if "ci_high" in g and pd.notna(g["ci_high"].iloc[0]) else np.nan
+        rows.append((*key, float(vals.mean()), len(vals), lo, hi))
+    pts = pd.DataFrame(rows, columns=[*base, *averaged, "value", "rows", "ci_low", "ci_high"])
+    if averaged and len(pts):
+        pts = pts.groupby(base, as_index=False, sort=True, dropna=False).agg(
+            value=("value", "mean"), rows=("rows", "sum"), points=("value", "size"),
+            ci_low=("ci_low", "first"), ci_high=("ci_high", "first"))
+        pts.loc[pts["points"] > 1, ["ci_low", "ci_high"]] = np.nan
+        pts = pts.drop(columns="points")
+    for c in ("train_len", *kept):
+        if c in pts and pd.api.types.is_numeric_dtype(pts[c]):
+            pts[c] = pts[c].where(pts[c] >= 0)
+    labels = pd.Series("", index=pts.index)
+    for _, g in pts.groupby(["task", "metric"], sort=False):
+        varying = [c for c in dims if g[c].nunique() > 1]
+        if varying:
+            labels[g.index] = [" ".join(f"{c}={v}" for c, v in zip(varying, vals, strict=True) if v)
+                               for vals in g[varying].itertuples(index=False)]
+    pts["extra_label"] = labels
     return pts
 
 
@@ -476,7 +523,9 @@ def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
     out = []
     if len(pts) == 0:
         return pd.DataFrame(columns=["task", "metric", "variant", "eval_len", "best_position", "value", "runner_up"])
-    for (task, metric, variant, length), g in pts.groupby(["task", "metric", "variant_label", "length"], sort=True):
+    for (task, metric, variant, extra, length), g in pts.groupby(["task", "metric", "variant_label", "extra_label", "length"],
+                                                                  sort=True):
+        variant = f"{variant} [{extra}]" if extra else variant
         per = g.groupby("position_label")["value"].mean().sort_values(ascending=lower_is_better(metric))
         tied = per[np.isclose(per, per.iloc[0], rtol=1e-9, atol=1e-12)]
         rest = per.iloc[len(tied):]

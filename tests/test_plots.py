@@ -414,3 +414,26 @@ def test_labels_leave_out_registered_defaults_but_keep_the_defining_parameter():
         assert T.spec_label("block_sparse", params) == \
             f"block_sparse({first}={params[first]}, random_blocks={params['random_blocks']})"
     assert T.spec_label("my_plugin", {"a": 1, "b": 2.5}) == "my_plugin(a=1, b=2.5)"  # unknown: every param
+
+
+def test_accuracy_seeds_are_averaged_with_a_t_interval_and_task_columns_split_lines():
+    from scipy import stats
+
+    rows = []
+    for num_pairs, base in [(4, 0.9), (8, 0.6)]:
+        for seed, noise in enumerate([-0.05, 0.0, 0.08]):
+            for L in (64, 128):
+                rows.append(dict(task="mqar", variant="full", variant_params={}, position="rope", position_params={},
+                                 train_len=64, eval_len=L, metric="accuracy", value=base + noise - (L == 128) * 0.2,
+                                 ci_low=None, ci_high=None, n=100, seed=seed, num_pairs=num_pairs, status="ok"))
+    rows.append(dict(rows[0], seed=9, value=None, status="error"))  # a failed seed is not a zero
+    fig = P.plot_accuracy(T.prepare_accuracy(pd.DataFrame(rows)))
+    for num_pairs, base in [(4, 0.9), (8, 0.6)]:
+        line = by_gid(fig, f"accuracy:rope [num_pairs={num_pairs}]")
+        for L, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
+            vals = np.array([base + n - (L == 128) * 0.2 for n in (-0.05, 0.0, 0.08)])
+            assert y == pytest.approx(vals.mean())
+        band = by_gid(fig, f"band:rope [num_pairs={num_pairs}]", "collections").get_paths()[0].vertices[:, 1]
+        vals = np.array([base + n for n in (-0.05, 0.0, 0.08)])  # at L = 64
+        half = stats.t.ppf(0.975, len(vals) - 1) * vals.std(ddof=1) / np.sqrt(len(vals))
+        assert band.max() == pytest.approx(vals.mean() + half)
