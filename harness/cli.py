@@ -107,7 +107,7 @@ def _presets() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cli.main(args=argv, prog_name="attn-bench", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="attn-bench", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.exceptions.Abort:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input detected by our own validation
         click.echo(f"attn-bench: error: {e}", err=True)
         return 2
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":
