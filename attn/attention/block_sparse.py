@@ -205,13 +205,13 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
             mask = mask & (kpos[:, None, :] <= qpos[rows][:, :, None])  # (r, bs, W*bs)
         kg = _GatherBlocks.apply(kb, idx).flatten(3, 4)  # (B, H, r, W*bs, D)
         vg = _GatherBlocks.apply(vb, idx).flatten(3, 4)
-        scores = (qb[:, :, rows] @ kg.transpose(-2, -1)) * scale  # (B, H, r, bs, W*bs)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
-        # Padded query rows may see no key: softmax them over zeros and zero the result, so neither
-        # the output nor the gradient ever meets a NaN.
+        # A query row with no visible key (padding, or a layout row left empty) sees every gathered
+        # key instead and its output is zeroed: neither the output nor the gradient meets a NaN.
         any_key = mask.any(-1, keepdim=True)
-        probs = torch.softmax(scores.masked_fill(~any_key, 0.0), dim=-1) * any_key
-        parts.append(probs.to(q.dtype) @ vg)  # (B, H, r, bs, D)
+        mask = mask | ~any_key
+        scores = (qb[:, :, rows] * scale) @ kg.transpose(-2, -1)  # (B, H, r, bs, W*bs)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
+        parts.append((torch.softmax(scores, dim=-1).to(q.dtype) @ vg) * any_key)  # (B, H, r, bs, D)
         part_rows.append(rows)
     empty = torch.nonzero(counts == 0).squeeze(1)
     if len(empty):
