@@ -10,7 +10,6 @@ bottom-right aligned when Lq < Lk); bidirectional, ``|i - j| < w``.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +88,7 @@ def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: s
 
 def blocked_chunk(window: int, q_len: int) -> int:
     """Query chunk c: each chunk scores c + w - 1 keys (causal), so c ~ w/2 wastes ~1/3 of the work
-    while keeping the batched matmuls big enough; never more than the queries there are."""
+    while keeping the per-chunk matmuls big enough; never more than the queries there are."""
     return max(1, min(q_len, max(64, window // 2)))
 
 
@@ -99,8 +98,8 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
 
     q: (B, H, Lq, D), k, v: (B, H, Lk, D), Lq <= Lk (queries are the last Lq positions).
     Chunk n of queries needs keys ``[n*c - (w-1), n*c + c - 1 (+ w-1 if bidirectional)]`` in
-    query coordinates; an ``unfold`` of the (padded) keys gives all spans as overlapping views,
-    and autograd sums the overlaps back in the backward.
+    query coordinates; an ``unfold`` of the (padded) keys gives all spans at once (autograd sums
+    the overlaps back), and SDPA does the masked softmax per chunk, fused, with its own backward.
     """
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
@@ -113,23 +112,21 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     lo, hi = max(start, 0), min(start + need, Lk)
     kk = F.pad(k[:, :, lo:hi], (0, 0, lo - start, start + need - hi))  # (B, H, need, D)
     vv = F.pad(v[:, :, lo:hi], (0, 0, lo - start, start + need - hi))
-    qq = F.pad(q, (0, 0, 0, n * c - Lq)).view(B, H, n, c, D)  # (B, H, n, c, D)
-    k_spans = kk.unfold(2, span, c)  # (B, H, n, D, span)
-    v_spans = vv.unfold(2, span, c).transpose(-1, -2)  # (B, H, n, span, D)
+    # Chunks lead so that one (n, 1, c, span) mask broadcasts over batch and heads.
+    qq = F.pad(q, (0, 0, 0, n * c - Lq)).reshape(B * H, n, c, D).transpose(0, 1)  # (n, BH, c, D)
+    k_spans = kk.unfold(2, span, c).reshape(B * H, n, D, span).permute(1, 0, 3, 2)  # (n, BH, span, D)
+    v_spans = vv.unfold(2, span, c).reshape(B * H, n, D, span).permute(1, 0, 3, 2)  # (n, BH, span, D)
 
     a = torch.arange(c, device=q.device)[:, None]  # query offset in its chunk
     b = torch.arange(span, device=q.device)[None, :]  # key offset in its span
-    # Query (n, a) is at position start + n*c + a + (w-1); key (n, b) at start + n*c + b.
+    chunks = torch.arange(n, device=q.device)[:, None, None] * c
+    # Query (n, a) is at key position start + n*c + a + (w-1); key (n, b) at start + n*c + b.
     band = (b >= a) & (b <= a + (w - 1) * (1 if causal else 2))  # (c, span)
-    key_pos = start + torch.arange(n, device=q.device)[:, None, None] * c + b  # (n, 1, span)
-    mask = band & (key_pos >= 0) & (key_pos < Lk)  # (n, c, span)
-    # Padded query rows (past Lq) may see no key; a finite fill keeps their softmax NaN-free so
-    # the (discarded) rows cannot poison the key/value gradients.
-    scores = (qq @ k_spans) * (1.0 / math.sqrt(D))  # (B, H, n, c, span)
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    out = probs @ v_spans  # (B, H, n, c, D)
-    return out.reshape(B, H, n * c, D)[:, :, :Lq]
+    key_pos = start + chunks + b  # (n, 1, span)
+    # Padded query rows (past Lq) see every key so their (discarded) softmax is not NaN.
+    mask = (band & (key_pos >= 0) & (key_pos < Lk)) | (chunks + a >= Lq)  # (n, c, span)
+    out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, BH, c, D)
+    return out.transpose(0, 1).reshape(B, H, n * c, D)[:, :, :Lq]
 
 
 # -- decoding: a cache that keeps only the last w - 1 keys ---------------------------------------
@@ -193,7 +190,7 @@ class SlidingWindowAttention(Attention):
             requires=flex.flex_unavailable,
             note="compiled FlexAttention, BlockMask from the band's block layout",
         ),
-        Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, pure torch"),
+        Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, SDPA per chunk"),
         XFORMERS,
     )
 
