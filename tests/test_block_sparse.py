@@ -222,14 +222,14 @@ def test_bidirectional_global_rows_do_not_make_every_row_dense():
     assert counter.get_total_flops() <= 1.25 * 4 * 8 * 8 * 8 * active
 
 
-# Flex: three fixed shapes, each a compile. A length that is not a multiple of the block size with
-# random + strided parts at tile = block; a bidirectional global layout with a block (48) that is not
-# a power of two (tile 128); fewer queries than keys at an offset that is not a multiple of the block
-# (tile 64 over 32-blocks: a tile straddles layout rows).
+# Flex: three fixed cases, two compiles (causal and bidirectional share a kernel at one shape).
+# A length that is not a multiple of the block, with random + strided parts, at tile = block (64);
+# the same shape bidirectional with global rows; fewer queries than keys with a block (48) that is
+# not a power of two (tile 128) at an offset that is not a multiple of it (a tile straddles rows).
 FLEX_CASES = [
     (200, 200, True, dict(block_size=64, local_blocks=1, global_blocks=1, random_blocks=1, stride=2)),
-    (200, 200, False, dict(block_size=48, local_blocks=1, global_blocks=1, random_blocks=1)),
-    (37, 200, True, dict(block_size=32, local_blocks=2, global_blocks=1, random_blocks=1)),
+    (200, 200, False, dict(block_size=64, local_blocks=1, global_blocks=1, random_blocks=1)),
+    (37, 200, True, dict(block_size=48, local_blocks=2, global_blocks=1, random_blocks=1)),
 ]
 
 

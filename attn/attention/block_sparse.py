@@ -269,11 +269,14 @@ def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: boo
     partial = any_ & ~full
     pad = -(-fb // bs)  # empty rows/columns: lookups from padded tile positions stay in bounds
     lay_dev = F.pad(lay, (0, pad, 0, pad)).to(device)
+    # Causality as a captured tensor, not a Python bool: the compiled kernel guards on Python
+    # constants, so this way causal and bidirectional calls at one shape share a compile.
+    horizon = torch.tensor(0 if causal else k_len, device=device)
 
     def block_sparse_mask(b, h, q_idx, kv_idx):
-        i = q_idx + off
+        i = q_idx + off  # absolute query position
         seen = lay_dev[i // bs - off // bs, kv_idx // bs] & (kv_idx < k_len)
-        return seen & (kv_idx <= i) if causal else seen
+        return seen & (kv_idx <= i + horizon)
 
     return block_mask_from_layout(partial.to(device), full.to(device), fb, q_len, k_len, block_sparse_mask)
 
