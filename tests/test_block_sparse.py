@@ -119,7 +119,7 @@ def test_causal_rows_do_not_depend_on_the_sequence_length(cfg, l1, l2):
 def test_random_blocks_are_reproducible_and_depend_on_the_seed():
     cfg = bsp.BlockSparseConfig(block_size=4, local_blocks=1, global_blocks=0, random_blocks=3, seed=7)
     a = bsp.block_layout(cfg, 160)
-    bsp._query_layout.cache_clear()  # recompute, not a cache hit
+    bsp._cached_query_layout.cache_clear()  # recompute, not a cache hit
     assert torch.equal(a, bsp.block_layout(cfg, 160))
     other = bsp.block_layout(bsp.BlockSparseConfig(block_size=4, local_blocks=1, global_blocks=0, random_blocks=3, seed=8), 160)
     assert not torch.equal(a, other)

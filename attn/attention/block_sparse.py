@@ -80,15 +80,26 @@ def _layout_rows(cfg: BlockSparseConfig, rows: torch.Tensor, num_blocks: int, ca
     return lay
 
 
-@functools.lru_cache(maxsize=32)
-def _query_layout(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool) -> torch.Tensor:
-    """Rows of the absolute layout over ``k_len`` for the blocks holding the last ``q_len`` positions."""
+def _compute_query_layout(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool) -> torch.Tensor:
     bs = cfg.block_size
     first, last = (k_len - q_len) // bs, (k_len - 1) // bs
     n = -(-k_len // bs)
     rows = torch.arange(first, last + 1)
     # Row chunks keep the integer temporaries small at long lengths (n = 16K blocks at 1M tokens).
     return torch.cat([_layout_rows(cfg, r, n, causal) for r in rows.split(1024)])
+
+
+_cached_query_layout = functools.lru_cache(maxsize=8)(_compute_query_layout)
+
+
+def _query_layout(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool) -> torch.Tensor:
+    """Rows of the absolute layout over ``k_len`` for the blocks holding the last ``q_len`` positions.
+
+    Cached per shape, except decode steps (q_len < k_len): a row or two, at a new length every token.
+    """
+    if q_len < k_len:
+        return _compute_query_layout(cfg, q_len, k_len, causal)
+    return _cached_query_layout(cfg, q_len, k_len, causal)
 
 
 def block_layout(cfg: BlockSparseConfig, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
@@ -233,19 +244,21 @@ def _range_reduce(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dim: int,
     return out
 
 
-def flex_block_size(block_size: int) -> int:
-    """Flex tile for a layout block size: the block itself when it is a power of two >= 64, else 128.
+def flex_block_size(block_size: int, device_type: str = "cpu") -> int:
+    """Flex tile for a layout block: the block itself when it is a power of two >= the device minimum, else 128.
 
-    Triton tiles are powers of two of at least 16, and the CPU kernel gave wrong results at
-    BLOCK_SIZE=8 (= the AVX2 vector width; torch 2.13); a coarser tile stays exact because the
-    mask_mod looks the layout up per element.
+    CUDA: the default Triton tiles on H100-class GPUs are 128 wide (forward and backward) and must
+    divide the BlockMask's block. CPU: 64, since the CPU kernel gave wrong results at BLOCK_SIZE=8
+    (the AVX2 vector width; torch 2.13). A coarser tile stays exact: the mask_mod looks the layout
+    up per element.
     """
+    minimum = 128 if device_type == "cuda" else 64
     if block_size & (block_size - 1) == 0:
-        return max(block_size, 64)
+        return max(block_size, minimum)
     return 128
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool, device: str):
     """BlockMask for the element rule at tile :func:`flex_block_size`; cached per shape.
 
@@ -253,7 +266,7 @@ def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: boo
     layout blocks: partial/full are reduced over every layout block a tile touches (partial may
     over-cover, which only costs time; full is exact).
     """
-    bs, fb, off = cfg.block_size, flex_block_size(cfg.block_size), k_len - q_len
+    bs, fb, off = cfg.block_size, flex_block_size(cfg.block_size, torch.device(device).type), k_len - q_len
     lay = _query_layout(cfg, q_len, k_len, causal)  # (R, n)
     r, s = torch.arange(-(-q_len // fb)), torch.arange(-(-k_len // fb))
     q_lo, q_hi = off + r * fb, off + ((r + 1) * fb).clamp(max=q_len) - 1  # absolute query span per tile row
