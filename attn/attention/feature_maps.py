@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 
 def elu1(x: torch.Tensor) -> torch.Tensor:
-    return F.elu(x) + 1.0
+    return F.elu(x).add_(1.0)  # in place: one pass fewer (elu's backward keeps its input, not its output)
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ class LinearConfig:
     feature_map: FeatureMap = "elu1"
     num_features: int = 64  # favor only: random features m; the estimate's variance falls as 1/m
     seed: int = 0  # favor only: draws the orthogonal random features (fixed, never redrawn)
-    chunk_size: int = 64  # chunked backend: tokens per chunk; the fastest of 64/128/256 on a 2-core CPU
+    chunk_size: int = 64  # chunked backend: tokens per chunk; of 64/128/256, 64 was fastest at 16K-32K on a 2-core CPU
     eps: float = 1e-6  # normaliser clamp: relu features of a query can all be zero
 
     def __post_init__(self) -> None:
@@ -92,61 +92,9 @@ class LinearState:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.log_scale) if t is not None)
 
 
-# -- the three forms of the causal sum, on features (all fp32) ------------------------------------
-# phi_q, phi_k: (B, H, T, d); v1 = [v | 1]: (B, H, T, D + 1); log_k: (B, H, T) favor key scales or None;
-# kv: (B, H, d, D + 1) state of the keys before these tokens, at scale r: (B, H) (None without log_k).
-
-def _absorb(phi_k, v1, log_k, kv, r):
-    """Add T >= 1 keys to the state at once (prefix of a decode call, or the whole bidirectional sum)."""
-    if log_k is None:
-        return kv + phi_k.transpose(-1, -2) @ v1, None
-    r_new = torch.maximum(r, log_k.amax(-1))  # (B, H)
-    w = torch.exp(log_k - r_new[..., None])[..., None]  # (B, H, T, 1), <= 1
-    return kv * torch.exp(r - r_new)[..., None, None] + (phi_k * w).transpose(-1, -2) @ v1, r_new
-
-
-def _causal_chunked(phi_q, phi_k, v1, log_k, kv, r, chunk: int):
-    """Chunkwise parallel: masked quadratic inside each chunk + the carried state of earlier chunks.
-
-    O(T c d + T d D) work and O(c^2 + d D) live memory per (batch, head); the last chunk may be short.
-    """
-    T = phi_q.shape[2]
-    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=phi_q.device).tril()
-    outs = []
-    for s in range(0, T, chunk):
-        e = min(s + chunk, T)
-        qc, kc, vc = phi_q[:, :, s:e], phi_k[:, :, s:e], v1[:, :, s:e]  # (B, H, n, .)
-        hidden = ~tril[: e - s, : e - s]
-        a = qc @ kc.transpose(-1, -2)  # (B, H, n, n)
-        if log_k is None:
-            outs.append(a.masked_fill(hidden, 0.0) @ vc + qc @ kv)
-            kv = kv + kc.transpose(-1, -2) @ vc
-            continue
-        lc = log_k[..., s:e]  # (B, H, n)
-        R = torch.maximum(lc.cummax(-1).values, r[..., None])  # (B, H, n): each query's common key scale
-        decay = torch.exp((lc[..., None, :] - R[..., :, None]).clamp(max=0.0))  # (B, H, n, n), exact where visible
-        outs.append((a * decay).masked_fill(hidden, 0.0) @ vc + (qc @ kv) * torch.exp(r[..., None] - R)[..., None])
-        r_new = R[..., -1]
-        kc = kc * torch.exp(lc - r_new[..., None])[..., None]
-        kv = kv * torch.exp(r - r_new)[..., None, None] + kc.transpose(-1, -2) @ vc
-        r = r_new
-    return torch.cat(outs, 2), kv, r
-
-
-def _causal_recurrent(phi_q, phi_k, v1, log_k, kv, r):
-    """The RNN view: per token, a rank-1 update of [S | z], then read it out with phi(q_t)."""
-    outs = []
-    for t in range(phi_q.shape[2]):
-        update = phi_k[:, :, t, :, None] * v1[:, :, t, None, :]  # (B, H, d, D + 1)
-        if log_k is None:
-            kv = kv + update
-        else:
-            lt = log_k[..., t]
-            r_new = torch.maximum(r, lt)
-            kv = kv * torch.exp(r - r_new)[..., None, None] + update * torch.exp(lt - r_new)[..., None, None]
-            r = r_new
-        outs.append(phi_q[:, :, t, None] @ kv)  # (B, H, 1, D + 1)
-    return torch.cat(outs, 2), kv, r
+def _ones_column(v: torch.Tensor) -> torch.Tensor:
+    """(..., T, D) -> [v | 1] (..., T, D + 1): the last column of phi(k)^T [v | 1] accumulates z."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], -1)
 
 
 @register_attention("linear", config=LinearConfig)
@@ -190,62 +138,120 @@ class LinearAttention(Attention):
             self.projection = orthogonal_gaussian(m, head_dim, self.config.seed).to(device=device, dtype=torch.float32)
         return self.projection
 
-    def features(self, q: torch.Tensor, k: torch.Tensor):
-        """q: (B, H, Lq, D), k: (B, H, Lk, D) -> phi(q) (B, H, Lq, d), phi(k) (B, H, Lk, d), key log scale (B, H, Lk) or None."""
+    def phi_query(self, q: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., d_phi). For favor a query's own scale is dropped: it cancels in the ratio."""
         if self.config.feature_map != "favor":
-            phi = ELEMENTWISE[self.config.feature_map]
-            return phi(q), phi(k), None
-        w = self.random_features(q.shape[-1], q.device).to(q.dtype)
-        phi_q, _ = favor_features(favor_logits(q, w))  # a query's own scale cancels in the ratio
-        phi_k, log_k = favor_features(favor_logits(k, w))
-        return phi_q, phi_k, log_k
+            return ELEMENTWISE[self.config.feature_map](q)
+        return favor_features(favor_logits(q, self.random_features(q.shape[-1], q.device).to(q.dtype)))[0]
 
-    def _prepare(self, q, k, v):
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # accumulate in fp32 at least
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        phi_q, phi_k, log_k = self.features(q, k)
-        v1 = torch.cat([v, torch.ones_like(v[..., :1])], -1)  # (B, H, Lk, D + 1): the last column sums z
-        return phi_q, phi_k, v1, log_k
+    def phi_key(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(..., D) -> features (..., d_phi) and, for favor, their log scale (...) to carry; else None."""
+        if self.config.feature_map != "favor":
+            return ELEMENTWISE[self.config.feature_map](k), None
+        return favor_features(favor_logits(k, self.random_features(k.shape[-1], k.device).to(k.dtype)))
 
-    def _empty_state(self, phi_k, v1, log_k):
-        B, H, _, d = phi_k.shape
-        kv = phi_k.new_zeros(B, H, d, v1.shape[-1])
-        return kv, (None if log_k is None else phi_k.new_full((B, H), -math.inf))
+    @staticmethod
+    def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+        return torch.float64 if dtype == torch.float64 else torch.float32  # state and sums in fp32 at least
 
-    def _normalise(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        # out: (B, H, Lq, D + 1) = [phi(q) S | phi(q) . z]
-        return (out[..., :-1] / out[..., -1:].clamp(min=self.config.eps)).to(dtype)
+    def _normalise(self, out: torch.Tensor) -> torch.Tensor:
+        # out: (..., D + 1) = [phi(q) S | phi(q) . z] -> (..., D)
+        return out[..., :-1] / out[..., -1:].clamp(min=self.config.eps)
 
-    def _state_form(self, q, k, v, causal, core):
-        phi_q, phi_k, v1, log_k = self._prepare(q, k, v)
-        kv, r = self._empty_state(phi_k, v1, log_k)
+    # -- the causal sum in its three forms -------------------------------------------------------
+    # q, k, v: (B, H, T, D) in the compute dtype; kv: (B, H, d, D + 1) = [S | z] of the keys before
+    # these tokens, at favor's key scale r: (B, H) (None for elu1/relu). Each returns (out, kv, r).
+
+    def _empty_state(self, k: torch.Tensor):
+        B, H, _, D = k.shape
+        kv = k.new_zeros(B, H, self.feature_dim(D), D + 1)
+        return kv, (k.new_full((B, H), -math.inf) if self.config.feature_map == "favor" else None)
+
+    def _absorb(self, k, v, kv, r):
+        """Add T >= 1 keys to the state at once (the prefix before decoding queries; all keys if bidirectional)."""
+        phi_k, log_k = self.phi_key(k)
+        if log_k is None:
+            return kv + phi_k.transpose(-1, -2) @ _ones_column(v), None
+        r_new = torch.maximum(r, log_k.amax(-1))  # (B, H)
+        phi_k = phi_k * torch.exp(log_k - r_new[..., None])[..., None]  # rescaled to r_new, <= 1
+        return kv * torch.exp(r - r_new)[..., None, None] + phi_k.transpose(-1, -2) @ _ones_column(v), r_new
+
+    def _chunked(self, q, k, v, kv, r):
+        """Chunkwise parallel: masked quadratic inside each chunk + the carried state of earlier chunks.
+
+        O(T c d + T d D) work, O(c^2 + d D) live memory per (batch, head); the last chunk may be short.
+        Features, the ones column and the division happen per chunk, while it is in cache, and batch
+        and heads are flattened so each step is a few bmm/baddbmm calls (the loop is op-bound).
+        """
+        B, H, T, _ = q.shape
+        q3, k3, v3, kv = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), kv.flatten(0, 1)  # (BH, ., .)
+        r = None if r is None else r.flatten(0, 1)  # (BH,)
+        c, outs = self.config.chunk_size, []
+        for s in range(0, T, c):
+            qc, (kc, lc), vc = self.phi_query(q3[:, s : s + c]), self.phi_key(k3[:, s : s + c]), _ones_column(v3[:, s : s + c])
+            a = torch.bmm(qc, kc.transpose(1, 2))  # (BH, n, n) intra-chunk weights
+            if lc is None:
+                out = torch.baddbmm(torch.bmm(a.tril_(), vc), qc, kv)  # intra + inter
+                kv = torch.baddbmm(kv, kc.transpose(1, 2), vc)
+            else:  # favor: bring keys and state to each query's scale R_i (see module docstring)
+                R = torch.maximum(lc.cummax(-1).values, r[:, None])  # (BH, n)
+                decay = torch.exp((lc[:, None, :] - R[:, :, None]).clamp(max=0.0))  # (BH, n, n), exact where visible
+                inter = torch.bmm(qc, kv) * torch.exp(r[:, None] - R)[..., None]
+                out = torch.baddbmm(inter, (a * decay).tril_(), vc)
+                r_new = R[:, -1]
+                kc = kc * torch.exp(lc - r_new[:, None])[..., None]
+                kv = torch.baddbmm(kv * torch.exp(r - r_new)[:, None, None], kc.transpose(1, 2), vc)
+                r = r_new
+            outs.append(self._normalise(out))
+        out = torch.cat(outs, 1).unflatten(0, (B, H))  # (B, H, T, D)
+        return out, kv.unflatten(0, (B, H)), None if r is None else r.unflatten(0, (B, H))
+
+    def _recurrent(self, q, k, v, kv, r):
+        """The RNN view: per token a rank-1 update of [S | z], then read it with phi(q_t)."""
+        phi_q, (phi_k, log_k), v1 = self.phi_query(q), self.phi_key(k), _ones_column(v)
+        outs = []
+        for t in range(q.shape[2]):
+            update = phi_k[:, :, t, :, None] * v1[:, :, t, None, :]  # (B, H, d, D + 1)
+            if log_k is None:
+                kv = kv + update
+            else:
+                lt = log_k[..., t]
+                r_new = torch.maximum(r, lt)
+                kv = kv * torch.exp(r - r_new)[..., None, None] + update * torch.exp(lt - r_new)[..., None, None]
+                r = r_new
+            outs.append(phi_q[:, :, t, None] @ kv)  # (B, H, 1, D + 1)
+        return self._normalise(torch.cat(outs, 2)), kv, r
+
+    def _state_form(self, q, k, v, causal, form):
+        dtype = q.dtype
+        q, k, v = (x.to(self.compute_dtype(dtype)) for x in (q, k, v))
+        kv, r = self._empty_state(k)
         if not causal:  # every query reads the state of all keys
-            kv, _ = _absorb(phi_k, v1, log_k, kv, r)
-            return self._normalise(phi_q @ kv, q.dtype)
-        p = k.shape[2] - q.shape[2]  # bottom-right: queries are the last Lq positions; keys before them form a prefix
+            kv, _ = self._absorb(k, v, kv, r)
+            return self._normalise(self.phi_query(q) @ kv).to(dtype)
+        p = k.shape[2] - q.shape[2]  # bottom-right: queries are the last Lq positions; keys before them are a prefix
         if p:
-            kv, r = _absorb(phi_k[:, :, :p], v1[:, :, :p], None if log_k is None else log_k[..., :p], kv, r)
-        out, _, _ = core(phi_q, phi_k[:, :, p:], v1[:, :, p:], None if log_k is None else log_k[..., p:], kv, r)
-        return self._normalise(out, q.dtype)
+            kv, r = self._absorb(k[:, :, :p], v[:, :, :p], kv, r)
+        return form(q, k[:, :, p:], v[:, :, p:], kv, r)[0].to(dtype)
 
     # -- backends -------------------------------------------------------------------------------
     def backend_reference(self, q, k, v, causal):
-        phi_q, phi_k, _, log_k = self._prepare(q, k, v)
+        dtype = q.dtype
+        q, k, v = (x.to(self.compute_dtype(dtype)) for x in (q, k, v))
+        phi_q, (phi_k, log_k) = self.phi_query(q), self.phi_key(k)
         a = phi_q @ phi_k.transpose(-1, -2)  # (B, H, Lq, Lk) unnormalised weights
         if log_k is not None:  # favor: rescale key j to the scale of query i, the max key logit it sees
             R = log_k.cummax(-1).values[..., k.shape[2] - q.shape[2]:] if causal else log_k.amax(-1, keepdim=True)
             a = a * torch.exp((log_k[..., None, :] - R[..., :, None]).clamp(max=0.0))
         if causal:
             a = a.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), 0.0)
-        v = v.to(a.dtype)
-        return ((a @ v) / a.sum(-1, keepdim=True).clamp(min=self.config.eps)).to(q.dtype)
+        return ((a @ v) / a.sum(-1, keepdim=True).clamp(min=self.config.eps)).to(dtype)
 
     def backend_chunked(self, q, k, v, causal):
-        chunk = self.config.chunk_size
-        return self._state_form(q, k, v, causal, lambda *xs: _causal_chunked(*xs, chunk))
+        return self._state_form(q, k, v, causal, self._chunked)
 
     def backend_recurrent(self, q, k, v, causal):
-        return self._state_form(q, k, v, causal, _causal_recurrent)
+        return self._state_form(q, k, v, causal, self._recurrent)
 
     def backend_fla(self, q, k, v, causal):
         """fla's chunk kernel computes phi(q) S; the clamped normaliser is computed here (fla adds 1e-10)."""
@@ -253,19 +259,21 @@ class LinearAttention(Attention):
             return self._state_form(q, k, v, causal, None)
         from fla.ops.linear_attn import chunk_linear_attn
 
-        phi_q, phi_k, v1, log_k = self._prepare(q, k, v)
+        dtype = q.dtype
+        q, k, v = (x.to(self.compute_dtype(dtype)) for x in (q, k, v))
+        phi_q, (phi_k, log_k) = self.phi_query(q), self.phi_key(k)
         if log_k is not None:  # the kernel takes one scale for all keys: the paper's max over keys
             phi_k = phi_k * torch.exp(log_k - log_k.amax(-1, keepdim=True))[..., None]
         p = k.shape[2] - q.shape[2]
-        kv = phi_k[:, :, :p].transpose(-1, -2) @ v1[:, :, :p]  # (B, H, d, D + 1) prefix state (zeros if p == 0)
+        kv = phi_k[:, :, :p].transpose(-1, -2) @ _ones_column(v[:, :, :p])  # (B, H, d, D + 1) prefix state, 0 if p == 0
         kwargs = dict(scale=1.0, initial_state=kv[..., :-1].contiguous(), output_final_state=False, normalize=False)
         if "head_first" in inspect.signature(chunk_linear_attn).parameters:
             kwargs["head_first"] = False
         bthd = lambda x: x.transpose(1, 2).contiguous()  # fla takes (B, T, H, K)
-        num, _ = chunk_linear_attn(bthd(phi_q), bthd(phi_k[:, :, p:]), bthd(v1[:, :, p:, :-1]), **kwargs)
+        num, _ = chunk_linear_attn(bthd(phi_q), bthd(phi_k[:, :, p:]), bthd(v[:, :, p:]), **kwargs)
         z = kv[..., -1].unsqueeze(2) + phi_k[:, :, p:].cumsum(2)  # (B, H, Lq, d) running key sums
         den = (phi_q * z).sum(-1, keepdim=True)
-        return (num.transpose(1, 2) / den.clamp(min=self.config.eps)).to(q.dtype)
+        return (num.transpose(1, 2) / den.clamp(min=self.config.eps)).to(dtype)
 
     # -- cost -----------------------------------------------------------------------------------
     def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:
@@ -289,16 +297,13 @@ class LinearAttention(Attention):
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: LinearState) -> torch.Tensor:
         """New tokens q, k, v: (B, H, T, D) -> (B, H, T, D); T == 1 runs the recurrence, T > 1 (prefill) the chunks."""
-        phi_q, phi_k, v1, log_k = self._prepare(q, k, v)
-        kv, r = (state.kv, state.log_scale) if state.kv is not None else self._empty_state(phi_k, v1, log_k)
-        if q.shape[2] == 1:
-            out, kv, r = _causal_recurrent(phi_q, phi_k, v1, log_k, kv, r)
-            self.last_backend = "recurrent"
-        else:
-            out, kv, r = _causal_chunked(phi_q, phi_k, v1, log_k, kv, r, self.config.chunk_size)
-            self.last_backend = "chunked"
+        dtype = q.dtype
+        q, k, v = (x.to(self.compute_dtype(dtype)) for x in (q, k, v))
+        kv, r = (state.kv, state.log_scale) if state.kv is not None else self._empty_state(k)
+        form, self.last_backend = (self._recurrent, "recurrent") if q.shape[2] == 1 else (self._chunked, "chunked")
+        out, kv, r = form(q, k, v, kv, r)
         state.update(kv, r, q.shape[2])
-        return self._normalise(out, q.dtype)
+        return out.to(dtype)
 
 
 __all__ = ["LinearAttention", "LinearConfig", "LinearState"]
