@@ -38,7 +38,7 @@ PRESETS: dict[str, Preset] = {
         "how far each variant goes on this CPU: forward, doubling lengths to 1M, full attention until it fails",
         {
             "device": "cpu", "dtype": "float32", "scope": "op", "mode": "forward", "batch": 1, "heads": 8,
-            "head_dim": 64, "variant": BUILTIN_VARIANTS, "lengths": "1K..1M", "time_limit": 900,
+            "head_dim": 64, "variant": BUILTIN_VARIANTS, "lengths": "1K..1M", "time_limit": 600,
             "min_run_time": 0.5, "max_run_time": 5.0,
         },
     ),

@@ -187,7 +187,7 @@ class Grid:
 class RunSettings:
     device: str = "cpu"
     time_limit: float = 300.0  # seconds per cell, warm-up included
-    mem_limit: float | None = None  # GiB; None: 80% of the memory available when the sweep starts
+    mem_limit: float | None = None  # GiB; None: CPU 80% of the memory available at the start, CUDA no cap
     skip_after_failure: bool = True
     seed: int = 0
     min_run_time: float = 0.2
@@ -462,14 +462,20 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
         echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured")
 
     run = spec.run
-    mem_gib = run.mem_limit if run.mem_limit is not None else default_mem_limit_gib()
+    # CPU: the limit covers the process's memory (default 80% of what is free now). CUDA: it covers
+    # device memory (default none: the whole GPU) and the host side keeps the 80% watchdog.
+    host_bytes = int(default_mem_limit_gib() * 2**30)
+    if run.device.startswith("cuda"):
+        mem_bytes = None if run.mem_limit is None else int(run.mem_limit * 2**30)
+    else:
+        mem_bytes, host_bytes = (host_bytes if run.mem_limit is None else int(run.mem_limit * 2**30)), None
     env = environment(run.device, run.seed)
     run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     store = ResultsStore(out, KEY_FIELDS)
-    extra: dict[str, Any] = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": int(mem_gib * 2**30),
+    extra: dict[str, Any] = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": mem_bytes,
                              "peak_flops_per_s": None, "peak_dtype": None}
     peak_measured = False
-    worker = Worker(WorkerConfig(run.device, int(mem_gib * 2**30), tuple(run.plugin)))
+    worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes, plugins=tuple(run.plugin)))
     with worker, tqdm(total=len(todo), unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo) as bar:
         for cell in todo:
             bar.set_description_str(cell.label)
@@ -519,8 +525,8 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
         return "no rows"
     df = pd.DataFrame(rows)
     df["variant"] = [r.get("variant_spec") or r.get("variant") for r in rows]
-    dims = [c for c in ("scope", "position", "mode", "dtype", "batch_size", "num_heads", "head_dim", "device")
-            if c in df and df[c].astype(str).nunique() > 1]
+    dims = [c for c in ("scope", "position", "mode", "dtype", "batch_size", "num_heads", "head_dim", "causal", "layers",
+                        "device") if c in df and df[c].astype(str).nunique() > 1]
     index = ["variant", *dims]
 
     def table(value: str, scale: float) -> str:

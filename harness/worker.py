@@ -4,7 +4,8 @@ does -- run out of memory, hang, raise, or kill its own process -- can stop the 
 One worker process (``python -m harness.worker``) measures cell after cell, so imports and
 compiled kernels are paid for once; it is replaced by a fresh one after any cell that ran out
 of memory, timed out or crashed. Requests go in on the child's stdin, answers come back as JSON
-lines on a private pipe (the child's own stdout/stderr go to a log whose tail explains a crash).
+lines on a private pipe (the child's own stdout/stderr go to an unlinked temporary file whose tail
+explains a crash).
 
 Limits:
 - time: the parent kills the worker's whole process group once a cell passes its deadline
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -29,7 +32,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -146,6 +148,7 @@ def child_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-address-space-cap", action="store_true", help="leave memory to the parent's RSS watchdog")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
+    faulthandler.enable()  # a crash leaves the Python stack in the log, and so in the row's error
     out = os.fdopen(args.fd, "w", buffering=1)
 
     def send(msg: dict[str, Any]) -> None:
@@ -153,9 +156,16 @@ def child_main(argv: list[str] | None = None) -> None:
         out.flush()
 
     import torch
+    import torch._dynamo
 
     import attn
 
+    # One worker compiles every shape of a sweep. Past dynamo's default of 8 recompiles per function
+    # it would silently run eager instead -- for FlexAttention the dense L x L path -- and the cell
+    # would time the wrong program; raise the limit, and fail loudly if it is ever reached.
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 8192
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     failed = {p: attn.plugin_errors().get(p) for p in args.plugin if not attn.load_plugin(p)}
     cuda = args.device.startswith("cuda")
     if cuda and args.mem_limit and torch.cuda.is_available():
@@ -180,7 +190,8 @@ def child_main(argv: list[str] | None = None) -> None:
 @dataclass(frozen=True)
 class WorkerConfig:
     device: str = "cpu"
-    mem_limit_bytes: int | None = None  # None: no limit
+    mem_limit_bytes: int | None = None  # the measuring device's memory; None: no limit
+    host_limit_bytes: int | None = None  # resident-memory watchdog; None: mem_limit_bytes on CPU, off on CUDA
     plugins: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     address_space_cap: bool = True  # CPU: RLIMIT_AS per cell; off leaves only the RSS watchdog
@@ -194,14 +205,15 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self._rfd: int | None = None
         self._buf = b""
-        self._log: Path | None = None
+        self._log_fd: int | None = None  # the worker's stdout/stderr (an unlinked temporary file)
         self.starts = 0  # processes started so far (a fresh one after every failure)
 
     # lifecycle
     def start(self) -> None:
         rfd, wfd = os.pipe()
         fd, log = tempfile.mkstemp(prefix="attn-bench-worker-", suffix=".log")
-        self._log = Path(log)
+        os.unlink(log)  # the open descriptors keep it alive; nothing is left behind, even if we are killed
+        self._log_fd = fd
         cmd = [sys.executable, "-m", "harness.worker", "--fd", str(wfd), "--parent", str(os.getpid()),
                "--device", self.config.device, "--mem-limit", str(self.config.mem_limit_bytes or 0)]
         for p in self.config.plugins:
@@ -215,7 +227,6 @@ class Worker:
             )
         finally:
             os.close(wfd)
-            os.close(fd)
         self._rfd, self._buf = rfd, b""
         self.starts += 1
         msg = self._receive(time.monotonic() + self.config.startup_timeout_s, watch_rss=None)
@@ -234,9 +245,9 @@ class Worker:
                     self.proc.stdin.close()
         if self._rfd is not None:
             os.close(self._rfd)
-        if self._log is not None:
-            self._log.unlink(missing_ok=True)
-        self.proc, self._rfd, self._log = None, None, None
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+        self.proc, self._rfd, self._log_fd = None, None, None
 
     def close(self) -> None:
         """Ask the worker to exit, then make sure it has."""
@@ -274,7 +285,9 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the worker died; _receive reports how
-        limit = self.config.mem_limit_bytes
+        limit = self.config.host_limit_bytes
+        if limit is None and not self.config.device.startswith("cuda"):
+            limit = self.config.mem_limit_bytes
         result = self._receive(time.monotonic() + time_limit_s, watch_rss=None if limit is None else base_rss + limit,
                                time_limit_s=time_limit_s)
         if result.get("status") not in ("ok", "unsupported", "error") or result.get("crashed"):
@@ -290,9 +303,11 @@ class Worker:
 
     def _log_tail(self, chars: int = 300) -> str:
         try:
-            return one_line(self._log.read_text(errors="replace")[-chars:], chars)
-        except (OSError, AttributeError):
+            size = os.fstat(self._log_fd).st_size
+            data = os.pread(self._log_fd, 4 * chars, max(0, size - 4 * chars))
+        except (OSError, TypeError):
             return ""
+        return one_line(data.decode(errors="replace")[-chars:], chars)
 
     def _receive(self, deadline: float, watch_rss: int | None, time_limit_s: float | None = None) -> dict[str, Any]:
         """The next message from the worker, or a status saying why none will come."""
@@ -319,6 +334,17 @@ class Worker:
                 return {"status": "oom", "error": f"worker resident memory reached {rss / 2**30:.2f} GiB, "
                                                   f"past the memory limit (watchdog)"}
 
+    def _crash_site(self) -> str:
+        """Where a crash happened, from faulthandler's dump in the log: the innermost Python frame."""
+        try:
+            size = os.fstat(self._log_fd).st_size
+            text = os.pread(self._log_fd, 1 << 16, max(0, size - (1 << 16))).decode(errors="replace")
+        except (OSError, TypeError):
+            return ""
+        start = text.rfind("Current thread")
+        frame = re.search(r'File "([^"]+)", line (\d+) in (\S+)', text[start:]) if start >= 0 else None
+        return f" in {frame.group(3)} ({frame.group(1)}:{frame.group(2)})" if frame else ""
+
     def _died(self) -> dict[str, Any]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
@@ -329,7 +355,8 @@ class Worker:
             if sig == "SIGKILL":
                 return {"status": "oom", "crashed": True,
                         "error": f"worker killed by SIGKILL (most likely the kernel's OOM killer); log: {tail}"}
-            why = f"worker crashed: killed by {sig}"
+            why = f"worker crashed: killed by {sig}{self._crash_site()}"
+            tail = "" if self._crash_site() else tail
         else:
             why = f"worker exited with status {code}"
         status = "oom" if looks_like_oom(tail) else "error"

@@ -228,7 +228,7 @@ head_dim = 8
 lengths = [32, 64]
 min_run_time = 0.02
 max_run_time = 0.1
-time_limit = 10
+time_limit = 6  # the hang's cost; tiny cells take well under a second
 mem_limit = 1
 
 [[grid]]
@@ -269,7 +269,7 @@ def test_each_failure_is_recorded_with_its_status_while_the_rest_complete(failin
     assert "allocate" in errors[("test_hog", 32)]
     assert "time limit" in errors[("test_hang", 32)]
     assert "oom at seq_len 32" in errors[("test_hog", 64)] and "timeout at seq_len 32" in errors[("test_hang", 64)]
-    assert "SIGSEGV" in errors[("test_segfault", 32)]
+    assert "SIGSEGV" in errors[("test_segfault", 32)] and "misbehaving.py" in errors[("test_segfault", 32)]  # where
     assert "CUDA" in errors[("full:backend=xformers", 32)]
 
 
@@ -304,7 +304,7 @@ def test_peak_memory_sees_a_known_allocation(failing_sweep):
     peak = {(r["variant_spec"], r["seq_len"]): r["peak_mem_bytes"] for r in rows}
     for L in (32, 64):
         extra = peak[("test_ballast:mib=64", L)] - peak[("full", L)]
-        assert 60 * 2**20 <= extra <= 70 * 2**20, extra / 2**20
+        assert 60 * 2**20 <= extra <= 68 * 2**20, extra / 2**20
 
 
 def test_summary_marks_every_failure(failing_sweep):
