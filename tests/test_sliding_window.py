@@ -110,6 +110,16 @@ def test_flex_matches_reference(w, causal):
     torch.testing.assert_close(out, sw("reference", w)(q, k, v, causal=causal), atol=2e-5, rtol=2e-5)
 
 
+def test_auto_skips_the_flex_compile_for_short_inputs():
+    from attn.attention.sliding_window import FLEX_MIN_LEN
+
+    m = sw("auto", 8)
+    q = torch.randn(1, 2, FLEX_MIN_LEN - 1, 16)
+    with torch.no_grad():
+        m(q, q, q)
+    assert m.last_backend == "blocked"
+
+
 # The BlockMask itself, for any lengths (Lq < Lk included) without compiling: the block layout
 # covers exactly the blocks with visible pairs, full blocks need no mask, and the mask_mod applied
 # to partial blocks is the design's rule with padded keys excluded.

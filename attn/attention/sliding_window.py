@@ -21,6 +21,9 @@ from attn.attention.full import XFORMERS, causal_mask, dense_attention, xformers
 from attn.registry import check, register_attention
 
 FLEX_BLOCK = 128  # FlexAttention's default tile; the BlockMask layout is built at this granularity
+# Flex compiles one kernel per shape (seconds) and works in whole tiles: below this many queries
+# `auto` runs `blocked` instead, so evaluating short or varying lengths never waits on a compile.
+FLEX_MIN_LEN = 2 * FLEX_BLOCK
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,17 @@ class SlidingWindowAttention(Attention):
     @property
     def window(self) -> int:
         return self.config.window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """q: (B, H, Lq, D), k, v: (B, H, Lk, D) -> (B, H, Lq, D)."""
+        self._short = q.shape[2] < FLEX_MIN_LEN
+        return super().forward(q, k, v, causal)
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        name = super().select_backend(device, dtype, mode)
+        if name == "flex" and self.backend == "auto" and getattr(self, "_short", False):
+            return "blocked"  # runs wherever flex does, with no compile
+        return name
 
     def backend_reference(self, q, k, v, causal):
         mask = causal_mask(q.shape[2], k.shape[2], q.device, window=self.window, causal=causal)
