@@ -517,6 +517,17 @@ def _num(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
 
 
+def loglog_slope(lengths: Sequence[float], latencies: Sequence[float]) -> float:
+    """Least-squares slope of log(latency) against log(length): the empirical exponent of the cost."""
+    import numpy as np
+
+    return float(np.polyfit(np.log(np.asarray(lengths, float)), np.log(np.asarray(latencies, float)), 1)[0])
+
+
+def _fmt_slope(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}"
+
+
 def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
     """Variant x length tables of median latency and peak memory, failures marked."""
     import pandas as pd
@@ -528,8 +539,10 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
     dims = [c for c in ("scope", "position", "mode", "dtype", "batch_size", "num_heads", "head_dim", "causal", "layers",
                         "device") if c in df and df[c].astype(str).nunique() > 1]
     index = ["variant", *dims]
+    for c in dims:  # pivot tables drop rows whose index holds None (e.g. layers of op-scope cells)
+        df[c] = df[c].map(lambda v: "-" if v is None else str(v))
 
-    def table(value: str, scale: float) -> str:
+    def table(value: str, scale: float, slope: bool = False) -> str:
         text = [
             _num(r[value] / scale) if r["status"] == "ok" and r.get(value) is not None
             else MARKS.get(r["status"], r["status"]) if r["status"] != "ok" else "-"
@@ -540,12 +553,19 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
         )
         t = t.reindex(columns=sorted(t.columns)).fillna("")
         t.columns = [_fmt_len(int(c)) for c in t.columns]
+        if slope:
+            t["slope"] = [_fmt_slope(slopes.get(k if isinstance(k, tuple) else (k,))) for k in t.index]
         return t.to_string()
+
+    slopes = {}
+    for key, g in df[(df["status"] == "ok") & df["latency_ms"].notna()].groupby(index, sort=False):
+        if g["seq_len"].nunique() >= 3:
+            slopes[key if isinstance(key, tuple) else (key,)] = loglog_slope(g["seq_len"], g["latency_ms"])
 
     counts = df["status"].value_counts()
     parts = [
-        "median latency, ms",
-        table("latency_ms", 1.0),
+        "median latency, ms (slope: of log latency vs log length, ~1 linear, ~2 quadratic)",
+        table("latency_ms", 1.0, slope=True),
         "",
         "peak memory above baseline, MiB",
         table("peak_mem_bytes", 2**20),
@@ -625,5 +645,5 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
 
 __all__ = [
     "Grid", "RunSettings", "SweepSpec", "build_spec", "expand", "load_spec", "load_toml", "make_row", "parse_lengths",
-    "resolve_position", "resolve_variant", "run_sweep", "skip_reason", "summary_tables", "sweep_command",
+    "loglog_slope", "resolve_position", "resolve_variant", "run_sweep", "skip_reason", "summary_tables", "sweep_command",
 ]

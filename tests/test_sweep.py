@@ -21,7 +21,7 @@ from harness.cost import KEY_FIELDS, MODES, SCOPES, Cell
 from harness.environment import environment
 from harness.presets import PRESETS, describe_presets
 from harness.results import COST_FIELDS, STATUSES, cell_key, read_rows
-from harness.sweep import build_spec, expand, load_spec, parse_lengths, skip_reason
+from harness.sweep import build_spec, expand, load_spec, loglog_slope, make_row, parse_lengths, skip_reason, summary_tables
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "tests" / "plugins" / "misbehaving.py"
@@ -383,3 +383,22 @@ def test_cells_roundtrip_through_rows():
         assert Cell.from_row(c.as_row()) == c
         assert cell_key(c.as_row(), KEY_FIELDS) == c.key()
 
+
+
+def test_summary_fits_the_cost_exponent_and_keeps_every_configuration():
+    cells = expand(cli_spec(variant=["full", "linear"], lengths="1K..8K", scope=["op", "model"]))
+    rows = []
+    for c in cells:
+        power = 2 if c.variant == "full" else 1  # synthetic: quadratic and linear costs
+        failed = c.scope == "model" and c.variant == "full" and c.seq_len == 8192
+        result = {"status": "oom", "error": "x"} if failed else {"status": "ok", "latency_ms": 3e-6 * c.seq_len**power,
+                                                                  "peak_mem_bytes": 2**20 * c.seq_len // 1024}
+        rows.append(make_row(c, result, {}, "run", {}))
+    text = summary_tables(rows)
+    latency = text.split("peak memory")[0]
+    assert latency.count(" model ") == 2 and latency.count(" op ") == 2  # op rows survive their layers=None
+    assert latency.count(" 2.00") == 2 and latency.count(" 1.00") == 2
+    memory = text.split("peak memory")[1]
+    assert "OOM" in memory
+    assert [line.split()[-1] for line in memory.splitlines() if line.startswith("linear")] == ["8"]  # 8K tokens: 8 MiB
+    assert loglog_slope([1, 2, 4], [5, 20, 80]) == pytest.approx(2.0)
