@@ -204,7 +204,10 @@ class SlidingWindowAttention(Attention):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
         """q: (B, H, Lq, D), k, v: (B, H, Lk, D) -> (B, H, Lq, D)."""
         self._short = q.shape[2] < FLEX_MIN_LEN
-        return super().forward(q, k, v, causal)
+        try:
+            return super().forward(q, k, v, causal)
+        finally:
+            self._short = False
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
         name = super().select_backend(device, dtype, mode)
