@@ -241,6 +241,32 @@ def test_fla_backend_on_cpu_says_why():
         lin("fla")(q, q, q)
 
 
+@pytest.mark.parametrize("fmap", FEATURE_MAPS)
+@pytest.mark.parametrize("lq", [37, 5])
+def test_fla_glue_with_a_stand_in_kernel_equals_reference(monkeypatch, fmap, lq):
+    """The fla backend's layout, prefix state and normaliser, run on CPU through a stand-in for
+    fla.ops.linear_attn.chunk_linear_attn that follows its documented contract
+    ((B, T, H, K) inputs, o_t = scale q_t (S0 + sum_{s<=t} k_s^T v_s), no normalisation)."""
+    import sys
+    import types
+
+    def chunk_linear_attn(q, k, v, scale, initial_state, output_final_state, normalize):
+        assert q.shape[:3] == k.shape[:3] and not normalize and not output_final_state
+        S = initial_state[:, None] + torch.cumsum(k[..., :, None] * v[..., None, :], dim=1)  # (B, T, H, K, V)
+        return scale * (q[..., None, :] @ S).squeeze(-2), None
+
+    ops = types.ModuleType("fla.ops.linear_attn")
+    ops.chunk_linear_attn = chunk_linear_attn
+    for name in ("fla", "fla.ops"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fla.ops.linear_attn", ops)
+    g = torch.Generator().manual_seed(6)
+    q, (k, v) = torch.randn(2, 3, lq, 8, generator=g), (torch.randn(2, 3, 37, 8, generator=g) for _ in range(2))
+    m = lin(feature_map=fmap, num_features=16)
+    for causal in (True, False):
+        torch.testing.assert_close(m.backend_fla(q, k, v, causal), m.backend_reference(q, k, v, causal), atol=1e-5, rtol=1e-5)
+
+
 def test_flops_count_the_linear_form():
     m = lin()
     B, H, L, D = 1, 8, 4096, 64
