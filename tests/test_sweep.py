@@ -16,6 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attn.registry import ATTENTION
 from harness.cli import main
 from harness.cost import KEY_FIELDS, MODES, SCOPES, Cell
 from harness.environment import environment
@@ -249,14 +250,31 @@ EXPECTED_STATUS = {
 }
 
 
+@contextlib.contextmanager
+def registry_restored():
+    """Plugins loaded in this process (here, variants that hang or crash) must not leak into other tests."""
+    names, errors, modules = set(ATTENTION.names()), dict(ATTENTION.plugin_errors), set(sys.modules)
+    try:
+        yield
+    finally:
+        for name in set(ATTENTION.names()) - names:
+            ATTENTION.unregister(name)
+        ATTENTION.plugin_errors.clear()
+        ATTENTION.plugin_errors.update(errors)
+        for m in set(sys.modules) - modules:
+            if m.startswith("attn_plugin_"):
+                del sys.modules[m]
+
+
 @pytest.fixture(scope="module")
 def failing_sweep(tmp_path_factory):
     d = tmp_path_factory.mktemp("failing")
     (d / "sweep.toml").write_text(FAILING_SWEEP)
     out, stdout = d / "rows.jsonl", io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with registry_restored(), contextlib.redirect_stdout(stdout):
         rc = main(["sweep", "--config", str(d / "sweep.toml"), "--out", str(out)])
     assert rc == 0
+    assert "test_hang" not in ATTENTION.names()
     return read_rows(out), stdout.getvalue()
 
 
@@ -369,7 +387,9 @@ def test_resume_after_a_killed_sweep_measures_every_cell_exactly_once(tmp_path):
 def test_plugin_that_fails_to_load_is_named(tmp_path, capsys):
     bad = tmp_path / "broken.py"
     bad.write_text("raise ImportError('no such kernel')\n")
-    rc, err = run_main(["sweep", "--plugin", str(bad), "--variant", "my_variant", "--out", str(tmp_path / "x.jsonl")], capsys)
+    with registry_restored():
+        rc, err = run_main(["sweep", "--plugin", str(bad), "--variant", "my_variant", "--out", str(tmp_path / "x.jsonl")],
+                           capsys)
     assert rc == 2
     assert "failed to load" in err and "no such kernel" in err
     assert "unknown attention variant 'my_variant'" in err.strip().splitlines()[-1]
