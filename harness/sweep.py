@@ -611,7 +611,8 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML sweep file; keys are these option names.")
 @click.option("--plugin", multiple=True, help="File or module registering extra variants. Repeatable.")
 @click.option("--time-limit", type=float, help="Seconds per cell, warm-up included (default 300).")
-@click.option("--mem-limit", type=float, help="GiB per cell (default: 80%% of the memory available at start).")
+@click.option("--mem-limit", type=float,
+              help="GiB per cell: process memory on CPU (default 80% of what is free at start), device memory on CUDA.")
 @click.option("--skip-after-failure/--no-skip-after-failure", default=None,
               help="After an OOM or timeout, record longer lengths of that configuration as skipped (default on).")
 @click.option("--seed", type=int, help="Seed of the random inputs (default 0).")
@@ -619,7 +620,7 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
-    """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, one worker process per cell."""
+    """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
     from harness.cli import load_plugins
 
     spec = load_spec(preset, config, _cli_layer(opts))
