@@ -489,9 +489,9 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
                     peak = worker.measure_peak(TimingConfig(min_run_time=0.2, max_run_time=1.0))
                     extra.update({k: peak.get(k) for k in ("peak_flops_per_s", "peak_dtype")})
                     bar.set_description_str(cell.label)
-                start = time.monotonic()
+                start, startup = time.monotonic(), worker.startup_s
                 result = worker.run_cell(cell.as_row(), run.timing, run.seed, run.time_limit)
-                wall = time.monotonic() - start
+                wall = time.monotonic() - start - (worker.startup_s - startup)  # a worker's start is not the cell's
             row = make_row(cell, result, env, run_id, {**extra, "cell_wall_s": wall, "worker_starts": worker.starts})
             store.append(row)
             status = row["status"]

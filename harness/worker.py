@@ -207,6 +207,7 @@ class Worker:
         self._buf = b""
         self._log_fd: int | None = None  # the worker's stdout/stderr (an unlinked temporary file)
         self.starts = 0  # processes started so far (a fresh one after every failure)
+        self.startup_s = 0.0  # seconds spent starting them (imports), not charged to any cell
 
     # lifecycle
     def start(self) -> None:
@@ -229,7 +230,9 @@ class Worker:
             os.close(wfd)
         self._rfd, self._buf = rfd, b""
         self.starts += 1
-        msg = self._receive(time.monotonic() + self.config.startup_timeout_s, watch_rss=None)
+        begin = time.monotonic()
+        msg = self._receive(begin + self.config.startup_timeout_s, watch_rss=None)
+        self.startup_s += time.monotonic() - begin
         if msg.get("event") != "ready":
             self.kill()
             raise RuntimeError(f"worker failed to start: {msg.get('error')}")
