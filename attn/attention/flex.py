@@ -27,7 +27,15 @@ def flex_unavailable() -> str | None:
 
 @functools.cache
 def compiled_flex() -> Callable[..., torch.Tensor]:
-    """The compiled flex_attention, compiled once per process (eager flex materialises L x L scores)."""
+    """The compiled flex_attention, compiled once per process (eager flex materialises L x L scores).
+
+    Every new shape is a recompile of the same function; past dynamo's default limit (8) it would
+    silently fall back to eager flex, which builds the L x L score matrix. A sweep or an evaluation
+    over many lengths needs more, so the limit is raised (never lowered).
+    """
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 256)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
     return torch.compile(flex_attention, dynamic=False)
 
 
