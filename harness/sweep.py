@@ -14,6 +14,7 @@ import datetime as dt
 import difflib
 import itertools
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -25,6 +26,7 @@ from typing import Any
 import click
 
 from harness.cost import DTYPES, KEY_FIELDS, MODES, SCOPES, Cell, json_normal
+from harness.executors import EXECUTORS, SLURM_CLUSTERS, ExecutorConfig
 from harness.presets import get_preset
 from harness.results import COST_FIELDS, ResultsStore, cell_key, read_rows
 from harness.timing import TimingConfig
@@ -135,6 +137,22 @@ def _str(value: Any, where: str) -> str:
     return value
 
 
+def _count(minimum: int) -> Callable[[Any, str], int]:
+    def parse(value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+        return value
+    return parse
+
+
+def _choice(valid: Sequence[str]) -> Callable[[Any, str], str]:
+    def parse(value: Any, where: str) -> str:
+        if value not in valid:
+            raise ValueError(f"{where}: unknown value {value!r}; valid: {', '.join(valid)}")
+        return value
+    return parse
+
+
 # Grid keys may appear at the top level or in a [[grid]] entry; run keys only at the top level.
 GRID_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "variant": _strs(split=False),  # commas belong to the spec: name:key=v,key=v
@@ -160,7 +178,19 @@ RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "threshold": _positive,
     "plugin": _strs(split=False),
     "out": _str,
+    # where the cells run (harness.executors)
+    "executor": _choice(EXECUTORS),
+    "ray_address": _str,
+    "max_concurrency": _count(1),
+    "slurm_partition": _str,
+    "slurm_time": _count(1),
+    "slurm_gpus": _count(0),
+    "slurm_folder": _str,
+    "slurm_cluster": _choice(SLURM_CLUSTERS),
+    "detach": _bool,
 }
+EXECUTOR_KEYS = ("executor", "ray_address", "max_concurrency", "slurm_partition", "slurm_time", "slurm_gpus",
+                 "slurm_folder", "slurm_cluster", "detach")
 FILE_KEYS = ("preset", "grid")
 
 
@@ -195,6 +225,7 @@ class RunSettings:
     threshold: float = 0.1
     plugin: tuple[str, ...] = ()
     out: str | None = None
+    executor: ExecutorConfig = ExecutorConfig()
 
     @property
     def timing(self) -> TimingConfig:
@@ -286,8 +317,9 @@ def build_spec(layers: Sequence[tuple[str, dict[str, Any]]]) -> SweepSpec:
         if "variant" not in values:
             raise ValueError("nothing to sweep: give --variant NAME[:key=value,...], --preset or --config")
         out.append(Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}))
-    run = {k: tuple(v) if isinstance(v, list) else v for k, v in top.items() if k in RUN_KEYS}
-    return SweepSpec(tuple(out), RunSettings(**run), preset)
+    run = {k: tuple(v) if isinstance(v, list) else v for k, v in top.items() if k in RUN_KEYS and k not in EXECUTOR_KEYS}
+    where = {("kind" if k == "executor" else k): v for k, v in top.items() if k in EXECUTOR_KEYS}
+    return SweepSpec(tuple(out), RunSettings(**run, executor=ExecutorConfig(**where)), preset)
 
 
 def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[str, Any] | None = None) -> SweepSpec:
@@ -423,6 +455,98 @@ def default_mem_limit_gib() -> float:
     return 0.8 * psutil.virtual_memory().available / 2**30
 
 
+def memory_limits(run: RunSettings) -> tuple[int | None, int | None]:
+    """(limit on the measuring device, resident-memory watchdog) in bytes, from what is free on this machine now.
+
+    CPU: the limit covers the process's memory (default 80% of what is free). CUDA: it covers device
+    memory (default none: the whole GPU) and the host side keeps the 80% watchdog."""
+    host_bytes = int(default_mem_limit_gib() * 2**30)
+    if run.device.startswith("cuda"):
+        return (None if run.mem_limit is None else int(run.mem_limit * 2**30)), host_bytes
+    return (host_bytes if run.mem_limit is None else int(run.mem_limit * 2**30)), None
+
+
+class CellMeasurer:
+    """Measures cells on the machine it is built on, in one isolated worker process (harness.worker).
+
+    Every executor runs one of these per slot (in this process, in a Ray actor, in a Slurm job), so a
+    cell is measured the same way everywhere. Its payloads carry this machine's environment, memory
+    limit and matmul peak (timed before its first cell), so each row describes where it was measured.
+    """
+
+    def __init__(self, run: RunSettings, run_id: str):
+        from harness.environment import environment
+        from harness.worker import Worker, WorkerConfig
+
+        self.settings, self.run_id = run, run_id
+        mem_bytes, host_bytes = memory_limits(run)
+        self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
+                                          plugins=tuple(run.plugin)))
+        self.env = environment(run.device, run.seed)
+        self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes, "peak_flops_per_s": None, "peak_dtype": None}
+        self.peak_measured = False
+
+    def run(self, cell: Cell) -> dict[str, Any]:
+        s = self.settings
+        if not self.peak_measured:  # once per host, in the process that measures its cells
+            self.peak_measured = True
+            peak = self.worker.measure_peak(TimingConfig(min_run_time=0.2, max_run_time=1.0))
+            self.extra.update({k: peak.get(k) for k in ("peak_flops_per_s", "peak_dtype")})
+        start, startup = time.monotonic(), self.worker.startup_s
+        result = self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit)
+        wall = time.monotonic() - start - (self.worker.startup_s - startup)  # a worker's start is not the cell's
+        return {"result": result, "env": self.env, "run_id": self.run_id,
+                "extra": {**self.extra, "cell_wall_s": wall, "worker_starts": self.worker.starts}}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def lost_cell(cell: Cell, why: str) -> dict[str, Any]:
+    """The payload of a cell whose host was lost (Ray worker or node died, Slurm job ended early)."""
+    return {"result": {"status": "error", "error": why}, "env": None, "run_id": None, "extra": {"cell_wall_s": None}}
+
+
+class CostChain:
+    """One configuration's cells, lengths ascending: after an oom or timeout at one length the longer
+    ones are recorded as skipped instead of run (``skip_after_failure``), wherever the chain runs."""
+
+    def __init__(self, cells: Sequence[Cell], failure: tuple[str, int] | None = None, skip: bool = True):
+        self.tasks = sorted(cells, key=lambda c: c.seq_len)
+        self._todo = list(reversed(self.tasks))
+        self.failure, self.skip = failure, skip
+        self.last: dict[str, Any] | None = None  # the latest measured payload: a skipped row says where
+
+    def next(self) -> tuple[Cell, dict[str, Any] | None] | None:
+        if not self._todo:
+            return None
+        cell = self._todo.pop()
+        reason = skip_reason(cell, {cell.config_key(): self.failure}) if self.skip and self.failure else None
+        if reason is None:
+            return cell, None
+        last = self.last or {"env": None, "run_id": None, "extra": {}}
+        return cell, {"result": {"status": "skipped", "error": reason}, "env": last["env"], "run_id": last["run_id"],
+                      "extra": {**last["extra"], "cell_wall_s": 0.0}}
+
+    def finish(self, cell: Cell, payload: dict[str, Any]) -> None:
+        status = payload["result"].get("status")
+        if status in FAILURES_THAT_SKIP and (self.failure is None or cell.seq_len < self.failure[1]):
+            self.failure = (status, cell.seq_len)
+        if payload.get("env") is not None:
+            self.last = payload
+
+
+def make_chains(cells: Sequence[Cell], failures: dict[str, tuple[str, int]], skip: bool) -> list[CostChain]:
+    """Skipping after a failure orders a configuration's lengths, so each configuration is one chain;
+    without it every cell is independent."""
+    if not skip:
+        return [CostChain([c], skip=False) for c in cells]
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.config_key(), []).append(c)
+    return [CostChain(g, failures.get(k), skip=True) for k, g in groups.items()]
+
+
 def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: str, extra: dict[str, Any]) -> dict[str, Any]:
     """A results row: DESIGN.md's cost columns first, then the cell, the environment and the extras."""
     row: dict[str, Any] = {f: None for f in COST_FIELDS}
@@ -439,60 +563,73 @@ def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: st
 
 
 def existing_rows(out: Path, resume: bool) -> list[dict[str, Any]]:
-    """Rows already in ``out``; refuses to mix a new sweep into a file unless resuming it."""
+    """Rows already in ``out``; refuses to mix a new sweep into a file (or its uncollected Slurm jobs) unless resuming it."""
+    from harness.executors import pending_jobs, sidecar_path
+
     rows = read_rows(out)
     if rows and not resume:
         raise ValueError(f"{out} already holds {len(rows)} rows; pass --resume to continue it, or choose another --out")
+    if not resume and pending_jobs(out):
+        raise ValueError(f"{sidecar_path(out)} lists {pending_jobs(out)} Slurm jobs of an earlier run of {out}; "
+                         f"pass --resume to collect them, or choose another --out")
     return rows
+
+
+def check_executor(run: RunSettings) -> None:
+    """The executor's engine is installed and can place this device's cells (ValueError if not)."""
+    from harness.executors import require
+
+    kind = run.executor.kind
+    require(kind)
+    if kind == "slurm" and run.executor.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
+        raise ValueError("--executor slurm: no Slurm on this machine (sbatch not found); run from a login node, "
+                         "or --slurm-cluster local to run the jobs here")
+    if kind != "local" and re.fullmatch(r"cuda:\d+", run.device):
+        raise ValueError(f"--executor {kind} gives each cell a GPU of its own: use --device cuda, not {run.device}")
+
+
+def _absolute_plugins(run: RunSettings) -> RunSettings:
+    """Plugin files by absolute path, so hosts started elsewhere (another directory, another node) find them."""
+    paths = tuple(str(Path(p).resolve()) if p.endswith(".py") and Path(p).exists() else p for p in run.plugin)
+    return dataclasses.replace(run, plugin=paths)
 
 
 def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
               echo: Callable[[str], None] = click.echo) -> list[dict[str, Any]]:
-    """Measure the cells not yet in ``out``; returns the rows of ``out`` that belong to ``cells``."""
+    """Measure the cells not yet in ``out`` with the spec's executor; returns the rows of ``out`` that belong to ``cells``.
+
+    Hosts return payloads; only this function writes rows, so resume and dedup work the same for every executor.
+    """
+    from functools import partial
+
     from tqdm import tqdm
 
     from harness.environment import environment
-    from harness.worker import Worker, WorkerConfig
+    from harness.executors import Workload, job_minutes, make_executor, pending_jobs, sidecar_path
+    from harness.worker import WorkerConfig
 
     existing = existing_rows(out, resume)
+    run = _absolute_plugins(spec.run)
+    kind = run.executor.kind
+    if kind != "slurm" and pending_jobs(out):
+        echo(f"warning: {sidecar_path(out)} lists Slurm jobs not yet collected; --executor slurm --resume collects them")
     done = {cell_key(r, KEY_FIELDS) for r in existing}
-    todo = [c for c in cells if c.key() not in done]
     failures = _failure_index(existing)
-    if resume and existing:
-        echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured")
-
-    run = spec.run
-    # CPU: the limit covers the process's memory (default 80% of what is free now). CUDA: it covers
-    # device memory (default none: the whole GPU) and the host side keeps the 80% watchdog.
-    host_bytes = int(default_mem_limit_gib() * 2**30)
-    if run.device.startswith("cuda"):
-        mem_bytes = None if run.mem_limit is None else int(run.mem_limit * 2**30)
-    else:
-        mem_bytes, host_bytes = (host_bytes if run.mem_limit is None else int(run.mem_limit * 2**30)), None
-    env = environment(run.device, run.seed)
     run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    env = environment(run.device, run.seed)  # the driver's: only rows no host measured (lost, or skipped at once)
     store = ResultsStore(out, KEY_FIELDS)
-    extra: dict[str, Any] = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": mem_bytes,
-                             "peak_flops_per_s": None, "peak_dtype": None}
-    peak_measured = False
-    worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes, plugins=tuple(run.plugin)))
-    with worker, tqdm(total=len(todo), unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo) as bar:
-        for cell in todo:
-            bar.set_description_str(cell.label)
-            reason = skip_reason(cell, failures) if run.skip_after_failure else None
-            if reason:
-                result, wall = {"status": "skipped", "error": reason}, 0.0
-            else:
-                if not peak_measured:  # once per run, in the process that measures the cells
-                    peak_measured = True
-                    bar.set_description_str("measuring the device's matmul peak")
-                    peak = worker.measure_peak(TimingConfig(min_run_time=0.2, max_run_time=1.0))
-                    extra.update({k: peak.get(k) for k in ("peak_flops_per_s", "peak_dtype")})
-                    bar.set_description_str(cell.label)
-                start, startup = time.monotonic(), worker.startup_s
-                result = worker.run_cell(cell.as_row(), run.timing, run.seed, run.time_limit)
-                wall = time.monotonic() - start - (worker.startup_s - startup)  # a worker's start is not the cell's
-            row = make_row(cell, result, env, run_id, {**extra, "cell_wall_s": wall, "worker_starts": worker.starts})
+    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "peak_flops_per_s": None,
+                "peak_dtype": None, "cell_wall_s": None, "worker_starts": 0}
+    todo_at_start = sum(c.key() not in done for c in cells)
+
+    with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
+        def record(cell: Cell, payload: dict[str, Any]) -> None:
+            key = cell.key()
+            if key in done:  # e.g. a Slurm job's row collected twice
+                return
+            done.add(key)
+            extra = {**defaults, **payload["extra"], "executor": kind}
+            row = make_row(cell, payload["result"], payload.get("env") or env, payload.get("run_id") or run_id, extra)
             store.append(row)
             status = row["status"]
             if status in FAILURES_THAT_SKIP:
@@ -503,6 +640,21 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
                 bar.write(f"{cell.label}: {status}: {row['error']}")
             bar.set_postfix_str(status, refresh=False)
             bar.update()
+
+        executor = make_executor(run.executor, out, echo=bar.write)
+        elsewhere = executor.recover({c.key(): c for c in cells}, record)  # Slurm jobs of an earlier run
+        todo = [c for c in cells if c.key() not in done and c.key() not in elsewhere]
+        if resume and existing:
+            echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured or being measured")
+        chains = make_chains(todo, failures, run.skip_after_failure)
+        startup = WorkerConfig().startup_timeout_s
+        work = Workload(
+            chains=chains, make_host=partial(CellMeasurer, run, run_id), key=Cell.key, lost=lost_cell,
+            gpus=1 if run.device.startswith("cuda") else 0,
+            task_timeout_s=run.time_limit + 2 * startup + 120,  # a cell, a worker restart and the peak matmul
+            job_minutes=job_minutes([len(c.tasks) for c in chains], run.time_limit + 30),
+        )
+        executor.run(work, record, started=lambda cell: bar.set_description_str(cell.label))
     keys = {c.key() for c in cells}
     return [r for r in read_rows(out) if cell_key(r, KEY_FIELDS) in keys]
 
@@ -581,7 +733,8 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
 def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
     """The options the user actually gave (click passes None / () for the others)."""
     names = {"variant", "position", "lengths", "batch", "heads", "head_dim", "dtype", "mode", "scope", "causal", "layers",
-             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "plugin"}
+             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "plugin",
+             *EXECUTOR_KEYS}
     layer = {}
     for k in names:
         v = opts.get(k)
@@ -618,6 +771,19 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--seed", type=int, help="Seed of the random inputs (default 0).")
 @click.option("--min-run-time", type=float, help="Seconds of timed calls before the spread is checked.")
 @click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
+@click.option("--executor", type=click.Choice(EXECUTORS),
+              help="Where cells run: local (default, this machine, one at a time), ray or slurm (docs/scaling.md).")
+@click.option("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local instance).")
+@click.option("--max-concurrency", type=int,
+              help="Cells measured at once: Ray actors (default one per GPU, or CPU, of the cluster) or Slurm jobs.")
+@click.option("--slurm-partition", help="Slurm partition of the jobs.")
+@click.option("--slurm-time", type=int, help="Minutes per Slurm job (default: the longest chain at --time-limit).")
+@click.option("--slurm-gpus", type=int, help="GPUs per Slurm job (default 1 for --device cuda, else 0).")
+@click.option("--slurm-folder", help="submitit folder, shared with the nodes (default: OUT.slurm/ next to --out).")
+@click.option("--slurm-cluster", type=click.Choice(SLURM_CLUSTERS),
+              help="slurm (default) or local: submitit's local executor, the same jobs on this machine.")
+@click.option("--detach", is_flag=True, default=None,
+              help="Slurm: submit, note the jobs in OUT.jobs.json and return; --resume collects the rows.")
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
     """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
@@ -625,7 +791,8 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
 
     spec = load_spec(preset, config, _cli_layer(opts))
     load_plugins(spec.run.plugin)
-    cells = expand(spec)
+    check_executor(spec.run)
+    cells = expand(spec, check_device_available=spec.run.executor.kind == "local")  # a login node may have no GPU
     if out is None and spec.run.out:
         out = Path(spec.run.out)
     if out is None:
@@ -638,9 +805,11 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
         click.echo(f"{len(cells)} cells -> {out}")
         return
     existing_rows(out, resume)
-    click.echo(f"{len(cells)} cells on {spec.run.device} -> {out}", err=True)
+    where = "" if spec.run.executor.kind == "local" else f" (executor {spec.run.executor.kind})"
+    click.echo(f"{len(cells)} cells on {spec.run.device}{where} -> {out}", err=True)
     rows = run_sweep(spec, cells, out, resume)
-    click.echo(summary_tables(rows))
+    if rows or not spec.run.executor.detach:
+        click.echo(summary_tables(rows))
     click.echo(f"results: {out}")
 
 
