@@ -1,0 +1,193 @@
+"""Models for the accuracy tasks, built from spec strings through the registry.
+
+Length generalisation needs one thing the backbone does not do by itself: evaluate a model
+with its position method rescaled for a longer context. A RoPE-family method whose config has
+``factor`` gets ``factor = context / train_len`` (zero-shot scaling, as Position Interpolation,
+NTK-aware, YaRN and Llama 3 prescribe) and ``original_max_position_embeddings = train_len``,
+unless the spec sets them. A method that already adapts to the length by itself (dynamic NTK,
+detected by its frequencies changing with ``seq_len``) keeps its own ``factor``.
+
+At ``factor = 1`` those methods equal plain RoPE, so one model trained with RoPE serves all of
+them, exactly the literature's setting (a model pretrained with RoPE, rescaled afterwards):
+:func:`training_spec` maps each to the spec it is actually trained with.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import attn
+from attn.registry import ATTENTION, POSITIONS
+
+ORIGINAL_LEN = "original_max_position_embeddings"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A registered name and its params (typed by the registry), e.g. ``sliding_window:window=64``."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+    backend: str = "auto"  # attention only: ``backend=NAME`` in the spec, as in ``attn-bench sweep``
+
+    @property
+    def label(self) -> str:
+        items = sorted(self.params.items()) + ([("backend", self.backend)] if self.backend != "auto" else [])
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in items) if items else "")
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def _typed(kind: str, name: str, raw: dict[str, Any], fill: dict[str, Any]) -> dict[str, Any]:
+    registry = ATTENTION if kind == "attention" else POSITIONS
+    cfg = registry.make_config(name, {**fill, **raw})  # raises ValueError naming what is wrong
+    return {k: getattr(cfg, k) for k in raw}
+
+
+def parse_variant(text: str) -> Spec:
+    name, raw = attn.parse_spec(text)
+    backend = raw.pop("backend", "auto")
+    entry = ATTENTION.get(name)
+    valid = [b.name for b in entry.cls.backends]
+    if backend != "auto" and backend not in valid:
+        raise ValueError(f"unknown backend {backend!r} for {name!r} in {text!r}; valid: auto, {', '.join(valid)}")
+    return Spec(name, _typed("attention", name, raw, {}), backend)
+
+
+def position_fields(name: str) -> set[str]:
+    return {f.name for f in dataclasses.fields(POSITIONS.get(name).config)}
+
+
+def parse_position(text: str, head_dim: int = 64) -> Spec:
+    """Parse and check a position spec; the fields the harness fills itself (shapes, factor,
+    original length) are filled with placeholders for the check only."""
+    name, raw = attn.parse_spec(text)
+    placeholders = {"head_dim": head_dim, "d_model": head_dim, "max_seq_len": 1, "factor": 1.0, ORIGINAL_LEN: 1}
+    fill = {k: v for k, v in placeholders.items() if k in position_fields(name)}
+    return Spec(name, _typed("position", name, raw, fill))
+
+
+def _build_position(name: str, params: dict[str, Any], head_dim: int) -> nn.Module:
+    fill = {k: v for k, v in {"head_dim": head_dim, "d_model": head_dim, "max_seq_len": 1 << 20}.items()
+            if k in position_fields(name)}
+    return attn.build_position(name, **{**fill, **params})
+
+
+def adapts_to_length(spec: Spec, train_len: int, head_dim: int) -> bool:
+    """True for methods whose frequencies depend on the sequence length (dynamic NTK)."""
+    fields = position_fields(spec.name)
+    params = {**spec.params}
+    if ORIGINAL_LEN in fields and ORIGINAL_LEN not in params:
+        params[ORIGINAL_LEN] = train_len
+    if "factor" in fields and "factor" not in params:
+        params["factor"] = 1.0
+    p = _build_position(spec.name, params, head_dim)
+    if not hasattr(p, "inv_freq"):
+        return False
+    return not torch.equal(p.inv_freq(seq_len=train_len), p.inv_freq(seq_len=4 * train_len))
+
+
+def scaled_params(spec: Spec, train_len: int, context: int, head_dim: int) -> dict[str, Any]:
+    """The position params for running a model trained at ``train_len`` on ``context`` tokens."""
+    fields = position_fields(spec.name)
+    params = dict(spec.params)
+    if ORIGINAL_LEN in fields and ORIGINAL_LEN not in params:
+        params[ORIGINAL_LEN] = train_len
+    if "factor" in fields and "factor" not in params:
+        if adapts_to_length(spec, train_len, head_dim):
+            default = next(f.default for f in dataclasses.fields(POSITIONS.get(spec.name).config) if f.name == "factor")
+            params["factor"] = 1.0 if default is dataclasses.MISSING else default
+        else:
+            params["factor"] = max(1.0, context / train_len)
+    return params
+
+
+def training_spec(spec: Spec, train_len: int, head_dim: int) -> Spec:
+    """The spec a model for ``spec`` is trained with: plain ``rope`` when the method at
+    ``factor = 1`` has RoPE's frequencies and no attention factor; else ``spec`` itself."""
+    if spec.name == "rope" or "rope" not in POSITIONS.names():
+        return spec
+    params = scaled_params(spec, train_len, train_len, head_dim)
+    p = _build_position(spec.name, params, head_dim)
+    if not (hasattr(p, "inv_freq") and hasattr(p, "attention_factor")):
+        return spec
+    rope_fields = position_fields("rope")
+    shared = {k: v for k, v in spec.params.items() if k in rope_fields}
+    rope = _build_position("rope", shared, head_dim)
+    same = (
+        set(spec.params) <= rope_fields | {"factor", ORIGINAL_LEN}
+        and p.inv_freq(seq_len=train_len).shape == rope.inv_freq(seq_len=train_len).shape
+        and torch.allclose(p.inv_freq(seq_len=train_len), rope.inv_freq(seq_len=train_len), rtol=1e-9, atol=0)
+        and abs(p.attention_factor - rope.attention_factor) < 1e-12
+    )
+    return Spec("rope", shared) if same else spec
+
+
+def make_model(preset: str, vocab_size: int, variant: Spec, position: Spec, position_params: dict[str, Any],
+               max_seq_len: int, seed: int, **overrides: Any) -> attn.Transformer:
+    """A freshly initialised backbone (seeded), attention and position from the registry."""
+    torch.manual_seed(seed)
+    cfg = attn.TransformerConfig.preset(
+        preset, vocab_size=vocab_size, attention=variant.name, attention_params=dict(variant.params), backend=variant.backend,
+        position=position.name, position_params=dict(position_params), max_seq_len=max_seq_len, **overrides,
+    )
+    return attn.Transformer(cfg)
+
+
+def set_position(model: attn.Transformer, name: str, params: dict[str, Any]) -> None:
+    """Swap the model's position method for ``name(params)``, keeping any learned weights."""
+    old = model.position
+    model.config.position, model.config.position_params = name, dict(params)
+    new = attn.build_position(name, **attn.model.position_params_for(model.config))
+    with torch.no_grad():
+        olds = dict(old.named_parameters())
+        for n, p in new.named_parameters():
+            if n in olds and olds[n].shape == p.shape:
+                p.copy_(olds[n])
+    model.position = new
+    for block in model.blocks:
+        block.attn.position = new
+
+
+def set_attention(model: attn.Transformer, variant: Spec) -> None:
+    """Replace every layer's attention (which holds no trained weights) with ``variant``."""
+    for block in model.blocks:
+        block.attn.attn = eval_attention(variant, *_where(model))
+    model.config.attention, model.config.attention_params = variant.name, dict(variant.params)
+
+
+def eval_attention(variant: Spec, device: str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The variant's attention module, with ``auto`` resolved as for training (see :func:`pin_backend`)."""
+    m = attn.build_attention(variant.name, backend=variant.backend, **variant.params)
+    if m.backend == "auto":
+        m.backend = m.select_backend(device, dtype, "backward")
+    return m
+
+
+def pin_backend(model: attn.Transformer) -> None:
+    """Evaluate with the backend ``auto`` trains with: the same kernel as trained, and no compile of
+    another one (on CPU, ``auto`` picks compiled FlexAttention for forward-only calls)."""
+    for block in model.blocks:
+        a = block.attn.attn
+        if a.backend == "auto":
+            a.backend = a.select_backend(*_where(model), "backward")
+
+
+def _where(model: nn.Module) -> tuple[str, torch.dtype]:
+    w = next(model.parameters())
+    return w.device.type, w.dtype
+
+
+def last_backends(model: attn.Transformer) -> str:
+    names = {getattr(b.attn.attn, "last_backend", None) for b in model.blocks} - {None}
+    return ",".join(sorted(names))
+
+
+__all__ = ["Spec", "adapts_to_length", "last_backends", "make_model", "parse_position", "parse_variant", "pin_backend",
+           "eval_attention",
+           "scaled_params", "set_attention", "set_position", "training_spec"]

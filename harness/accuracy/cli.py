@@ -1,0 +1,176 @@
+"""``attn-bench accuracy``: train small models on the accuracy tasks and append rows to a results file.
+
+Everything is validated (task, names, parameters, lengths, corpus) before the first model is
+trained and before the results file is touched; bad input is one line and exit status 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.accuracy.runner import TASKS, TRAINED_TASKS, Job, Plan
+
+# option -> (task config field, tasks it applies to)
+TASK_OPTIONS = {
+    "num_pairs": ("num_pairs", ("mqar",)),
+    "num_keys": ("num_keys", ("mqar",)),
+    "depths": ("depths", ("passkey",)),
+    "digits": ("digits", ("passkey",)),
+    "eval_examples": ("eval_examples", ("mqar", "passkey")),
+    "corpus": ("corpus", ("lm",)),
+    "eval_bytes": ("eval_bytes", ("lm",)),
+}
+
+
+def _ints(text: str | None, what: str, minimum: int = 1) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        out = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise click.UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not out or min(out) < minimum:
+        raise click.UsageError(f"{what} must be integers >= {minimum}, got {text!r}")
+    return out
+
+
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise click.UsageError(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def build_jobs(opts: dict[str, Any]) -> list[Job]:
+    """Jobs from a preset (or one per --task), with the command-line options applied to each."""
+    from harness.accuracy.presets import get_preset
+    from harness.accuracy.train import TrainConfig
+
+    tasks = list(opts["tasks"])
+    if opts["preset"]:
+        jobs = [j for j in get_preset(opts["preset"]) if not tasks or j.task in tasks]
+        if not jobs:
+            raise click.UsageError(f"preset {opts['preset']!r} has no job for task(s) {', '.join(tasks)}")
+    elif tasks:
+        jobs = [Job(t) for t in tasks]
+    else:
+        raise click.UsageError(f"give --task ({'|'.join(TASKS)}) or --preset (quick|full)")
+    used: set[str] = set()
+    out = []
+    for job in jobs:
+        job = dataclasses.replace(job, task_params=dict(job.task_params))
+        for name, attr in (("variants", "variants"), ("positions", "positions")):
+            if opts[name]:
+                setattr(job, attr, list(opts[name]))
+        if opts["seeds"] is not None:
+            job.seeds = _ints(opts["seeds"], "--seeds", minimum=0)
+        if opts["train_len"] is not None:
+            job.train_len = opts["train_len"]
+        if opts["eval_lens"] is not None:
+            job.eval_lens = _ints(opts["eval_lens"], "--eval-lens")
+        if opts["model"] is not None:
+            job.model = opts["model"]
+        if opts["base_task"] is not None:
+            job.base_task = opts["base_task"]
+        for key in ("finetune_steps", "finetune_len"):
+            if opts[key] is not None:
+                setattr(job, key, opts[key])
+        train = {k: opts[k] for k in ("steps", "batch_size", "lr") if opts[k] is not None}
+        job.train = dataclasses.replace(job.train if opts["preset"] else TrainConfig(), **train)
+        for opt, (fld, applies) in TASK_OPTIONS.items():
+            value = opts[opt]
+            if value is None or value == ():
+                continue
+            if job.trained_task in applies:
+                used.add(opt)
+                job.task_params[fld] = _floats(value, "--depths") if opt == "depths" else value
+        out.append(job)
+    for opt, (_, applies) in TASK_OPTIONS.items():
+        if opts[opt] not in (None, ()) and opt not in used:
+            raise click.UsageError(f"--{opt.replace('_', '-')} applies to {'/'.join(applies)} only, "
+                                   f"not to {', '.join(sorted({j.task for j in out}))}")
+    return out
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    """Per task, the main metric by evaluation length (mean over seeds)."""
+    import pandas as pd
+
+    from harness.accuracy.lengthgen import MAIN_METRIC, table
+    from harness.accuracy.stats import summarize
+
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3f}".format):
+        for task in ("mqar", "passkey", "lm"):
+            t = table(rows, task)
+            if len(t):
+                click.echo(f"\n{task}: {MAIN_METRIC[task]} by evaluation length (mean over seeds)\n{t}")
+        fid = pd.DataFrame(summarize(r for r in rows if r.get("task") == "fidelity"))
+        if len(fid):
+            fid = fid[fid["metric"].isin(["rel_l2_random", "rel_l2_trained", "swap_delta_bpb", "swap_delta_accuracy",
+                                          "swap_delta_exact_match"])]
+            t = fid.pivot_table(index=["metric", "variant_spec"], columns="eval_len", values="value", aggfunc="mean")
+            click.echo(f"\nfidelity vs full attention (mean over layers and seeds)\n{t}")
+
+
+@click.command("accuracy")
+@click.option("--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Task to run (repeatable).")
+@click.option("--preset", type=click.Choice(["quick", "full"]), help="A named set of jobs (see harness/accuracy/presets.py).")
+@click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
+@click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
+@click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
+@click.option("--eval-lens", help="Comma-separated evaluation lengths.")
+@click.option("--seeds", help="Comma-separated training seeds, e.g. 0,1,2.")
+@click.option("--steps", type=click.IntRange(min=0), help="Training steps.")
+@click.option("--batch-size", type=click.IntRange(min=1))
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
+@click.option("--model", help="Backbone preset (attn.model.PRESETS): tiny, small, medium...")
+@click.option("--base-task", type=click.Choice(TRAINED_TASKS), help="Trained task of fidelity/lengthgen.")
+@click.option("--finetune-steps", type=click.IntRange(min=0), help="lengthgen: fine-tune steps at --finetune-len.")
+@click.option("--finetune-len", type=click.IntRange(min=1), help="Fine-tune length (default 2 x train length).")
+@click.option("--num-pairs", type=click.IntRange(min=1), help="mqar: key-value pairs at training.")
+@click.option("--num-keys", type=click.IntRange(min=1), help="mqar: key vocabulary size.")
+@click.option("--depths", help="passkey: comma-separated depths in [0, 1].")
+@click.option("--digits", type=click.IntRange(min=1), help="passkey: digits of the key.")
+@click.option("--eval-examples", type=click.IntRange(min=1), help="mqar/passkey: test examples per cell.")
+@click.option("--corpus", multiple=True, help="lm: text files or directories (default: Python's stdlib sources).")
+@click.option("--eval-bytes", type=click.IntRange(min=1), help="lm: test bytes scored per evaluation length.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
+              show_default=True)
+@click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Checkpoints (default: .ckpt/ next to --out).")
+@click.option("--resume", is_flag=True, help="Continue --out: finished cells are skipped, trained models reloaded.")
+@click.option("--plugin", "plugins", multiple=True, help="File or module registering extra variants.")
+@click.option("--dry-run", is_flag=True, help="Validate and list the runs, train nothing.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tuple[str, ...], dry_run: bool,
+                     no_progress: bool, **opts: Any) -> None:
+    """Train small models and measure what each attention variant / position method can still do as length grows."""
+    from harness.accuracy.runner import plan, run_jobs
+    from harness.cli import load_plugins
+    from harness.results import read_rows
+
+    load_plugins(plugins)
+    jobs = build_jobs(opts)
+    plans: list[Plan] = [plan(j) for j in jobs]  # every check before any work
+    existing = read_rows(out)
+    if existing and not resume and not dry_run:
+        raise click.UsageError(f"{out} already holds {len(existing)} rows; pass --resume to continue it, or choose another --out")
+    for p in plans:
+        j = p.job
+        trainings = len({r.train_id for r in p.runs})
+        click.echo(f"{j.task}{'/' + j.base_task if j.task in ('fidelity', 'lengthgen') else ''}: {len(p.runs)} runs "
+                   f"({trainings} trained models), "
+                   f"model {j.model}, train {j.train_len} x {j.train.steps} steps, eval {p.eval_lens}", err=True)
+    if dry_run:
+        return
+    runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume, progress=not no_progress and sys.stderr.isatty(),
+                      echo=lambda s: click.echo(s, err=True))
+    click.echo(f"wrote {runner.written} rows to {out}", err=True)
+    print_summary(read_rows(out))
+
+
+__all__ = ["accuracy_command", "build_jobs"]

@@ -1,0 +1,179 @@
+"""Fidelity: how far each variant's output is from exact ``full`` attention, on the same inputs.
+
+Three views, from the most controlled to the most practical:
+
+- ``random``: q, k, v drawn i.i.d. N(0, 1) (no training); near-uniform attention, the worst
+  case for methods that drop keys.
+- ``trained``: the q, k, v that a model trained with full attention actually produces in each
+  layer on test data (peaked, local patterns), fed to each variant.
+- ``swap``: that model run end to end with every layer's attention swapped for the variant
+  at inference, scored with the task's own metric; ``swap_delta_*`` is the change from full.
+
+Errors: relative L2 ``||o - o_full|| / ||o_full||`` and the mean cosine between output rows.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import attn
+from harness.accuracy import build
+from harness.accuracy.build import Spec
+from harness.accuracy.stats import Measure
+from harness.environment import environment
+
+if TYPE_CHECKING:
+    from harness.accuracy.runner import Plan, Runner
+
+CAUSAL = True
+
+
+def output_error(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Measure]:
+    """rel_l2 and mean row cosine of ``out`` against ``ref``, both (B, H, L, D)."""
+    out, ref = out.double(), ref.double()
+    rel = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+    cos = torch.nn.functional.cosine_similarity(out.flatten(0, 2), ref.flatten(0, 2), dim=-1, eps=1e-30)
+    n = cos.numel()
+    return {"rel_l2": Measure(rel, None, None, n), "cosine": Measure(float(cos.mean()), None, None, n)}
+
+
+def random_qkv(seed: int, heads: int, length: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + length)
+    return tuple(torch.randn(1, heads, length, head_dim, generator=g) for _ in range(3))  # each (1, H, L, D)
+
+
+@torch.no_grad()
+def attention_inputs(model: attn.Transformer, inputs: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """(q, k, v, out) that each layer's attention sees and returns on ``inputs`` (after rotary positions)."""
+    captured: list[tuple[torch.Tensor, ...]] = []
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        captured.append((*args[:3], out))
+
+    handles = [b.attn.attn.register_forward_hook(hook, with_kwargs=True) for b in model.blocks]
+    try:
+        model.eval()
+        model(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def _row(runner: Runner, p: Plan, variant: Spec, seed: int, length: int, source: str, **extra: Any) -> dict[str, Any]:
+    from harness.accuracy.runner import resolved
+
+    return {**environment(seed=seed), "task": "fidelity", "variant": variant.name, "variant_spec": variant.label,
+            "backend_requested": variant.backend,
+            "variant_params": resolved("attention", variant), "eval_len": length, "source": source,
+            "model": p.job.model, "status": "ok", "error": None, **extra}
+
+
+def run_fidelity(runner: Runner, p: Plan) -> None:
+    job = p.job
+    H, D = job.fidelity_heads, job.fidelity_head_dim
+    for seed in job.seeds:
+        # random q, k, v: one row per variant and length
+        for L in p.eval_lens:
+            q, k, v = random_qkv(seed, H, L, D)
+            ref = None
+            for variant in p.variants:
+                row = _row(runner, p, variant, seed, L, "random", run_id=f"random|H{H}|D{D}|s{seed}", position="none",
+                           position_params={}, train_len=None, num_heads=H, head_dim=D)
+                metrics = ("rel_l2_random", "cosine_random")
+                if not runner.pending(row, metrics):
+                    continue
+                try:
+                    ref = attn.build_attention("full")(q, k, v, causal=CAUSAL) if ref is None else ref
+                    m = build.eval_attention(variant)
+                    err = output_error(m(q, k, v, causal=CAUSAL), ref)
+                except Exception as e:
+                    runner.fail(row, metrics, e)
+                    continue
+                runner.append({**row, "backend": m.last_backend}, {f"{k}_random": x for k, x in err.items()})
+        for run in (r for r in p.runs if r.seed == seed):
+            run_trained(runner, p, run)
+
+
+ACT_METRICS = ("rel_l2_trained", "cosine_trained")
+
+
+def swap_metrics(p: Plan, cell: dict[str, Any], variant: Spec) -> tuple[str, ...]:
+    names = p.task.metrics(cell, p.job.train_len)
+    return tuple(f"swap_{m}" for m in names) + (() if variant.name == "full" else tuple(f"swap_delta_{m}" for m in names))
+
+
+def run_trained(runner: Runner, p: Plan, run: Any) -> None:
+    """Activation and swap fidelity of one model trained with full attention, at every length."""
+    from harness.accuracy.runner import resolved
+
+    job = p.job
+    vp = lambda v: {"variant": v.name, "variant_params": resolved("attention", v), "variant_spec": v.label,  # noqa: E731
+                    "backend_requested": v.backend}
+    base = {**runner.base_row(p, run, "zero_shot"), "task": "fidelity", "base_task": p.task.name}
+    todo = []
+    for L in p.eval_lens:
+        params = build.scaled_params(run.position, job.train_len, L, p.head_dim)
+        at = {**base, "eval_len": L, "position_params": resolved("position", Spec(run.position.name, params), p.head_dim)}
+        acts = [({**at, **vp(v), "source": "trained", "layer": i}, v)
+                for v in p.variants for i in range(attn.PRESETS[job.model]["n_layers"])]
+        swaps = [({**at, **cell, **vp(v), "source": "swap"}, v, cell)
+                 for cell in p.task.cells(job.train_len, [L]) for v in [Spec("full"), *p.variants]]
+        acts = [a for a in acts if runner.pending(a[0], ACT_METRICS)]
+        swaps = [s for s in swaps if runner.pending(s[0], swap_metrics(p, s[2], s[1]))]
+        if acts or swaps:
+            todo.append((L, params, acts, swaps))
+    if not todo:
+        return
+    runner.echo(f"fidelity {run.position.label} seed {run.seed}: {len(todo)} lengths")
+    try:
+        model, result = runner.trained(p, run)
+    except Exception as e:
+        for _, _, acts, swaps in todo:
+            for r, _ in acts:
+                runner.fail(r, ACT_METRICS, e)
+            for r, v, cell in swaps:
+                runner.fail(r, swap_metrics(p, cell, v), e)
+        return
+    extra = {"params": model.num_params(), "train_loss": result.final_loss}
+    for L, params, acts, swaps in todo:
+        build.set_position(model, run.position.name, params)
+        captured = attention_inputs(model, p.task.sample_inputs(max(1, 8192 // L), L))
+        for r, variant in acts:
+            q, k, v, ref = captured[r["layer"]]
+            try:
+                m = build.eval_attention(variant)
+                err = output_error(m(q, k, v, causal=CAUSAL), ref)
+            except Exception as e:
+                runner.fail({**r, **extra}, ACT_METRICS, e)
+                continue
+            runner.append({**r, **extra, "backend": m.last_backend}, {f"{k}_trained": x for k, x in err.items()})
+        full: dict[str, dict[str, Measure]] = {}  # cell key -> the full model's metrics
+        for r, variant, cell in swaps:
+            swap(runner, p, model, {**r, **extra}, variant, cell, full)
+
+
+def swap(runner: Runner, p: Plan, model: attn.Transformer, row: dict[str, Any], variant: Spec, cell: dict[str, Any],
+         full: dict[str, dict[str, Measure]]) -> None:
+    """The task metric with ``variant`` swapped into every layer, and its change from full attention."""
+    key = repr(sorted(cell.items()))
+    names = swap_metrics(p, cell, variant)
+    try:
+        if key not in full:
+            full[key] = p.task.evaluate(model, cell, p.job.train_len)
+        build.set_attention(model, variant)
+        got = p.task.evaluate(model, cell, p.job.train_len)
+        backend = build.last_backends(model)
+    except Exception as e:
+        runner.fail(row, names, e)
+        return
+    finally:
+        build.set_attention(model, Spec("full"))
+    out = {f"swap_{k}": m for k, m in got.items()}
+    if variant.name != "full":
+        out |= {f"swap_delta_{k}": Measure(m.value - full[key][k].value, None, None, m.n) for k, m in got.items()}
+    runner.append({**row, "backend": backend}, out)
+
+
+__all__ = ["attention_inputs", "output_error", "random_qkv", "run_fidelity", "swap"]

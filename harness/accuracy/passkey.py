@@ -1,0 +1,146 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, https://arxiv.org/abs/2305.16300), byte level.
+
+A random key of a few digits is hidden at a chosen depth in repetitive filler text and asked
+for at the end; the model must copy it across the whole sequence. The sentences are the
+paper's (its opening instruction, written for a pretrained chat model, is dropped: our models
+are trained on the task)::
+
+    filler[:B] "The pass key is 40213. Remember it. 40213 is the pass key. " filler[B:F]
+    "What is the pass key? The pass key is 40213"
+
+The filler is one repeated paragraph, cut to make the sequence exactly ``length`` bytes;
+depth d puts the key sentence after B = round(d * F) filler bytes (0 = start, 1 = just before
+the question). Exact match: every answer digit is the argmax next-byte prediction, which with
+teacher forcing equals greedy decoding of the answer. Keys are split train/test by hash.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from harness.accuracy.common import IGNORE, Task, check_split, predictions, rng_for, split_of, tokens_per_batch_for
+from harness.accuracy.stats import Measure, accuracy
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "What is the pass key? The pass key is "
+
+
+@dataclass(frozen=True)
+class PasskeyConfig:
+    digits: int = 5
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # evaluation depths
+    eval_examples: int = 64  # per (length, depth) cell
+    data_seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.digits <= 18:
+            raise ValueError(f"passkey digits must be in [1, 18], got {self.digits}")
+        for d in self.depths:
+            if not 0.0 <= d <= 1.0:
+                raise ValueError(f"passkey depth must be in [0, 1], got {d}")
+
+
+def overhead(digits: int) -> int:
+    """Bytes that are not filler: the key sentence, the question and the answer."""
+    k = "0" * digits
+    return len(KEY_SENTENCE.format(key=k)) + len(QUESTION) + digits
+
+
+def draw_key(rng: np.random.Generator, digits: int, split: str) -> str:
+    for _ in range(10_000):
+        key = str(int(rng.integers(10 ** (digits - 1), 10**digits)))
+        if split_of(key.encode()) == split:
+            return key
+    raise ValueError(f"passkey: no {split} key found with {digits} digits (key space too small)")
+
+
+def text(length: int, depth: float, key: str) -> str:
+    """The example as text: exactly ``length`` bytes (all ASCII)."""
+    filler_len = length - overhead(len(key))
+    if filler_len < 0:
+        raise ValueError(f"passkey: length {length} is too short for a {len(key)}-digit key (needs >= {overhead(len(key))})")
+    stream = FILLER * (filler_len // len(FILLER) + 1)
+    before = round(depth * filler_len)
+    return stream[:before] + KEY_SENTENCE.format(key=key) + stream[before:filler_len] + QUESTION + key
+
+
+def answer_positions(length: int, digits: int) -> slice:
+    """Positions whose next-byte prediction is an answer digit."""
+    return slice(length - digits - 1, length - 1)
+
+
+def generate(n: int, length: int, depth: float | None, split: str, seed: int, digits: int = 5,
+             all_targets: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """n examples: inputs (n, length) bytes, targets (n, length), and the keys.
+
+    Targets are the answer digits only, or (``all_targets``, for training) every next byte.
+    ``depth=None`` draws the depth uniformly per example.
+    """
+    check_split(split)
+    rng = rng_for(seed, length, 0 if depth is None else 1 + round(depth * 1e6), digits, {"train": 0, "test": 1}[split])
+    xs, keys = [], []
+    for _ in range(n):
+        key = draw_key(rng, digits, split)
+        d = float(rng.random()) if depth is None else depth
+        xs.append(np.frombuffer(text(length, d, key).encode("ascii"), dtype=np.uint8))
+        keys.append(key)
+    x = torch.from_numpy(np.stack(xs).astype(np.int64))
+    y = torch.full_like(x, IGNORE)
+    if all_targets:
+        y[:, :-1] = x[:, 1:]
+    else:
+        pos = answer_positions(length, digits)
+        y[:, pos] = x[:, pos.start + 1 : pos.stop + 1]
+    return x, y, keys
+
+
+class Passkey(Task):
+    name: ClassVar[str] = "passkey"
+    vocab_size = 256
+
+    def __init__(self, config: PasskeyConfig | None = None):
+        self.config = config or PasskeyConfig()
+
+    def check(self, train_len: int, eval_lens: Sequence[int]) -> None:
+        need = overhead(self.config.digits) + 1
+        for what, L in [("train", train_len)] + [("eval", e) for e in eval_lens]:
+            if L < need:
+                raise ValueError(f"passkey: {what} length {L} is too short: a {self.config.digits}-digit key, its "
+                                 f"sentence and the question take {need - 1} bytes (use >= {need})")
+
+    def train_batch(self, seed: int, step: int, batch_size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y, _ = generate(batch_size, length, None, "train", seed * 1_000_003 + step, self.config.digits, all_targets=True)
+        return x, y
+
+    def cells(self, train_len: int, eval_lens: Sequence[int]) -> list[dict[str, Any]]:
+        return [{"eval_len": L, "depth": d} for L in eval_lens for d in self.config.depths]
+
+    def metrics(self, cell: dict[str, Any], train_len: int) -> tuple[str, ...]:
+        return ("exact_match", "digit_accuracy")
+
+    def evaluate(self, model: torch.nn.Module, cell: dict[str, Any], train_len: int) -> dict[str, Measure]:
+        c = self.config
+        L = cell["eval_len"]
+        x, y, _ = generate(c.eval_examples, L, cell["depth"], "test", c.data_seed, c.digits)
+        pred = predictions(model, x, tokens_per_batch_for(L))
+        pos = answer_positions(L, c.digits)
+        right = pred[:, pos] == y[:, pos]  # (n, digits)
+        exact = int(right.all(dim=1).sum())
+        return {"exact_match": accuracy(exact, len(x)), "digit_accuracy": accuracy(int(right.sum()), right.numel())}
+
+    def sample_inputs(self, n: int, length: int) -> torch.Tensor:
+        return generate(n, length, None, "test", self.config.data_seed, self.config.digits)[0]
+
+    def train_params(self) -> dict[str, Any]:
+        return {"digits": self.config.digits}
+
+    def eval_params(self) -> dict[str, Any]:
+        return {"eval_examples": self.config.eval_examples, "data_seed": self.config.data_seed}
+
+
+__all__ = ["FILLER", "KEY_SENTENCE", "QUESTION", "Passkey", "PasskeyConfig", "answer_positions", "generate", "overhead", "text"]

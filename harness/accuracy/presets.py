@@ -1,0 +1,66 @@
+"""Named accuracy runs: one dict of job lists, looked up exactly.
+
+``quick`` checks the whole pipeline on a laptop CPU in minutes (tiny models, one seed);
+``full`` is the committed reference run (small models, three seeds, 16x length range),
+hours on a CPU. Command-line options override every job of a preset.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from harness.accuracy.runner import Job
+from harness.accuracy.train import TrainConfig
+
+VARIANTS = ["full", "sliding_window:window=16", "block_sparse:block_size=16", "linear"]
+ROPE_FAMILY = ["rope", "rope_linear", "rope_ntk", "rope_dynamic", "rope_yarn"]
+POSITIONS = ["none", "sinusoidal", "learned", *ROPE_FAMILY, "rope_llama3"]
+
+
+def _quick() -> list[Job]:
+    return [
+        Job("mqar", variants=VARIANTS, positions=["rope"], train_len=64, eval_lens=[64, 128, 256], model="tiny",
+            train=TrainConfig(steps=1500, batch_size=32, lr=3e-3), task_params={"num_pairs": 4, "num_keys": 32}),
+        Job("passkey", variants=["full"], positions=ROPE_FAMILY, train_len=128, eval_lens=[128, 256, 512, 1024],
+            model="tiny", train=TrainConfig(steps=1000, batch_size=16, lr=3e-3),
+            task_params={"depths": (0.0, 0.5, 1.0), "eval_examples": 32}),
+        Job("lengthgen", base_task="lm", variants=["full"], positions=["none", *ROPE_FAMILY], train_len=128,
+            eval_lens=[128, 256, 512, 1024, 2048], model="tiny", train=TrainConfig(steps=800, batch_size=16, lr=3e-3),
+            task_params={"eval_bytes": 1 << 14}, finetune_steps=60),
+        Job("fidelity", base_task="lm", variants=VARIANTS, positions=["rope"], train_len=128, eval_lens=[128, 512, 2048],
+            model="tiny", train=TrainConfig(steps=800, batch_size=16, lr=3e-3), task_params={"eval_bytes": 1 << 14}),
+    ]
+
+
+def _full() -> list[Job]:
+    seeds = [0, 1, 2]
+    return [
+        Job("mqar", variants=VARIANTS + ["sliding_window:window=64", "linear:feature_map=elu"], positions=["rope"],
+            seeds=seeds, train_len=128, eval_lens=[128, 256, 512, 1024], model="small",
+            train=TrainConfig(steps=4000, batch_size=64, lr=2e-3), task_params={"num_pairs": 8, "num_keys": 64}),
+        Job("passkey", variants=["full"], positions=POSITIONS, seeds=seeds, train_len=256,
+            eval_lens=[256, 512, 1024, 2048, 4096], model="small", train=TrainConfig(steps=3000, batch_size=32, lr=2e-3),
+            task_params={"eval_examples": 64}),
+        Job("lengthgen", base_task="lm", variants=["full"], positions=POSITIONS, seeds=seeds, train_len=256,
+            eval_lens=[256, 512, 1024, 2048, 4096], model="small", train=TrainConfig(steps=3000, batch_size=32, lr=2e-3),
+            task_params={"eval_bytes": 1 << 16}, finetune_steps=200),
+        Job("fidelity", base_task="lm", variants=VARIANTS, positions=["rope"], seeds=seeds, train_len=256,
+            eval_lens=[256, 1024, 4096], model="small", train=TrainConfig(steps=3000, batch_size=32, lr=2e-3),
+            task_params={"eval_bytes": 1 << 16}),
+    ]
+
+
+PRESETS = {"quick": _quick, "full": _full}
+
+
+def get_preset(name: str) -> list[Job]:
+    if name not in PRESETS:
+        raise ValueError(f"unknown accuracy preset {name!r}; valid: {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+def describe(name: str) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(j) for j in get_preset(name)]
+
+
+__all__ = ["POSITIONS", "PRESETS", "ROPE_FAMILY", "VARIANTS", "describe", "get_preset"]

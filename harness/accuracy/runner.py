@@ -1,0 +1,325 @@
+"""Run an accuracy job: train each (variant, position, seed) once, evaluate every cell, append rows.
+
+A job is plain data (:class:`Job`); :func:`plan` validates all of it -- names, parameters,
+lengths, corpus -- before anything is trained or written. Rows are appended to the results
+store one cell at a time; ``resume`` skips cells already there, and a trained model is
+reloaded from its checkpoint instead of retrained. A run that fails (a backend that cannot
+run, a length a method refuses) writes rows with that status and the sweep goes on (Zoology's
+rule: one failing config never stops the others).
+
+Training runs in-process (not in the cost harness's isolated worker): training has no timing
+to protect, and failures are caught per run.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attn
+from attn.attention.base import UnsupportedBackend
+from harness.accuracy import build
+from harness.accuracy.build import Spec
+from harness.accuracy.common import Task
+from harness.accuracy.lm import LM, LMConfig
+from harness.accuracy.mqar import MQAR, MQARConfig
+from harness.accuracy.passkey import Passkey, PasskeyConfig
+from harness.accuracy.stats import Measure
+from harness.accuracy.train import TrainConfig, TrainResult, train
+from harness.environment import environment
+from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
+
+TASKS = ("mqar", "passkey", "lm", "fidelity", "lengthgen")
+TRAINED_TASKS = ("mqar", "passkey", "lm")
+# Columns a cell may add to the accuracy schema; all of them are part of a row's identity.
+CELL_FIELDS = ("stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "eval_id")
+KEY_FIELDS = tuple(f for f in ACCURACY_FIELDS if f not in ("value", "ci_low", "ci_high", "n")) + CELL_FIELDS
+
+
+@dataclass
+class Job:
+    """Everything one ``attn-bench accuracy`` task run needs; presets are lists of these."""
+
+    task: str
+    variants: list[str] = field(default_factory=lambda: ["full"])
+    positions: list[str] = field(default_factory=lambda: ["none"])
+    seeds: list[int] = field(default_factory=lambda: [0])
+    train_len: int = 128
+    eval_lens: list[int] = field(default_factory=list)  # [] -> task default
+    model: str = "tiny"  # attn.model.PRESETS name
+    train: TrainConfig = field(default_factory=TrainConfig)
+    task_params: dict[str, Any] = field(default_factory=dict)  # fields of the task's config dataclass
+    base_task: str = "lm"  # the trained task of fidelity / lengthgen
+    finetune_steps: int = 0  # > 0: also fine-tune at finetune_len and evaluate again (stage "finetune")
+    finetune_len: int = 0  # 0 -> 2 * train_len
+    fidelity_heads: int = 4  # random q, k, v for fidelity
+    fidelity_head_dim: int = 32
+
+    @property
+    def trained_task(self) -> str:
+        return self.base_task if self.task in ("fidelity", "lengthgen") else self.task
+
+
+def make_task(name: str, params: dict[str, Any]) -> Task:
+    """Task object from its name and config params (unknown params are an error)."""
+    cls, config = {"mqar": (MQAR, MQARConfig), "passkey": (Passkey, PasskeyConfig), "lm": (LM, LMConfig)}[name]
+    fields = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(params) - fields)
+    if unknown:
+        raise ValueError(f"{name}: unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    return cls(config(**params))
+
+
+def short_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+@dataclass
+class Run:
+    """One trained model: a (variant, position, seed) of a job, and how it is identified."""
+
+    variant: Spec
+    position: Spec  # the method being evaluated
+    trained_as: Spec  # the position it is trained with (rope for the rope family at factor 1)
+    seed: int
+    train_id: str  # identity of the trained weights: names the checkpoint
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.variant.label}|{self.trained_as.label}|s{self.seed}|{self.train_id}"
+
+
+@dataclass
+class Plan:
+    """A validated job: parsed specs, the task object, resolved lengths, the runs."""
+
+    job: Job
+    task: Task
+    eval_lens: list[int]
+    runs: list[Run]
+    head_dim: int
+    max_len: int
+    variants: list[Spec]
+    positions: list[Spec]
+
+    @property
+    def finetune_len(self) -> int:
+        return self.job.finetune_len or 2 * self.job.train_len
+
+
+def default_eval_lens(job: Job) -> list[int]:
+    L = job.train_len
+    if job.task == "lengthgen":
+        return [L * m for m in (1, 2, 4, 8, 16)]
+    if job.task == "fidelity":
+        return [L, 4 * L]
+    return [L, 2 * L, 4 * L]
+
+
+def plan(job: Job) -> Plan:
+    """Validate a job completely (ValueError naming the problem) and list its runs."""
+    if job.task not in TASKS:
+        raise ValueError(f"unknown task {job.task!r}; valid: {', '.join(TASKS)}")
+    if job.trained_task not in TRAINED_TASKS:
+        raise ValueError(f"{job.task}: base task must be one of {', '.join(TRAINED_TASKS)}, got {job.trained_task!r}")
+    if job.train_len < 1:
+        raise ValueError(f"train length must be >= 1, got {job.train_len}")
+    if not job.seeds:
+        raise ValueError("no seeds given")
+    if any(s < 0 for s in job.seeds):
+        raise ValueError(f"seeds must be >= 0, got {job.seeds}")
+    if not job.variants or not job.positions:
+        raise ValueError("at least one --variant and one --position are needed")
+    if job.model not in attn.PRESETS:
+        raise ValueError(f"unknown model preset {job.model!r}; valid: {', '.join(attn.PRESETS)}")
+    eval_lens = sorted(set(job.eval_lens or default_eval_lens(job)))
+    if eval_lens[0] < 1:
+        raise ValueError(f"evaluation lengths must be >= 1, got {eval_lens}")
+    preset = attn.PRESETS[job.model]
+    head_dim = preset["d_model"] // preset["n_heads"]
+    variants = [build.parse_variant(v) for v in job.variants]
+    positions = [build.parse_position(p, head_dim) for p in job.positions]
+    if job.task == "fidelity":
+        variants = [v for v in variants if v.name != "full"]
+        if not variants:
+            raise ValueError("fidelity compares variants with full attention: give at least one other --variant")
+    task = make_task(job.trained_task, job.task_params)
+    ft_len = job.finetune_len or 2 * job.train_len
+    task.check(job.train_len, eval_lens + ([ft_len] if job.finetune_steps > 0 else []))
+    max_len = max(eval_lens + [job.train_len, ft_len])
+    for v in ([Spec("full")] if job.task == "fidelity" else variants):
+        for p in positions:  # builds every model once, so bad params fail now, not after hours
+            for ctx in {job.train_len, max_len}:
+                build.make_model(job.model, task.vocab_size, v, p, build.scaled_params(p, job.train_len, ctx, head_dim),
+                                 max_len, 0)
+    runs = []
+    trained_variants = [Spec("full")] if job.task == "fidelity" else variants
+    for seed in job.seeds:
+        for v in trained_variants:
+            for p in positions:
+                t = build.training_spec(p, job.train_len, head_dim)
+                ident = {"task": task.name, "task_params": task.train_params(), "variant": v.label, "position": t.label,
+                         "train_len": job.train_len, "model": job.model, "seed": seed,
+                         "train": dataclasses.asdict(job.train) | {"ckpt_every": 0}}
+                runs.append(Run(v, p, t, seed, short_hash(ident)))
+    return Plan(job, task, eval_lens, runs, head_dim, max_len, variants, positions)
+
+
+def resolved(kind: str, spec: Spec, head_dim: int = 64) -> dict[str, Any]:
+    """Every field of a spec's config (defaults included, shape fields left out), as rows carry them."""
+    registry = attn.registry.ATTENTION if kind == "attention" else attn.registry.POSITIONS
+    fill = {"head_dim": head_dim} if kind == "position" and "head_dim" in build.position_fields(spec.name) else {}
+    cfg = registry.make_config(spec.name, {**fill, **spec.params})
+    skip = {"head_dim", "d_model", "max_seq_len"}
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
+
+
+class Runner:
+    """Executes plans against one results store."""
+
+    def __init__(self, out: Path, ckpt_dir: Path, resume: bool, progress: bool = True,
+                 echo: Callable[[str], None] = print):
+        self.store = ResultsStore(out, KEY_FIELDS)
+        self.ckpt_dir = ckpt_dir
+        self.progress = progress
+        self.echo = echo
+        self.done = self.store.keys(statuses=("ok", "unsupported")) if resume else set()
+        self.written = 0
+        self._model_cache: tuple[str, torch.nn.Module, TrainResult] | None = None
+
+    # -- rows -------------------------------------------------------------------------------
+    def key(self, row: dict[str, Any]) -> str:
+        return cell_key(row, KEY_FIELDS)
+
+    def append(self, base: dict[str, Any], measures: dict[str, Measure]) -> None:
+        for metric, m in measures.items():
+            row = {**base, "metric": metric, "value": m.value, "ci_low": m.ci_low, "ci_high": m.ci_high, "n": m.n}
+            self.store.append(row)
+            self.done.add(self.key(row))
+            self.written += 1
+
+    def pending(self, base: dict[str, Any], metrics: tuple[str, ...]) -> bool:
+        return any(self.key({**base, "metric": m}) not in self.done for m in metrics)
+
+    def fail(self, base: dict[str, Any], metrics: tuple[str, ...], err: BaseException) -> None:
+        status = "unsupported" if isinstance(err, UnsupportedBackend) else "error"
+        msg = f"{type(err).__name__}: {err}"
+        self.echo(f"  {status}: {msg}")
+        for metric in metrics:
+            row = {**base, "metric": metric, "value": None, "ci_low": None, "ci_high": None, "n": 0,
+                   "status": status, "error": msg}
+            self.store.append(row)
+            self.written += 1
+
+    # -- training ---------------------------------------------------------------------------
+    def trained(self, p: Plan, run: Run) -> tuple[torch.nn.Module, TrainResult]:
+        """The run's model after training (from its checkpoint when it exists); cached for the next run."""
+        if self._model_cache is not None and self._model_cache[0] == run.train_id:
+            return self._model_cache[1], self._model_cache[2]
+        job = p.job
+        params = build.scaled_params(run.trained_as, job.train_len, job.train_len, p.head_dim)
+        model = build.make_model(job.model, p.task.vocab_size, run.variant, run.trained_as, params, p.max_len, run.seed)
+        ckpt = self.ckpt_dir / f"{p.task.name}-{run.train_id}.pt"
+        desc = f"{p.task.name} {run.variant.label} {run.trained_as.label} s{run.seed}"
+        result = train(model, lambda step: p.task.train_batch(run.seed, step, job.train.batch_size, job.train_len),
+                       job.train, ckpt, identity=run.run_id, desc=desc, progress=self.progress)
+        build.pin_backend(model)
+        if result.resumed_from < job.train.steps:
+            self.echo(f"  trained {desc}: {job.train.steps} steps, final loss {result.final_loss:.4f}, "
+                      f"{result.seconds:.0f} s ({model.num_params():,} parameters)")
+        self._model_cache = (run.train_id, model, result)
+        return model, result
+
+    def finetuned(self, p: Plan, run: Run) -> tuple[torch.nn.Module, TrainResult]:
+        """The trained model fine-tuned at ``finetune_len`` with the position scaled for it."""
+        job = p.job
+        base, _ = self.trained(p, run)
+        model = copy.deepcopy(base)
+        L = p.finetune_len
+        build.set_position(model, run.position.name, build.scaled_params(run.position, job.train_len, L, p.head_dim))
+        cfg = dataclasses.replace(job.train, steps=job.finetune_steps, warmup=max(1, job.finetune_steps // 10))
+        ident = short_hash({"base": run.train_id, "position": run.position.label, "len": L, "train": dataclasses.asdict(cfg)})
+        ckpt = self.ckpt_dir / f"{p.task.name}-ft-{ident}.pt"
+        desc = f"fine-tune {run.position.label} at {L}"
+        result = train(model, lambda step: p.task.train_batch(run.seed + 7919, step, job.train.batch_size, L), cfg, ckpt,
+                       identity=ident, desc=desc, progress=self.progress)
+        return model, result
+
+    # -- running ----------------------------------------------------------------------------
+    def base_row(self, p: Plan, run: Run, stage: str) -> dict[str, Any]:
+        job = p.job
+        return {
+            **environment(seed=run.seed),
+            "run_id": run.run_id, "task": p.task.name, "variant": run.variant.name,
+            "variant_params": resolved("attention", run.variant), "backend_requested": run.variant.backend,
+            "position": run.position.name,
+            "variant_spec": run.variant.label, "position_spec": run.position.label,
+            "train_len": job.train_len, "stage": stage, "model": job.model, "steps": job.train.steps,
+            "batch_size": job.train.batch_size, "lr": job.train.lr, "trained_as": run.trained_as.label,
+            "task_params": p.task.train_params(), "eval_id": short_hash(p.task.eval_params()), "status": "ok", "error": None,
+        }
+
+    def run_plan(self, p: Plan) -> None:
+        if p.job.task == "fidelity":
+            from harness.accuracy.fidelity import run_fidelity
+
+            run_fidelity(self, p)
+            return
+        stages = ["zero_shot"] + (["finetune"] if p.job.finetune_steps > 0 else [])
+        for i, run in enumerate(p.runs):
+            for stage in stages:
+                self.run_stage(p, run, stage, f"[{i + 1}/{len(p.runs)}]")
+
+    def cells(self, p: Plan, run: Run, stage: str) -> Iterator[tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]]:
+        """(row base, cell, metrics) of every cell of a run at a stage, position scaled per cell."""
+        base = self.base_row(p, run, stage)
+        ctx_floor = p.finetune_len if stage == "finetune" else 0
+        for cell in p.task.cells(p.job.train_len, p.eval_lens):
+            ctx = max(cell["eval_len"], ctx_floor)
+            params = build.scaled_params(run.position, p.job.train_len, ctx, p.head_dim)
+            row = {**base, **cell, "position_params": resolved("position", Spec(run.position.name, params), p.head_dim)}
+            yield row, {**cell, "_position_params": params}, p.task.metrics(cell, p.job.train_len)
+
+    def run_stage(self, p: Plan, run: Run, stage: str, tag: str) -> None:
+        todo = [(row, cell, m) for row, cell, m in self.cells(p, run, stage) if self.pending(row, m)]
+        if not todo:
+            return
+        self.echo(f"{tag} {p.task.name} {run.variant.label} {run.position.label} seed {run.seed} ({stage}): "
+                  f"{len(todo)} cells")
+        try:
+            model, result = self.trained(p, run) if stage == "zero_shot" else self.finetuned(p, run)
+        except (Exception, UnsupportedBackend) as e:  # noqa: B014  (say which kind failed)
+            for row, _, metrics in todo:
+                self.fail(row, metrics, e)
+            return
+        extra = {"params": model.num_params(), "train_loss": result.final_loss, "train_seconds": result.seconds or None}
+        for row, cell, metrics in todo:
+            t0 = time.perf_counter()
+            try:
+                build.set_position(model, run.position.name, cell["_position_params"])
+                measures = p.task.evaluate(model, {k: v for k, v in cell.items() if not k.startswith("_")}, p.job.train_len)
+            except Exception as e:
+                self.fail({**row, **extra}, metrics, e)
+                continue
+            self.append({**row, **extra, "backend": build.last_backends(model),
+                         "eval_seconds": time.perf_counter() - t0}, measures)
+
+
+def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progress: bool = True,
+             echo: Callable[[str], None] = print) -> Runner:
+    runner = Runner(out, ckpt_dir, resume, progress, echo)
+    for p in plans:
+        runner.run_plan(p)
+    return runner
+
+
+__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "TASKS", "default_eval_lens", "make_task",
+           "plan", "run_jobs", "short_hash"]

@@ -1,0 +1,116 @@
+"""``attn-bench accuracy``: bad input is one line and exit 2 with the results file untouched; rows, resume."""
+import json
+
+import pytest
+import torch
+
+from harness.accuracy.runner import KEY_FIELDS
+from harness.cli import main
+from harness.results import ACCURACY_FIELDS, cell_key, read_rows
+
+TINY = ["--steps", "6", "--batch-size", "4", "--no-progress"]
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run no faster on two threads, and a shared CPU makes OpenMP threads wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def existing(tmp_path):
+    """A results file that bad input must leave byte-for-byte as it was."""
+    out = tmp_path / "acc.jsonl"
+    out.write_text('{"task": "mqar", "value": 1.0}\n')
+    return out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "nope"], "'nope' is not one of"),
+        (["--task", "mqar", "--variant", "nope"], "unknown attention variant 'nope'"),
+        (["--task", "mqar", "--variant", "sliding_window:window=x"], "window must be an int"),
+        (["--task", "mqar", "--position", "rope_yarn:factor=0.5"], "factor must be >= 1"),
+        (["--task", "mqar", "--train-len", "16", "--num-pairs", "8"], "too short for 8 pairs"),
+        (["--task", "mqar", "--num-pairs", "2", "--eval-lens", "4"], "eval length 4 is too short"),
+        (["--task", "passkey", "--eval-lens", "128,60"], "eval length 60 is too short"),
+        (["--task", "lm", "--corpus", "/no/such/dir"], "does not exist"),
+        (["--task", "lm", "--corpus", "EMPTY"], "no non-empty text files"),
+        (["--task", "lm", "--corpus", "SMALL", "--train-len", "16", "--eval-lens", "4096"], "fewer than one evaluation window"),
+        (["--task", "mqar", "--depths", "0.5"], "--depths applies to passkey only"),
+        (["--task", "fidelity", "--variant", "full"], "at least one other --variant"),
+        (["--task", "mqar", "--seeds", "a,b"], "--seeds must be comma-separated integers"),
+        (["--task", "mqar", "--model", "huge"], "unknown model preset 'huge'"),
+        (["--task", "lengthgen", "--base-task", "fidelity"], "is not one of"),
+        ([], "give --task"),
+        (["--task", "mqar"], "already holds 1 rows; pass --resume"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_leaves_the_file(args, message, existing, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "small.txt").write_text("a few bytes of text\n" * 3)
+    args = [{"EMPTY": str(tmp_path / "empty"), "SMALL": str(tmp_path / "small.txt")}.get(a, a) for a in args]
+    before = existing.read_bytes()
+    assert main(["accuracy", *args, "--out", str(existing), *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert existing.read_bytes() == before
+    assert not (tmp_path / ".ckpt").exists()  # nothing trained
+
+
+def test_mqar_run_writes_schema_rows_and_resume_skips_finished_cells(tmp_path, capsys):
+    out = tmp_path / "acc.jsonl"
+    args = ["accuracy", "--task", "mqar", "--variant", "full", "--variant", "sliding_window:window=4", "--position", "rope",
+            "--train-len", "16", "--eval-lens", "16", "--num-pairs", "2", "--num-keys", "8", "--eval-examples", "8",
+            "--seeds", "0,1", "--out", str(out), *TINY]
+    assert main(args) == 0
+    rows = read_rows(out)
+    cells = {(r["variant"], r["seed"], r["eval_len"], r["num_pairs"], r["gap"]) for r in rows}
+    assert len(rows) == len(cells) == 2 * 2 * 4  # one row per cell: (2 pairs: 3 gaps, 4 pairs: 1) x variants x seeds
+    for r in rows:
+        assert set(ACCURACY_FIELDS) <= set(r) and r["status"] == "ok" and r["metric"] == "accuracy"
+        assert r["task"] == "mqar" and r["train_len"] == 16 and 0 <= r["ci_low"] <= r["value"] <= r["ci_high"] <= 1
+        assert r["device_name"] and r["torch_version"] and r["backend"]
+        assert r["eval_len"] >= 4 * r["num_pairs"] + r["gap"]
+    assert {r["variant_params"].get("window") for r in rows} == {None, 4}
+    assert len(list((tmp_path / ".ckpt").glob("*.pt"))) == 4  # 2 variants x 2 seeds
+
+    # a run killed part-way: drop the last rows, resume writes exactly those back, without training
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows[:-5]) + '{"torn')
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "wrote 5 rows" in err and "  trained" not in err
+    again = read_rows(out)
+    assert sorted(cell_key(r, KEY_FIELDS) for r in again) == sorted(cell_key(r, KEY_FIELDS) for r in rows)
+    assert main([*args, "--resume"]) == 0
+    assert "wrote 0 rows" in capsys.readouterr().err
+
+
+def test_lengthgen_scales_rope_per_length_and_shares_the_trained_model(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(8):
+        (corpus / f"{i}.txt").write_text(f"document {i} " + "lorem ipsum dolor sit amet " * 40)
+    out = tmp_path / "lg.jsonl"
+    assert main(["accuracy", "--task", "lengthgen", "--position", "rope", "--position", "rope_linear", "--position",
+                 "rope_yarn", "--train-len", "32", "--eval-lens", "32,64,128", "--corpus", str(corpus),
+                 "--eval-bytes", "256", "--finetune-steps", "2", "--out", str(out), *TINY]) == 0
+    rows = read_rows(out)
+    assert {r["task"] for r in rows} == {"lm"} and {r["stage"] for r in rows} == {"zero_shot", "finetune"}
+    zero = [r for r in rows if r["stage"] == "zero_shot" and r["metric"] == "bpb"]
+    for r in zero:
+        if r["position"] != "rope":
+            assert r["position_params"]["factor"] == r["eval_len"] / 32
+            assert r["position_params"]["original_max_position_embeddings"] == 32
+        assert r["trained_as"] == "rope"
+    # one trained model for the whole RoPE family: identical at the training length
+    at_train = {r["position"]: r["value"] for r in zero if r["eval_len"] == 32}
+    assert len(set(at_train.values())) == 1, at_train
+    assert len(list((tmp_path / ".ckpt").glob("lm-*.pt"))) == 1 + 3  # base + one fine-tune per method
+    tail = [r for r in rows if r["metric"] == "bpb_tail"]
+    assert tail and all(r["eval_len"] > 32 for r in tail)
+    assert "lm: bpb by evaluation length" in capsys.readouterr().out

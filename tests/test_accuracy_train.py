@@ -1,0 +1,80 @@
+"""Training: a real learning check on MQAR, checkpoint resume equal to an uninterrupted run, the LR schedule."""
+import math
+
+import pytest
+import torch
+
+import attn
+from harness.accuracy.mqar import MQAR, MQARConfig
+from harness.accuracy.train import TrainConfig, lr_at, train
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run no faster on two threads, and a shared CPU makes OpenMP threads wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(vocab: int, seed: int = 0, position: str = "none") -> attn.Transformer:
+    torch.manual_seed(seed)
+    return attn.Transformer(attn.TransformerConfig(vocab_size=vocab, d_model=32, n_heads=2, n_layers=2, position=position))
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10], strict=False))  # rising warm-up
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))  # then never rising
+    # cosine: half-way through the decay the lr is the midpoint of lr and the floor
+    assert lr_at(55, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 45 / 90)))
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+
+
+def test_mqar_is_learned_by_a_tiny_transformer():
+    """Real learning, in seconds: one pair among 8 keys/values, so chance is 1/8 per answer. The test
+    mappings never occur in training (split by hash), so success means recall from the context."""
+    task = MQAR(MQARConfig(num_pairs=1, num_keys=8, eval_examples=128))
+    model = tiny_model(task.vocab_size, position="rope")
+    untrained = task.evaluate(model, {"eval_len": 16, "num_pairs": 1, "gap": 6}, 16)["accuracy"]
+    train(model, lambda s: task.train_batch(0, s, 32, 16), TrainConfig(steps=150, lr=1e-2), progress=False)
+    for gap in (0, 6, 12):
+        acc = task.evaluate(model, {"eval_len": 16, "num_pairs": 1, "gap": gap}, 16)["accuracy"]
+        assert acc.value >= 0.95 and acc.ci_low > 0.5, (gap, acc)
+    assert untrained.value < 0.5
+
+
+def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
+    task = MQAR(MQARConfig(num_pairs=2, num_keys=8))
+    cfg = TrainConfig(steps=12, batch_size=8, lr=3e-3, warmup=3, ckpt_every=1000)
+    batches = lambda s: task.train_batch(0, s, 8, 16)  # noqa: E731
+
+    whole = tiny_model(task.vocab_size)
+    ref = train(whole, batches, cfg, tmp_path / "a.pt", identity="a", progress=False)
+
+    first = tiny_model(task.vocab_size)
+    part = train(first, batches, cfg, tmp_path / "b.pt", identity="b", progress=False, stop_after=5)  # "killed" at 5
+    assert len(part.losses) == 5
+    second = tiny_model(task.vocab_size, seed=123)  # a fresh process: different init, all state from the file
+    resumed = train(second, batches, cfg, tmp_path / "b.pt", identity="b", progress=False)
+    assert resumed.resumed_from == 5
+    assert resumed.losses == ref.losses  # bit-identical loss curve
+    for (n, a), b in zip(whole.state_dict().items(), second.state_dict().values(), strict=True):
+        assert torch.equal(a, b), n
+    # a finished checkpoint is not trained again, and a checkpoint of another run is refused
+    again = train(tiny_model(task.vocab_size), batches, cfg, tmp_path / "b.pt", identity="b", progress=False)
+    assert again.resumed_from == 12 and again.losses == ref.losses
+    with pytest.raises(ValueError, match="another run"):
+        train(tiny_model(task.vocab_size), batches, cfg, tmp_path / "b.pt", identity="c", progress=False)
+
+
+def test_checkpoints_load_without_pickle(tmp_path):
+    task = MQAR(MQARConfig(num_pairs=2, num_keys=8))
+    train(tiny_model(task.vocab_size), lambda s: task.train_batch(0, s, 4, 16), TrainConfig(steps=2, batch_size=4),
+          tmp_path / "c.pt", identity="c", progress=False)
+    state = torch.load(tmp_path / "c.pt", weights_only=True)  # would raise on arbitrary pickled objects
+    assert state["step"] == 2 and set(state) >= {"model", "optimizer", "losses"}
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically
