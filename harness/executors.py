@@ -69,6 +69,41 @@ class ExecutorConfig:
             raise ValueError("--detach needs --executor slurm (Ray and local sweeps end with the command)")
 
 
+EXECUTOR_KEYS = ("executor", "ray_address", "max_concurrency", "slurm_partition", "slurm_time", "slurm_gpus",
+                 "slurm_folder", "slurm_cluster", "detach")  # option / sweep-file names; "executor" is ``kind``
+
+
+def config_from(options: dict[str, Any]) -> ExecutorConfig:
+    """An ExecutorConfig from option names (EXECUTOR_KEYS); absent or None values keep their defaults."""
+    given = {("kind" if k == "executor" else k): v for k, v in options.items() if k in EXECUTOR_KEYS and v is not None}
+    return ExecutorConfig(**given)
+
+
+def executor_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--executor`` family of click options (values reach the command as keyword arguments named as EXECUTOR_KEYS)."""
+    import click
+
+    options = [
+        click.option("--executor", type=click.Choice(EXECUTORS),
+                     help="Where the work runs: local (default: this machine, one cell at a time), ray or slurm "
+                          "(docs/scaling.md)."),
+        click.option("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local instance)."),
+        click.option("--max-concurrency", type=int,
+                     help="Hosts at once: Ray actors (default one per GPU, or CPU, of the cluster) or Slurm jobs."),
+        click.option("--slurm-partition", help="Slurm partition of the jobs."),
+        click.option("--slurm-time", type=int, help="Minutes per Slurm job (default: enough for the longest chain)."),
+        click.option("--slurm-gpus", type=int, help="GPUs per Slurm job (default 1 for --device cuda, else 0)."),
+        click.option("--slurm-folder", help="submitit folder, shared with the nodes (default: OUT.slurm/ next to --out)."),
+        click.option("--slurm-cluster", type=click.Choice(SLURM_CLUSTERS),
+                     help="slurm (default) or local: submitit's local executor, the same jobs on this machine."),
+        click.option("--detach", is_flag=True, default=None,
+                     help="Slurm: submit, note the jobs in OUT.jobs.json and return; --resume collects the results."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def require(kind: str) -> Any:
     """The engine module of ``kind``, or ValueError with the one line that says how to install it."""
     if kind not in EXTRAS:
@@ -526,5 +561,8 @@ def make_executor(config: ExecutorConfig, out: Path, echo: Callable[[str], None]
     return LocalExecutor()
 
 
-__all__ = ["EXECUTORS", "Chain", "ExecutorConfig", "Host", "HostActor", "LocalExecutor", "RayExecutor", "SlurmExecutor",
-           "Workload", "drive", "job_minutes", "make_executor", "pending_jobs", "require", "run_job", "sidecar_path"]
+__all__ = [
+    "EXECUTORS", "EXECUTOR_KEYS", "Chain", "ExecutorConfig", "Host", "HostActor", "LocalExecutor", "RayExecutor",
+    "SlurmExecutor", "Workload", "config_from", "drive", "executor_options", "job_minutes", "make_executor", "pending_jobs",
+    "require", "run_job", "sidecar_path",
+]

@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from harness.cost import DTYPES, KEY_FIELDS, MODES, SCOPES, Cell, json_normal
-from harness.executors import EXECUTORS, SLURM_CLUSTERS, ExecutorConfig
+from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from, executor_options
 from harness.presets import get_preset
 from harness.results import COST_FIELDS, ResultsStore, cell_key, read_rows
 from harness.timing import TimingConfig
@@ -189,8 +189,6 @@ RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "slurm_cluster": _choice(SLURM_CLUSTERS),
     "detach": _bool,
 }
-EXECUTOR_KEYS = ("executor", "ray_address", "max_concurrency", "slurm_partition", "slurm_time", "slurm_gpus",
-                 "slurm_folder", "slurm_cluster", "detach")
 FILE_KEYS = ("preset", "grid")
 
 
@@ -318,8 +316,7 @@ def build_spec(layers: Sequence[tuple[str, dict[str, Any]]]) -> SweepSpec:
             raise ValueError("nothing to sweep: give --variant NAME[:key=value,...], --preset or --config")
         out.append(Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}))
     run = {k: tuple(v) if isinstance(v, list) else v for k, v in top.items() if k in RUN_KEYS and k not in EXECUTOR_KEYS}
-    where = {("kind" if k == "executor" else k): v for k, v in top.items() if k in EXECUTOR_KEYS}
-    return SweepSpec(tuple(out), RunSettings(**run, executor=ExecutorConfig(**where)), preset)
+    return SweepSpec(tuple(out), RunSettings(**run, executor=config_from(top)), preset)
 
 
 def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[str, Any] | None = None) -> SweepSpec:
@@ -641,7 +638,7 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
             bar.set_postfix_str(status, refresh=False)
             bar.update()
 
-        executor = make_executor(run.executor, out, echo=bar.write)
+        executor = make_executor(run.executor, out, echo=lambda s: bar.write(s, file=sys.stderr))
         elsewhere = executor.recover({c.key(): c for c in cells}, record)  # Slurm jobs of an earlier run
         todo = [c for c in cells if c.key() not in done and c.key() not in elsewhere]
         if resume and existing:
@@ -771,19 +768,7 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--seed", type=int, help="Seed of the random inputs (default 0).")
 @click.option("--min-run-time", type=float, help="Seconds of timed calls before the spread is checked.")
 @click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
-@click.option("--executor", type=click.Choice(EXECUTORS),
-              help="Where cells run: local (default, this machine, one at a time), ray or slurm (docs/scaling.md).")
-@click.option("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local instance).")
-@click.option("--max-concurrency", type=int,
-              help="Cells measured at once: Ray actors (default one per GPU, or CPU, of the cluster) or Slurm jobs.")
-@click.option("--slurm-partition", help="Slurm partition of the jobs.")
-@click.option("--slurm-time", type=int, help="Minutes per Slurm job (default: the longest chain at --time-limit).")
-@click.option("--slurm-gpus", type=int, help="GPUs per Slurm job (default 1 for --device cuda, else 0).")
-@click.option("--slurm-folder", help="submitit folder, shared with the nodes (default: OUT.slurm/ next to --out).")
-@click.option("--slurm-cluster", type=click.Choice(SLURM_CLUSTERS),
-              help="slurm (default) or local: submitit's local executor, the same jobs on this machine.")
-@click.option("--detach", is_flag=True, default=None,
-              help="Slurm: submit, note the jobs in OUT.jobs.json and return; --resume collects the rows.")
+@executor_options
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
     """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
