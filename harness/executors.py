@@ -240,6 +240,8 @@ class RayExecutor:
         return max(1, have // max(gpus, 1))
 
     def run(self, work: Workload, record: Record, started: Callable[[Any], None] | None = None) -> None:
+        if not work.chains:
+            return
         ray = require("ray")
         ours = self._connect(ray)
         try:
@@ -456,14 +458,12 @@ class SlurmExecutor:
         self._drain(job, tasks, record)
         missing = [k for k in job.keys if k in tasks and k not in job.seen]
         if missing:
-            try:
-                err = job.handle.exception()
-            except Exception as e:  # noqa: BLE001  (an unreadable job is still a finished one)
-                err = e
             from harness.worker import one_line
 
+            h = job.handle
+            err = h.exception() if h.paths.result_pickle.exists() else None  # without a result it would wait forever
             why = f"slurm job {job.job_id} ended before this cell finished"
-            why += f": {one_line(err, 300)}" if err else f" (state {job.handle.state}; log {job.handle.paths.stderr})"
+            why += f": {one_line(err, 300)}" if err else f" (state {h.state}; log {h.paths.stderr}: {_tail(h.paths.stderr)})"
             for k in missing:
                 record(tasks[k], lost(tasks[k], why))
         del self.jobs[job.token]
@@ -543,6 +543,17 @@ class SlurmExecutor:
         except KeyboardInterrupt:
             self.echo(f"slurm: {len(self.jobs)} jobs keep running; `--resume` with the same --out collects them")
             raise
+
+
+def _tail(path: Path, chars: int = 200) -> str:
+    from harness.worker import one_line
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4 * chars))
+            return one_line(f.read().decode(errors="replace")[-chars:], chars)
+    except OSError:
+        return "(no log)"
 
 
 def job_minutes(chain_lengths: list[int], time_limit_s: float) -> int:

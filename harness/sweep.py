@@ -6,6 +6,10 @@ and an optional ``[[grid]]`` list adds sub-grids that override a few keys each. 
 validated -- names against the registries, parameters against their dataclasses -- before the
 first cell runs and before the results file is opened. Each cell runs in a worker process
 (harness.worker) and its row is appended and flushed as soon as it finishes.
+
+Where the workers run is the executor's business (harness.executors: this machine, a Ray cluster or
+Slurm jobs): each runs a :class:`CellMeasurer` per slot and sends back what it measured; only
+:func:`run_sweep` writes rows, so resume and dedup do not depend on where a cell ran.
 """
 from __future__ import annotations
 

@@ -75,6 +75,45 @@ def keys(rows):
     return {cell_key(r, KEY_FIELDS) for r in rows}
 
 
+# Each host starts Python, torch and a worker process: seconds apiece. The timeout turns a hung sweep
+# into a failed test instead of a stuck CI job.
+ENGINE = pytest.mark.timeout(400)
+
+
+# -- Slurm through submitit's local executor -----------------------------------------------------
+
+@pytest.mark.slow
+@ENGINE
+def test_slurm_jobs_can_be_left_and_collected_later(tmp_path):
+    pytest.importorskip("submitit")
+    out = tmp_path / "rows.jsonl"
+    argv = ["--config", str(killer_sweep(tmp_path, "full")), "--executor", "slurm", "--slurm-cluster", "local",
+            "--slurm-time", "5", "--out", str(out)]
+    with registry_restored():
+        rc, err = sweep([*argv, "--detach"])
+        assert rc == 0, err
+        assert pending_jobs(out) == 2 and not read_rows(out)  # one job per configuration; nothing collected yet
+        jobs = json.loads(sidecar_path(out).read_text())["jobs"]
+        assert sorted(len(j["keys"]) for j in jobs.values()) == [1, 2]
+
+        rc, err = sweep(argv)  # a second sweep into the same file must not start while jobs are out
+        assert rc == 2 and "--resume" in err.strip().splitlines()[-1]
+
+        rc, err = sweep([*argv, "--resume"])
+        assert rc == 0, err
+    rows = read_rows(out)
+    assert not sidecar_path(out).exists()  # every job collected
+    assert len(rows) == len(keys(rows)) == 3
+    got = {(r["variant"], r["seq_len"]): r for r in rows}
+    assert all(got[("full", L)]["status"] == "ok" and got[("full", L)]["executor"] == "slurm" for L in (64, 128))
+    killed = got[("test_kills_host", 64)]
+    assert killed["status"] == "error" and "slurm job" in killed["error"] and "ended before" in killed["error"]
+
+    with contextlib.redirect_stdout(io.StringIO()):  # collected and complete: resuming runs nothing
+        assert main(["sweep", *argv, "--resume"]) == 0
+    assert len(read_rows(out)) == 3
+
+
 # -- Ray -----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -110,6 +149,8 @@ def ray_rows(ray_cluster, tmp_path_factory):
     return read_rows(out), err
 
 
+@pytest.mark.slow
+@ENGINE
 def test_ray_measures_the_same_cells_as_the_local_executor(local_rows, ray_rows):
     rows, _ = ray_rows
     measured = [r for r in rows if r["variant"] != "test_kills_host"]
@@ -121,6 +162,8 @@ def test_ray_measures_the_same_cells_as_the_local_executor(local_rows, ray_rows)
     assert len({r["run_id"] for r in rows}) == 1
 
 
+@pytest.mark.slow
+@ENGINE
 def test_ray_rows_describe_the_actor_that_measured_them(ray_rows):
     rows, _ = ray_rows
     # Ray gives a one-CPU actor OMP_NUM_THREADS=1; this driver runs torch with its own thread count, so the
@@ -130,44 +173,14 @@ def test_ray_rows_describe_the_actor_that_measured_them(ray_rows):
     assert all(r["hostname"] == environment()["hostname"] for r in measured)  # one machine here
 
 
+@pytest.mark.slow
+@ENGINE
 def test_a_ray_worker_killed_mid_cell_is_retried_once_then_recorded(ray_rows):
     rows, err = ray_rows
     (killed,) = [r for r in rows if r["variant"] == "test_kills_host"]
     assert killed["status"] == "error" and killed["latency_ms"] is None
     assert "Ray worker lost" in killed["error"] and "lost 2 times" in killed["error"]
     assert err.count("retrying on a fresh actor") == 1
-
-
-# -- Slurm through submitit's local executor -----------------------------------------------------
-
-def test_slurm_jobs_can_be_left_and_collected_later(tmp_path):
-    pytest.importorskip("submitit")
-    out = tmp_path / "rows.jsonl"
-    argv = ["--config", str(killer_sweep(tmp_path, "full")), "--executor", "slurm", "--slurm-cluster", "local",
-            "--slurm-time", "5", "--out", str(out)]
-    with registry_restored():
-        rc, err = sweep([*argv, "--detach"])
-        assert rc == 0, err
-        assert pending_jobs(out) == 2 and not read_rows(out)  # one job per configuration; nothing collected yet
-        jobs = json.loads(sidecar_path(out).read_text())["jobs"]
-        assert sorted(len(j["keys"]) for j in jobs.values()) == [1, 2]
-
-        rc, err = sweep(argv)  # a second sweep into the same file must not start while jobs are out
-        assert rc == 2 and "--resume" in err.strip().splitlines()[-1]
-
-        rc, err = sweep([*argv, "--resume"])
-        assert rc == 0, err
-    rows = read_rows(out)
-    assert not sidecar_path(out).exists()  # every job collected
-    assert len(rows) == len(keys(rows)) == 3
-    got = {(r["variant"], r["seq_len"]): r for r in rows}
-    assert all(got[("full", L)]["status"] == "ok" and got[("full", L)]["executor"] == "slurm" for L in (64, 128))
-    killed = got[("test_kills_host", 64)]
-    assert killed["status"] == "error" and "slurm job" in killed["error"] and "ended before" in killed["error"]
-
-    with contextlib.redirect_stdout(io.StringIO()):  # collected and complete: resuming runs nothing
-        assert main(["sweep", *argv, "--resume"]) == 0
-    assert len(read_rows(out)) == 3
 
 
 # -- bad input -----------------------------------------------------------------------------------
