@@ -34,7 +34,7 @@ def existing(tmp_path):
         (["--task", "mqar", "--variant", "nope"], "unknown attention variant 'nope'"),
         (["--task", "mqar", "--variant", "sliding_window:window=x"], "window must be an int"),
         (["--task", "mqar", "--position", "rope_yarn:factor=0.5"], "factor must be >= 1"),
-        (["--task", "mqar", "--train-len", "16", "--num-pairs", "8"], "too short for 8 pairs"),
+        (["--task", "mqar", "--train-len", "20", "--num-pairs", "8"], "too short for 8 pairs"),
         (["--task", "mqar", "--num-pairs", "2", "--eval-lens", "4"], "eval length 4 is too short"),
         (["--task", "passkey", "--eval-lens", "128,60"], "eval length 60 is too short"),
         (["--task", "lm", "--corpus", "/no/such/dir"], "does not exist"),
@@ -69,12 +69,12 @@ def test_mqar_run_writes_schema_rows_and_resume_skips_finished_cells(tmp_path, c
     assert main(args) == 0
     rows = read_rows(out)
     cells = {(r["variant"], r["seed"], r["eval_len"], r["num_pairs"], r["gap"]) for r in rows}
-    assert len(rows) == len(cells) == 2 * 2 * 4  # one row per cell: (2 pairs: 3 gaps, 4 pairs: 1) x variants x seeds
+    assert len(rows) == len(cells) == 2 * 2 * 6  # one row per cell: (2 or 4 pairs x 3 gaps) x variants x seeds
     for r in rows:
         assert set(ACCURACY_FIELDS) <= set(r) and r["status"] == "ok" and r["metric"] == "accuracy"
         assert r["task"] == "mqar" and r["train_len"] == 16 and 0 <= r["ci_low"] <= r["value"] <= r["ci_high"] <= 1
         assert r["device_name"] and r["torch_version"] and r["backend"]
-        assert r["eval_len"] >= 4 * r["num_pairs"] + r["gap"]
+        assert r["eval_len"] >= 3 * r["num_pairs"] + r["gap"]
     assert {r["variant_params"].get("window") for r in rows} == {None, 4}
     assert len(list((tmp_path / ".ckpt").glob("*.pt"))) == 4  # 2 variants x 2 seeds
 

@@ -14,26 +14,26 @@ from harness.accuracy.stats import mean_ci, wilson
 # -- MQAR ------------------------------------------------------------------------------------
 
 
-@given(length=st.integers(16, 96), pairs=st.integers(1, 4), gap_frac=st.floats(0, 1), seed=st.integers(0, 10**6),
+@given(length=st.integers(12, 96), pairs=st.integers(1, 4), gap_frac=st.floats(0, 1), seed=st.integers(0, 10**6),
        split=st.sampled_from(["train", "test"]))
 def test_mqar_layout_and_answers_recoverable(length, pairs, gap_frac, seed, split):
-    gap = int(gap_frac * (length - 4 * pairs))
+    gap = int(gap_frac * (length - 3 * pairs))
     x, y = mqar.generate(5, length, pairs, gap, split, seed, num_keys=16)
     assert x.shape == y.shape == (5, length)
+    kv_start = length - 3 * pairs - gap
     for seq, tgt in zip(x.tolist(), y.tolist(), strict=True):
         scored = [t for t in range(length) if tgt[t] != IGNORE]
-        assert len(scored) == pairs  # every key queried once
-        kv_start = length - 4 * pairs - gap
+        assert scored == list(range(length - pairs, length))  # the queries close the sequence
         keys = seq[kv_start : kv_start + 2 * pairs : 2]
         assert len(set(keys)) == pairs and all(1 <= k <= 16 for k in keys)
+        assert sorted(seq[t] for t in scored) == sorted(keys)  # every key queried once
         for t in scored:
-            key = seq[t]
-            first = seq.index(key)  # the pair comes before the query
-            assert first < t and first - kv_start == 2 * keys.index(key)
-            assert tgt[t] == seq[first + 1] == seq[t + 1]  # the answer is the value stored with the key
+            first = seq.index(seq[t])  # the key's pair comes before its query
+            assert first - kv_start == 2 * keys.index(seq[t])
+            assert tgt[t] == seq[first + 1]  # the answer is the value stored with the key
+            assert 17 <= tgt[t] <= 32  # values have their own tokens
             assert t - first >= gap + 2  # the gap is at least what was asked
-        # filler everywhere else
-        assert all(v == mqar.FILLER for i, v in enumerate(seq) if i < kv_start or kv_start + 2 * pairs <= i < length - 2 * pairs)
+        assert all(v == mqar.FILLER for i, v in enumerate(seq) if i < kv_start or kv_start + 2 * pairs <= i < length - pairs)
         mapping = np.stack([keys, seq[kv_start + 1 : kv_start + 2 * pairs : 2]]).astype(np.int64)
         assert split_of(mapping.tobytes()) == split
 
@@ -52,7 +52,7 @@ def test_mqar_is_deterministic_per_seed_and_differs_across_seeds():
 def test_mqar_train_and_test_mappings_are_disjoint():
     def mappings(split):
         x, _ = mqar.generate(400, 16, 2, 0, split, 0, num_keys=4)  # tiny space: 12 key pairs x 16 value pairs
-        return {tuple(r[8:12]) for r in x.tolist()}
+        return {tuple(r[10:14]) for r in x.tolist()}  # the pairs: 16 - 3 * 2 = 10 filler tokens first
 
     train, test = mappings("train"), mappings("test")
     assert train and test and not train & test
@@ -63,8 +63,8 @@ def test_mqar_cells_fit_their_length():
     cells = task.cells(64, [64, 128])
     assert {c["num_pairs"] for c in cells} == {4, 8, 16}
     for c in cells:
-        assert 0 <= c["gap"] <= c["eval_len"] - 4 * c["num_pairs"]
-    assert {c["gap"] for c in cells if c["eval_len"] == 128 and c["num_pairs"] == 4} == {0, 56, 112}
+        assert c["eval_len"] >= 3 * c["num_pairs"] + c["gap"]
+    assert {c["gap"] for c in cells if c["eval_len"] == 128 and c["num_pairs"] == 4} == {0, 58, 116}
     with pytest.raises(ValueError, match="too short"):
         task.check(8, [64])
 
@@ -90,6 +90,16 @@ def test_passkey_layout_depth_and_answer(length, depth, seed, split):
         scored = [t for t in range(length) if tgt[t] != IGNORE]
         assert scored == list(range(length - 6, length - 1))
         assert bytes(tgt[t] for t in scored).decode() == key
+
+
+def test_passkey_training_targets_are_the_two_predictable_copies_of_the_key():
+    x, y, keys = passkey.generate(4, 200, None, "train", 3, targets="retrieval")
+    for row, tgt, key in zip(x.tolist(), y.tolist(), keys, strict=True):
+        scored = [t for t in range(200) if tgt[t] != IGNORE]
+        assert bytes(tgt[t] for t in scored).decode() == key + key  # the repeat in the key sentence, then the answer
+        text = bytes(row).decode()
+        assert text[scored[0] - len("Remember it.") : scored[0] + 1] == "Remember it. "
+        assert all(tgt[t] == row[t + 1] for t in scored)
 
 
 def test_passkey_is_deterministic_and_keys_disjoint():

@@ -146,8 +146,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--plugin", "plugins", multiple=True, help="File or module registering extra variants.")
 @click.option("--dry-run", is_flag=True, help="Validate and list the runs, train nothing.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: torch's choice).")
 def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tuple[str, ...], dry_run: bool,
-                     no_progress: bool, **opts: Any) -> None:
+                     no_progress: bool, threads: int | None, **opts: Any) -> None:
     """Train small models and measure what each attention variant / position method can still do as length grows."""
     from harness.accuracy.runner import plan, run_jobs
     from harness.cli import load_plugins
@@ -167,6 +168,10 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
                    f"model {j.model}, train {j.train_len} x {j.train.steps} steps, eval {p.eval_lens}", err=True)
     if dry_run:
         return
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume, progress=not no_progress and sys.stderr.isatty(),
                       echo=lambda s: click.echo(s, err=True))
     click.echo(f"wrote {runner.written} rows to {out}", err=True)

@@ -1,15 +1,18 @@
 """Multi-query associative recall, MQAR (Arora et al. 2023, Zoology, https://arxiv.org/abs/2312.04927).
 
-A sequence holds N key-value pairs, filler, then every key again in a random order, each
-followed by its value. The model is scored on predicting the value after each queried key:
-it must look the key up N..L tokens back. Layout of one example of length L, gap G::
+A sequence holds N key-value pairs, filler, then every key again in a random order. At each
+queried key the model must output that key's value: it must look the key up across the gap.
+As in Zoology, a query is the key alone (its value is not fed back), so no query can be
+answered by elimination from earlier answers. Layout of one example of length L, gap G::
 
-    [filler P] [k1 v1 k2 v2 ... kN vN] [filler G] [kq1 vq1 ... kqN vqN]      P = L - 4N - G
+    [filler P] [k1 v1 k2 v2 ... kN vN] [filler G] [kq1 kq2 ... kqN]      P = L - 3N - G
 
-The distance from a pair to its query is between G + 2 and G + 4N - 2 tokens, so G controls
+The distance from a pair to its query is between G + 2 and G + 3N - 2 tokens, so G controls
 what a sliding window must reach; N controls how much a fixed-size state (linear attention)
-must hold. Tokens: 0 = filler, keys 1..K, values K+1..2K. Training uses N = num_pairs (as
-Zoology) and draws G uniformly; the split (train/test) is decided by a hash of the whole mapping.
+must hold. Tokens: 0 = filler, keys 1..K, values K+1..2K. Training uses N = num_pairs and draws
+G uniformly; the split (train/test) is decided by a hash of the whole key-value mapping.
+Unlike Zoology, the queries sit together at the end (so the gap is one number, not a power-law
+draw) and the filler is one token, not random noise.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from harness.accuracy.common import IGNORE, Task, check_split, predictions, rng_
 from harness.accuracy.stats import Measure, accuracy
 
 FILLER = 0
+SPAN = 3  # tokens per pair: key and value in the context, the key again as a query
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,11 @@ class MQARConfig:
 
 def example(rng: np.random.Generator, length: int, num_pairs: int, gap: int, num_keys: int,
             split: str) -> tuple[np.ndarray, np.ndarray]:
-    """One sequence and its targets (IGNORE except at queried keys, where it is the value)."""
+    """One sequence and its targets (IGNORE except at queried keys, where it is the key's value)."""
     n = num_pairs
-    prefix = length - 4 * n - gap
+    prefix = length - SPAN * n - gap
     if prefix < 0:
-        raise ValueError(f"mqar: {n} pairs with gap {gap} need length >= {4 * n + gap}, got {length}")
+        raise ValueError(f"mqar: {n} pairs with gap {gap} need length >= {SPAN * n + gap}, got {length}")
     for _ in range(10_000):  # resample the whole mapping until it belongs to the split
         keys = rng.choice(num_keys, n, replace=False) + 1
         values = rng.integers(0, num_keys, n) + 1 + num_keys
@@ -63,9 +67,7 @@ def example(rng: np.random.Generator, length: int, num_pairs: int, gap: int, num
     tgt = np.full(length, IGNORE, dtype=np.int64)
     seq[prefix : prefix + 2 * n : 2], seq[prefix + 1 : prefix + 2 * n : 2] = keys, values
     order = rng.permutation(n)
-    q = length - 2 * n
-    seq[q::2], seq[q + 1 :: 2] = keys[order], values[order]
-    tgt[q::2] = values[order]  # logits at a key predict the next token: its value
+    seq[length - n :], tgt[length - n :] = keys[order], values[order]
     return seq, tgt
 
 
@@ -76,7 +78,7 @@ def generate(n: int, length: int, num_pairs: int, gap: int | None, split: str, s
     rng = rng_for(seed, length, num_pairs, 0 if gap is None else gap + 1, SPLIT_CODE[split])
     xs, ys = [], []
     for _ in range(n):
-        g = int(rng.integers(0, length - 4 * num_pairs + 1)) if gap is None else gap
+        g = int(rng.integers(0, length - SPAN * num_pairs + 1)) if gap is None else gap
         x, y = example(rng, length, num_pairs, g, num_keys, split)
         xs.append(x)
         ys.append(y)
@@ -87,7 +89,7 @@ SPLIT_CODE = {"train": 0, "test": 1}
 
 
 def resolve_gap(gap: str, length: int, num_pairs: int) -> int:
-    room = length - 4 * num_pairs
+    room = length - SPAN * num_pairs
     return {"max": room, "half": room // 2}.get(gap, int(gap) if gap.isdigit() else -1)
 
 
@@ -103,10 +105,10 @@ class MQAR(Task):
         return c.eval_pairs or tuple(p for p in (c.num_pairs, 2 * c.num_pairs, 4 * c.num_pairs) if p <= c.num_keys)
 
     def check(self, train_len: int, eval_lens: Sequence[int]) -> None:
-        need = 4 * self.config.num_pairs
+        need = SPAN * self.config.num_pairs
         if train_len < need:
             raise ValueError(f"mqar: train length {train_len} is too short for {self.config.num_pairs} pairs "
-                             f"(needs >= 4 * num_pairs = {need})")
+                             f"(needs >= {SPAN} * num_pairs = {need})")
         for L in eval_lens:
             if L < need:
                 raise ValueError(f"mqar: eval length {L} is too short for {self.config.num_pairs} pairs (needs >= {need})")
@@ -122,10 +124,10 @@ class MQAR(Task):
         out = []
         for L in eval_lens:
             for n in self.eval_pairs():
-                if 4 * n > L:
+                if SPAN * n > L:
                     continue
                 gaps = sorted({resolve_gap(g, L, n) for g in self.config.eval_gaps} - {-1})
-                out += [{"eval_len": L, "num_pairs": n, "gap": g} for g in gaps if 0 <= g <= L - 4 * n]
+                out += [{"eval_len": L, "num_pairs": n, "gap": g} for g in gaps if 0 <= g <= L - SPAN * n]
         return out
 
     def metrics(self, cell: dict[str, Any], train_len: int) -> tuple[str, ...]:
@@ -140,7 +142,7 @@ class MQAR(Task):
 
     def sample_inputs(self, n: int, length: int) -> torch.Tensor:
         c = self.config
-        return generate(n, length, min(c.num_pairs, length // 4), None, "test", c.data_seed, c.num_keys)[0]
+        return generate(n, length, min(c.num_pairs, length // SPAN), None, "test", c.data_seed, c.num_keys)[0]
 
     def train_params(self) -> dict[str, Any]:
         return {"num_pairs": self.config.num_pairs, "num_keys": self.config.num_keys}
@@ -149,4 +151,4 @@ class MQAR(Task):
         return {"eval_examples": self.config.eval_examples, "data_seed": self.config.data_seed}
 
 
-__all__ = ["MQAR", "MQARConfig", "example", "generate", "resolve_gap"]
+__all__ = ["FILLER", "MQAR", "MQARConfig", "SPAN", "example", "generate", "resolve_gap"]

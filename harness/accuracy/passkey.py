@@ -74,11 +74,23 @@ def answer_positions(length: int, digits: int) -> slice:
     return slice(length - digits - 1, length - 1)
 
 
+def repeat_positions(x: torch.Tensor, keys: list[str]) -> list[slice]:
+    """Per example, the positions whose next byte is a digit of the key's second mention
+    ("Remember it. 40213 is the pass key.")."""
+    out = []
+    marker = "Remember it. "
+    for row, key in zip(x.tolist(), keys, strict=True):
+        at = bytes(row).decode("ascii").index(marker) + len(marker)
+        out.append(slice(at - 1, at - 1 + len(key)))
+    return out
+
+
 def generate(n: int, length: int, depth: float | None, split: str, seed: int, digits: int = 5,
-             all_targets: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+             targets: str = "answer") -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """n examples: inputs (n, length) bytes, targets (n, length), and the keys.
 
-    Targets are the answer digits only, or (``all_targets``, for training) every next byte.
+    ``targets``: "answer" scores the answer digits only (evaluation); "retrieval" also the key's
+    repeat inside the key sentence (the other predictable copy of it); "all" every next byte.
     ``depth=None`` draws the depth uniformly per example.
     """
     check_split(split)
@@ -91,11 +103,16 @@ def generate(n: int, length: int, depth: float | None, split: str, seed: int, di
         keys.append(key)
     x = torch.from_numpy(np.stack(xs).astype(np.int64))
     y = torch.full_like(x, IGNORE)
-    if all_targets:
+    if targets == "all":
         y[:, :-1] = x[:, 1:]
-    else:
-        pos = answer_positions(length, digits)
-        y[:, pos] = x[:, pos.start + 1 : pos.stop + 1]
+        return x, y, keys
+    if targets not in ("answer", "retrieval"):
+        raise ValueError(f"passkey targets must be answer, retrieval or all, got {targets!r}")
+    pos = answer_positions(length, digits)
+    y[:, pos] = x[:, pos.start + 1 : pos.stop + 1]
+    if targets == "retrieval":
+        for i, r in enumerate(repeat_positions(x, keys)):
+            y[i, r] = x[i, r.start + 1 : r.stop + 1]
     return x, y, keys
 
 
@@ -114,7 +131,7 @@ class Passkey(Task):
                                  f"sentence and the question take {need - 1} bytes (use >= {need})")
 
     def train_batch(self, seed: int, step: int, batch_size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y, _ = generate(batch_size, length, None, "train", seed * 1_000_003 + step, self.config.digits, all_targets=True)
+        x, y, _ = generate(batch_size, length, None, "train", seed * 1_000_003 + step, self.config.digits, targets="retrieval")
         return x, y
 
     def cells(self, train_len: int, eval_lens: Sequence[int]) -> list[dict[str, Any]]:
