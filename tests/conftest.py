@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -9,3 +10,12 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def one_thread():
+    """For tiny tensors a second thread only adds synchronisation, which is costly on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from harness.accuracy.runner import KEY_FIELDS
 from harness.cli import main
@@ -10,13 +9,7 @@ from harness.results import ACCURACY_FIELDS, cell_key, read_rows
 
 TINY = ["--steps", "6", "--batch-size", "4", "--no-progress"]
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run no faster on two threads, and a shared CPU makes OpenMP threads wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

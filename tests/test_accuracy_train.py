@@ -8,14 +8,7 @@ import attn
 from harness.accuracy.mqar import MQAR, MQARConfig
 from harness.accuracy.train import TrainConfig, lr_at, train
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run no faster on two threads, and a shared CPU makes OpenMP threads wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(vocab: int, seed: int = 0, position: str = "none") -> attn.Transformer:

@@ -17,13 +17,7 @@ FEATURE_MAPS = ["elu1", "relu", "favor"]
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: a second thread only adds synchronisation (costly on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lin(backend="auto", **params):
