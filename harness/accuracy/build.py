@@ -78,6 +78,13 @@ def _build_position(name: str, params: dict[str, Any], head_dim: int) -> nn.Modu
     return attn.build_position(name, **{**fill, **params})
 
 
+def has_weights(spec: Spec, head_dim: int, max_seq_len: int) -> bool:
+    """True for position methods with trained parameters (learned absolute positions)."""
+    fill = {k: v for k, v in {"head_dim": head_dim, "d_model": head_dim, "max_seq_len": max_seq_len, "factor": 1.0,
+                              ORIGINAL_LEN: 1}.items() if k in position_fields(spec.name)}
+    return any(True for _ in attn.build_position(spec.name, **{**fill, **spec.params}).parameters())
+
+
 def adapts_to_length(spec: Spec, train_len: int, head_dim: int) -> bool:
     """True for methods whose frequencies depend on the sequence length (dynamic NTK)."""
     fields = position_fields(spec.name)
@@ -188,6 +195,7 @@ def last_backends(model: attn.Transformer) -> str:
     return ",".join(sorted(names))
 
 
-__all__ = ["Spec", "adapts_to_length", "last_backends", "make_model", "parse_position", "parse_variant", "pin_backend",
-           "eval_attention",
-           "scaled_params", "set_attention", "set_position", "training_spec"]
+__all__ = [
+    "Spec", "adapts_to_length", "eval_attention", "has_weights", "last_backends", "make_model", "parse_position",
+    "parse_variant", "pin_backend", "scaled_params", "set_attention", "set_position", "training_spec",
+]

@@ -47,7 +47,7 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
 
 def build_jobs(opts: dict[str, Any]) -> list[Job]:
     """Jobs from a preset (or one per --task), with the command-line options applied to each."""
-    from harness.accuracy.presets import get_preset
+    from harness.accuracy.presets import default_job, get_preset
     from harness.accuracy.train import TrainConfig
 
     tasks = list(opts["tasks"])
@@ -56,7 +56,7 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
         if not jobs:
             raise click.UsageError(f"preset {opts['preset']!r} has no job for task(s) {', '.join(tasks)}")
     elif tasks:
-        jobs = [Job(t) for t in tasks]
+        jobs = [default_job(t) for t in tasks]
     else:
         raise click.UsageError(f"give --task ({'|'.join(TASKS)}) or --preset (quick|full)")
     used: set[str] = set()

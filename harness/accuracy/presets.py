@@ -53,6 +53,15 @@ def _full() -> list[Job]:
 PRESETS = {"quick": _quick, "full": _full}
 
 
+def default_job(task: str) -> Job:
+    """A task run without a preset: the built-in variants or position methods the task is about."""
+    if task in ("mqar", "fidelity"):
+        return Job(task, variants=list(VARIANTS), positions=["rope"])
+    if task == "passkey":
+        return Job(task, variants=["full"], positions=list(ROPE_FAMILY))
+    return Job(task, variants=["full"], positions=list(POSITIONS))  # lm, lengthgen
+
+
 def get_preset(name: str) -> list[Job]:
     if name not in PRESETS:
         raise ValueError(f"unknown accuracy preset {name!r}; valid: {', '.join(PRESETS)}")
@@ -63,4 +72,4 @@ def describe(name: str) -> list[dict[str, Any]]:
     return [dataclasses.asdict(j) for j in get_preset(name)]
 
 
-__all__ = ["POSITIONS", "PRESETS", "ROPE_FAMILY", "VARIANTS", "describe", "get_preset"]
+__all__ = ["POSITIONS", "PRESETS", "ROPE_FAMILY", "VARIANTS", "default_job", "describe", "get_preset"]

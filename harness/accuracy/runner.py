@@ -169,6 +169,8 @@ def plan(job: Job) -> Plan:
                 ident = {"task": task.name, "task_params": task.train_params(), "variant": v.label, "position": t.label,
                          "train_len": job.train_len, "model": job.model, "seed": seed,
                          "train": dataclasses.asdict(job.train) | {"ckpt_every": 0}}
+                if build.has_weights(t, head_dim, max_len):  # learned positions: the table is sized by max_len
+                    ident["max_seq_len"] = max_len
                 runs.append(Run(v, p, t, seed, short_hash(ident)))
     return Plan(job, task, eval_lens, runs, head_dim, max_len, variants, positions)
 
@@ -296,7 +298,7 @@ class Runner:
                   f"{len(todo)} cells")
         try:
             model, result = self.trained(p, run) if stage == "zero_shot" else self.finetuned(p, run)
-        except (Exception, UnsupportedBackend) as e:  # noqa: B014  (say which kind failed)
+        except Exception as e:  # one failing run never stops the others
             for row, _, metrics in todo:
                 self.fail(row, metrics, e)
             return
