@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 ruff check .
-python -m pytest -q -p no:cacheprovider tests
+python -m pytest -p no:cacheprovider tests
