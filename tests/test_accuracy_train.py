@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import attn
+from harness.accuracy.build import Spec, make_model
 from harness.accuracy.mqar import MQAR, MQARConfig
 from harness.accuracy.train import TrainConfig, lr_at, train
 
@@ -12,8 +13,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(vocab: int, seed: int = 0, position: str = "none") -> attn.Transformer:
-    torch.manual_seed(seed)
-    return attn.Transformer(attn.TransformerConfig(vocab_size=vocab, d_model=32, n_heads=2, n_layers=2, position=position))
+    return make_model("tiny", vocab, Spec("full"), Spec(position), {}, 64, seed, d_model=32)
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():

@@ -55,6 +55,7 @@ class Job:
     train_len: int = 128
     eval_lens: list[int] = field(default_factory=list)  # [] -> task default
     model: str = "tiny"  # attn.model.PRESETS name
+    init_std: float | None = None  # weight init; None -> d_model^-1/2 (see build.make_model)
     train: TrainConfig = field(default_factory=TrainConfig)
     task_params: dict[str, Any] = field(default_factory=dict)  # fields of the task's config dataclass
     base_task: str = "lm"  # the trained task of fidelity / lengthgen
@@ -167,7 +168,7 @@ def plan(job: Job) -> Plan:
             for p in positions:
                 t = build.training_spec(p, job.train_len, head_dim)
                 ident = {"task": task.name, "task_params": task.train_params(), "variant": v.label, "position": t.label,
-                         "train_len": job.train_len, "model": job.model, "seed": seed,
+                         "train_len": job.train_len, "model": job.model, "init_std": job.init_std, "seed": seed,
                          "train": dataclasses.asdict(job.train) | {"ckpt_every": 0}}
                 if build.has_weights(t, head_dim, max_len):  # learned positions: the table is sized by max_len
                     ident["max_seq_len"] = max_len
@@ -228,7 +229,8 @@ class Runner:
             return self._model_cache[1], self._model_cache[2]
         job = p.job
         params = build.scaled_params(run.trained_as, job.train_len, job.train_len, p.head_dim)
-        model = build.make_model(job.model, p.task.vocab_size, run.variant, run.trained_as, params, p.max_len, run.seed)
+        model = build.make_model(job.model, p.task.vocab_size, run.variant, run.trained_as, params, p.max_len, run.seed,
+                                 job.init_std)
         ckpt = self.ckpt_dir / f"{p.task.name}-{run.train_id}.pt"
         desc = f"{p.task.name} {run.variant.label} {run.trained_as.label} s{run.seed}"
         result = train(model, lambda step: p.task.train_batch(run.seed, step, job.train.batch_size, job.train_len),
