@@ -64,6 +64,7 @@ def test_mqar_cells_fit_their_length():
     assert {c["num_pairs"] for c in cells} == {4, 8, 16}
     for c in cells:
         assert c["eval_len"] >= 3 * c["num_pairs"] + c["gap"]
+        assert c["gap"] == mqar.resolve_gap(c["gap_rule"], c["eval_len"], c["num_pairs"])
     assert {c["gap"] for c in cells if c["eval_len"] == 128 and c["num_pairs"] == 4} == {0, 58, 116}
     with pytest.raises(ValueError, match="too short"):
         task.check(8, [64])

@@ -28,6 +28,8 @@ def table(rows: Iterable[dict[str, Any]], task: str, metric: str | None = None) 
         return s
     s["stage"] = s["stage"].fillna("zero_shot")
     index = ["variant_spec", "position_spec", "stage"] if s["variant_spec"].nunique() > 1 else ["position_spec", "stage"]
+    if task == "mqar":  # where recall breaks: by pairs and by gap (named by its rule, as lengths differ)
+        index = ["variant_spec", "num_pairs", "gap_rule"] + (["position_spec"] if s["position_spec"].nunique() > 1 else [])
     t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean")
     t.columns.name = f"{task} {metric} at eval length"
     return t

@@ -126,8 +126,12 @@ class MQAR(Task):
             for n in self.eval_pairs():
                 if SPAN * n > L:
                     continue
-                gaps = sorted({resolve_gap(g, L, n) for g in self.config.eval_gaps} - {-1})
-                out += [{"eval_len": L, "num_pairs": n, "gap": g} for g in gaps if 0 <= g <= L - SPAN * n]
+                rules: dict[int, str] = {}  # gap -> the rule that named it first ("0", "half", "max")
+                for rule in self.config.eval_gaps:
+                    g = resolve_gap(rule, L, n)
+                    if 0 <= g <= L - SPAN * n:
+                        rules.setdefault(g, rule)
+                out += [{"eval_len": L, "num_pairs": n, "gap": g, "gap_rule": r} for g, r in sorted(rules.items())]
         return out
 
     def metrics(self, cell: dict[str, Any], train_len: int) -> tuple[str, ...]:

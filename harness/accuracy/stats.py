@@ -57,6 +57,7 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Measure:
 SUMMARY_KEYS = (
     "task", "variant", "variant_params", "position", "position_params", "train_len", "eval_len", "metric",
     "stage", "source", "layer", "num_pairs", "gap", "depth", "model", "steps", "variant_spec", "position_spec",
+    "gap_rule",
 )
 
 
