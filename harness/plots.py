@@ -401,15 +401,29 @@ def _acc_series(pts: pd.DataFrame, pal: dict) -> list[tuple[str, pd.DataFrame, A
             label += f" [{extra}]"
         if train_varies and pd.notna(key[3]):
             label += f" (train {T.fmt_len(key[3])})"
-        style = pos_styles[position] if several else {"linestyle": "-", "marker": "o"}
+        finetuned = "stage" in g and g["stage"].iloc[0] == "finetune"  # same colour, dashed: the same method fine-tuned
+        style = pos_styles[position] if several else {"linestyle": "--" if finetuned else "-", "marker": "o"}
         out.append((label, g.sort_values("length"), pal[variant if several else position], style))
     return sorted(out, key=lambda s: _order_key(s[0]))
 
 
+def _train_marks(ax: Axes, sub: pd.DataFrame) -> None:
+    if "train_len" in sub:
+        for tl in sorted(sub["train_len"].dropna().unique()):
+            ax.axvline(tl, color="0.3", linestyle="--", linewidth=1, gid=f"train_len:{int(tl)}")
+            ax.text(tl, 0.02, f" train {T.fmt_len(tl)}", transform=ax.get_xaxis_transform(), fontsize="x-small",
+                    color="0.3", gid=f"train_label:{int(tl)}")
+
+
 def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                   formats: Sequence[str] = ("png",)) -> Figure:
-    """Task metric vs evaluation length, one panel per task and metric; training lengths drawn as dashed lines."""
+    """Task metric vs evaluation length, one panel per task and metric; training lengths drawn as dashed lines.
+
+    MQAR has a figure of its own (:func:`plot_mqar`): its pairs x gap grid would crowd one panel."""
     df = _acc_frame(acc, fidelity=False)
+    df = df[df["task"] != "mqar"]
+    if len(df) == 0:
+        raise Skip("no accuracy rows other than mqar (drawn in mqar.png)")
     pts = T.accuracy_points(df)
     pal = palette or _frame_palette(df)
     panels = sorted(pts.groupby(["task", "metric"]).groups)
@@ -420,11 +434,7 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
             for label, g, colour, style in _acc_series(sub, pal):
                 ax.plot(g["length"], g["value"], color=colour, label=label, gid=f"accuracy:{label}", markersize=4, **style)
                 _band(ax, g, colour, f"band:{label}")
-            if "train_len" in sub:
-                for tl in sorted(sub["train_len"].dropna().unique()):
-                    ax.axvline(tl, color="0.3", linestyle="--", linewidth=1, gid=f"train_len:{int(tl)}")
-                    ax.text(tl, 0.02, f" train {T.fmt_len(tl)}", transform=ax.get_xaxis_transform(), fontsize="x-small",
-                            color="0.3", gid=f"train_label:{int(tl)}")
+            _train_marks(ax, sub)
             if T.lower_is_better(metric) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
             _length_axis(ax, sub["length"], "evaluation length (tokens)")
@@ -432,6 +442,53 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
             ax.set_title(f"{task} · {metric}")
         _finish(fig, "Accuracy vs evaluation length", T.caption(accuracy=df), _legend_entries(axes))
     save(fig, out, "accuracy", formats)
+    return fig
+
+
+def _gap_order(rule: str) -> tuple[int, float, str]:
+    named = {"0": 0, "half": 2, "max": 3}
+    return (named.get(rule, 1), float(rule) if rule.isdigit() else 0.0, rule)
+
+
+def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
+              formats: Sequence[str] = ("png",)) -> Figure:
+    """MQAR recall vs length, one line per variant; columns: pairs in the context, rows: the key-query gap rule.
+
+    Where a sliding window breaks shows along the gap axis, where a fixed-size state (linear
+    attention) breaks along the pairs axis."""
+    df = _acc_frame(acc, fidelity=False)
+    df = df[(df["task"] == "mqar") & (df["metric"] == "accuracy")]
+    if len(df) == 0:
+        raise Skip("no mqar accuracy rows")
+    pts = T.accuracy_points(df)
+    for c in ("num_pairs", "gap_rule"):
+        if c not in pts:
+            pts[c] = ""
+    pal = palette or _frame_palette(df)
+    pairs = sorted(pts["num_pairs"].unique(), key=lambda v: (len(v), v))
+    gaps = sorted(pts["gap_rule"].unique(), key=_gap_order)
+    positions = pts["position_label"].nunique() > 1
+    styles = _styles(pts["position_label"])
+    with _style():
+        fig, axes = _figure(len(pairs) * len(gaps), width=4.2, height=3.2, ncols=len(pairs))
+        for ax, (gap, npairs) in zip(axes, [(g, n) for g in gaps for n in pairs], strict=True):
+            sub = pts[(pts["gap_rule"] == gap) & (pts["num_pairs"] == npairs)]
+            for (variant, position), g in sorted(sub.groupby(["variant_label", "position_label"]),
+                                                 key=lambda kv: _order_key(kv[0][0])):
+                g = g.sort_values("length")
+                label = f"{variant} · {position}" if positions else variant
+                style = styles[position] if positions else {"linestyle": "-", "marker": "o"}
+                ax.plot(g["length"], g["value"], color=pal[variant], label=label, markersize=4,
+                        gid=f"mqar:{label} [num_pairs={npairs} gap_rule={gap}]", **style)
+                _band(ax, g, pal[variant], f"band:{label} [num_pairs={npairs} gap_rule={gap}]")
+            _train_marks(ax, sub)
+            if len(sub):
+                _length_axis(ax, sub["length"], "evaluation length (tokens)")
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_ylabel("accuracy")
+            ax.set_title(f"{npairs or '?'} pairs · gap {gap or '?'}")
+        _finish(fig, "MQAR recall by length, pairs and key-query gap", T.caption(accuracy=df), _legend_entries(axes))
+    save(fig, out, "mqar", formats)
     return fig
 
 
@@ -646,6 +703,7 @@ FIGURES = (
     FigureSpec("speedup", plot_speedup, "cost"),
     FigureSpec("fidelity", plot_fidelity, "accuracy"),
     FigureSpec("accuracy", plot_accuracy, "accuracy"),
+    FigureSpec("mqar", plot_mqar, "accuracy"),
     FigureSpec("position_heatmap", plot_position_heatmap, "accuracy"),
     FigureSpec("passkey", plot_passkey, "accuracy"),
     FigureSpec("tradeoff", plot_tradeoff, "both"),
@@ -734,6 +792,6 @@ def plot_command(results: tuple[str, ...], out: str, formats: tuple[str, ...], d
 
 __all__ = [
     "FIGURES", "Skip", "figures", "mem_unit", "palette", "palette_for", "plot_accuracy", "plot_block_sparse_layout",
-    "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency", "plot_memory", "plot_passkey",
+    "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency", "plot_memory", "plot_mqar", "plot_passkey",
     "plot_position_heatmap", "plot_speedup", "plot_throughput", "plot_tradeoff", "save", "tradeoff_points",
 ]

@@ -115,6 +115,14 @@ def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
     return f"{name}({inner})" if inner else str(name)
 
 
+def _spec_text_label(spec: Any) -> str | None:
+    """``"rope_yarn:beta_fast=16"`` -> ``"rope_yarn(beta_fast=16)"``; None for a missing spec."""
+    if not isinstance(spec, str) or not spec:
+        return None
+    name, _, rest = spec.partition(":")
+    return f"{name}({rest.replace(',', ', ')})" if rest else name
+
+
 def fmt_len(n: float) -> str:
     """Sequence lengths as people write them: 512, 1k, 16k (k = 1024)."""
     n = int(n)
@@ -216,6 +224,9 @@ def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
     df["position"] = df["position"].fillna("none")
     df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
     df["position_label"] = [spec_label(v, p, "position") for v, p in zip(df["position"], df["position_params"], strict=True)]
+    if "position_spec" in df:  # the method as asked for: its factor is set per evaluation length, not a new series
+        asked = df["position_spec"].map(_spec_text_label)
+        df["position_label"] = asked.where(asked.notna(), df["position_label"])
     length = pd.Series(np.nan, index=df.index)
     for col in ("eval_len", "seq_len"):
         if col in df:
@@ -447,7 +458,7 @@ def longest_reached(cost: pd.DataFrame) -> pd.DataFrame:
 
 
 # Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
-SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap", "model", "steps")
+SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap_rule", "gap", "model", "steps")
 AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
 
 
@@ -481,6 +492,8 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
     acc = acc.copy()
     acc["train_len"] = acc["train_len"].fillna(-1.0) if "train_len" in acc else -1.0
     dims = [c for c in SERIES_DIMS if c in acc and c not in extra]
+    if "gap_rule" in dims:  # MQAR's gap as a rule (0, half, max): its token count grows with the length
+        dims = [c for c in dims if c != "gap"]
     for c in dims:
         acc[c] = acc[c].map(_dim_text)
     kept = [c for c in extra if c in acc]

@@ -423,7 +423,7 @@ def test_accuracy_seeds_are_averaged_with_a_t_interval_and_task_columns_split_li
     for num_pairs, base in [(4, 0.9), (8, 0.6)]:
         for seed, noise in enumerate([-0.05, 0.0, 0.08]):
             for L in (64, 128):
-                rows.append(dict(task="mqar", variant="full", variant_params={}, position="rope", position_params={},
+                rows.append(dict(task="my_task", variant="full", variant_params={}, position="rope", position_params={},
                                  train_len=64, eval_len=L, metric="accuracy", value=base + noise - (L == 128) * 0.2,
                                  ci_low=None, ci_high=None, n=100, seed=seed, num_pairs=num_pairs, status="ok"))
     rows.append(dict(rows[0], seed=9, value=None, status="error"))  # a failed seed is not a zero
@@ -437,3 +437,59 @@ def test_accuracy_seeds_are_averaged_with_a_t_interval_and_task_columns_split_li
         vals = np.array([base + n for n in (-0.05, 0.0, 0.08)])  # at L = 64
         half = stats.t.ppf(0.975, len(vals) - 1) * vals.std(ddof=1) / np.sqrt(len(vals))
         assert band.max() == pytest.approx(vals.mean() + half)
+
+
+def _mqar_rows() -> list[dict]:
+    """Two variants; the sliding window fails once the gap rule is not 0, 'full' degrades with pairs."""
+    rows = []
+    for variant, spec in [("full", "full"), ("sliding_window", "sliding_window:window=8")]:
+        for num_pairs in (4, 8):
+            for rule in ("0", "half", "max"):
+                for L in (32, 64, 128):
+                    gap = {"0": 0, "half": (L - 3 * num_pairs) // 2, "max": L - 3 * num_pairs}[rule]
+                    if variant == "full":
+                        v = 1.0 - 0.1 * (num_pairs == 8)
+                    else:
+                        v = 0.9 if rule == "0" else 0.1 + L / 10_000
+                    rows.append(dict(task="mqar", variant=variant, variant_params={"window": 8} if spec != "full" else {},
+                                     variant_spec=spec, position="rope", position_params={"rope_theta": 1e4},
+                                     position_spec="rope", train_len=32, eval_len=L, metric="accuracy", value=v,
+                                     ci_low=v - 0.01, ci_high=v + 0.01, n=256, seed=0, num_pairs=num_pairs, gap=gap,
+                                     gap_rule=rule, stage="zero_shot", status="ok"))
+    return rows
+
+
+def test_mqar_figure_has_one_panel_per_pairs_and_gap_rule_with_the_rows_values(tmp_path):
+    fig = P.plot_mqar(T.prepare_accuracy(pd.DataFrame(_mqar_rows())), tmp_path)
+    assert (tmp_path / "mqar.png").stat().st_size > 0
+    assert len([ax for ax in fig.axes if ax.get_visible() and ax.get_title()]) == 6
+    for rule in ("0", "half", "max"):
+        for num_pairs in (4, 8):
+            line = by_gid(fig, f"mqar:sliding_window(window=8) [num_pairs={num_pairs} gap_rule={rule}]")
+            assert list(line.get_xdata()) == [32, 64, 128]  # the gap grows with length: still one line per rule
+            want = [0.9] * 3 if rule == "0" else [0.1 + L / 10_000 for L in (32, 64, 128)]
+            assert list(line.get_ydata()) == pytest.approx(want)
+            full = by_gid(fig, f"mqar:full [num_pairs={num_pairs} gap_rule={rule}]")
+            assert list(full.get_ydata()) == pytest.approx([1.0 - 0.1 * (num_pairs == 8)] * 3)
+
+
+def test_accuracy_figure_labels_a_position_by_the_spec_asked_for_not_its_per_length_factor():
+    rows = []
+    for L in (128, 256, 512):
+        for stage, shift in (("zero_shot", 0.0), ("finetune", -0.5)):
+            v = 2.0 + L / 256 + shift
+            rows.append(dict(task="lm", variant="full", variant_params={}, position="rope_yarn", position_spec="rope_yarn",
+                             position_params={"factor": L / 128, "original_max_position_embeddings": 128}, train_len=128,
+                             eval_len=L, metric="bpb", value=v, ci_low=None, ci_high=None, n=1000, seed=0, stage=stage))
+    fig = P.plot_accuracy(T.prepare_accuracy(pd.DataFrame(rows)))
+    zero = by_gid(fig, "accuracy:rope_yarn [stage=zero_shot]")
+    tuned = by_gid(fig, "accuracy:rope_yarn [stage=finetune]")
+    assert list(zero.get_ydata()) == pytest.approx([2.0 + L / 256 for L in (128, 256, 512)])
+    assert tuned.get_linestyle() == "--" and zero.get_linestyle() == "-"
+    assert zero.get_color() == tuned.get_color()
+
+
+def test_accuracy_figure_leaves_mqar_to_its_own_figure():
+    acc = T.prepare_accuracy(pd.DataFrame(_mqar_rows()))
+    with pytest.raises(P.Skip, match="mqar"):
+        P.plot_accuracy(acc)
