@@ -107,3 +107,12 @@ def test_lengthgen_scales_rope_per_length_and_shares_the_trained_model(tmp_path,
     tail = [r for r in rows if r["metric"] == "bpb_tail"]
     assert tail and all(r["eval_len"] > 32 for r in tail)
     assert "lm: bpb by evaluation length" in capsys.readouterr().out
+    tuned = [r for r in rows if r["stage"] == "finetune"]
+    assert {(r["finetune_steps"], r["finetune_len"], r["finetune_lr"]) for r in tuned} == {(2, 64, 3e-3)}
+    # a fine-tune at another learning rate is another checkpoint, made from the same trained model
+    out2 = tmp_path / "lg2.jsonl"
+    assert main(["accuracy", "--task", "lengthgen", "--position", "rope_linear", "--train-len", "32", "--eval-lens", "32,64",
+                 "--corpus", str(corpus), "--eval-bytes", "256", "--finetune-steps", "2", "--finetune-lr", "1e-4",
+                 "--out", str(out2), "--ckpt-dir", str(tmp_path / ".ckpt"), *TINY]) == 0
+    assert len(list((tmp_path / ".ckpt").glob("lm-*.pt"))) == 1 + 3 + 1
+    assert {r["finetune_lr"] for r in read_rows(out2) if r["stage"] == "finetune"} == {1e-4}

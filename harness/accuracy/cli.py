@@ -76,7 +76,7 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
             job.model = opts["model"]
         if opts["base_task"] is not None:
             job.base_task = opts["base_task"]
-        for key in ("finetune_steps", "finetune_len"):
+        for key in ("finetune_steps", "finetune_len", "finetune_lr"):
             if opts[key] is not None:
                 setattr(job, key, opts[key])
         train = {k: opts[k] for k in ("steps", "batch_size", "lr") if opts[k] is not None}
@@ -131,6 +131,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--base-task", type=click.Choice(TRAINED_TASKS), help="Trained task of fidelity/lengthgen.")
 @click.option("--finetune-steps", type=click.IntRange(min=0), help="lengthgen: fine-tune steps at --finetune-len.")
 @click.option("--finetune-len", type=click.IntRange(min=1), help="Fine-tune length (default 2 x train length).")
+@click.option("--finetune-lr", type=click.FloatRange(min=0, min_open=True),
+              help="lengthgen/passkey: peak learning rate of the fine-tune (default: --lr).")
 @click.option("--num-pairs", type=click.IntRange(min=1), help="mqar: key-value pairs at training.")
 @click.option("--num-keys", type=click.IntRange(min=1), help="mqar: key vocabulary size.")
 @click.option("--depths", help="passkey: comma-separated depths in [0, 1].")

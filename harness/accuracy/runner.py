@@ -61,6 +61,7 @@ class Job:
     base_task: str = "lm"  # the trained task of fidelity / lengthgen
     finetune_steps: int = 0  # > 0: also fine-tune at finetune_len and evaluate again (stage "finetune")
     finetune_len: int = 0  # 0 -> 2 * train_len
+    finetune_lr: float | None = None  # peak learning rate of the fine-tune; None -> train.lr
     fidelity_heads: int = 4  # random q, k, v for fidelity
     fidelity_head_dim: int = 32
 
@@ -249,7 +250,8 @@ class Runner:
         model = copy.deepcopy(base)
         L = p.finetune_len
         build.set_position(model, run.position.name, build.scaled_params(run.position, job.train_len, L, p.head_dim))
-        cfg = dataclasses.replace(job.train, steps=job.finetune_steps, warmup=max(1, job.finetune_steps // 10))
+        cfg = dataclasses.replace(job.train, steps=job.finetune_steps, warmup=max(1, job.finetune_steps // 10),
+                                  lr=job.finetune_lr or job.train.lr)
         ident = short_hash({"base": run.train_id, "position": run.position.label, "len": L, "train": dataclasses.asdict(cfg)})
         ckpt = self.ckpt_dir / f"{p.task.name}-ft-{ident}.pt"
         desc = f"fine-tune {run.position.label} at {L}"
@@ -269,7 +271,8 @@ class Runner:
             "train_len": job.train_len, "stage": stage, "model": job.model, "steps": job.train.steps,
             "batch_size": job.train.batch_size, "lr": job.train.lr, "trained_as": run.trained_as.label,
             "task_params": p.task.train_params(), "eval_id": short_hash(p.task.eval_params()), "status": "ok", "error": None,
-        }
+        } | ({"finetune_steps": job.finetune_steps, "finetune_len": p.finetune_len,
+              "finetune_lr": job.finetune_lr or job.train.lr} if stage == "finetune" else {})
 
     def run_plan(self, p: Plan) -> None:
         if p.job.task == "fidelity":
