@@ -540,6 +540,8 @@ def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
                                                                   sort=True):
         variant = f"{variant} [{extra}]" if extra else variant
         per = g.groupby("position_label")["value"].mean().sort_values(ascending=lower_is_better(metric))
+        if len(per) < 2:  # one method: nothing to rank
+            continue
         tied = per[np.isclose(per, per.iloc[0], rtol=1e-9, atol=1e-12)]
         rest = per.iloc[len(tied):]
         out.append({"task": task, "metric": metric, "variant": variant, "eval_len": length,

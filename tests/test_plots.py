@@ -493,3 +493,12 @@ def test_accuracy_figure_leaves_mqar_to_its_own_figure():
     acc = T.prepare_accuracy(pd.DataFrame(_mqar_rows()))
     with pytest.raises(P.Skip, match="mqar"):
         P.plot_accuracy(acc)
+
+
+def test_best_positions_ranks_only_groups_with_several_methods():
+    rows = [dict(task="lm", variant="full", variant_params={}, position=p, position_params={}, train_len=128, eval_len=256,
+                 metric="bpb", value=v, ci_low=None, ci_high=None, n=10, seed=0) for p, v in (("rope", 3.0), ("rope_yarn", 2.5))]
+    rows += [dict(r, task="mqar", metric="accuracy", position="rope", value=0.9) for r in rows[:1]]  # one method: no ranking
+    best = T.best_positions(T.prepare_accuracy(pd.DataFrame(rows)))
+    assert list(best["task"]) == ["lm"] and list(best["best_position"]) == ["rope_yarn"]
+    assert list(best["runner_up"]) == ["rope (3)"]
