@@ -60,13 +60,18 @@ def palette(keys: Iterable[str]) -> dict[str, tuple[float, float, float]]:
 
 
 def palette_for(results: T.Results) -> dict[str, tuple[float, float, float]]:
-    """The palette of every label in a set of results: variant labels and position labels."""
+    """The palette of every label in a set of results: variant labels, then position labels apart.
+
+    Positions get their own colours (a panel colours lines by variant or by position, never
+    both), so ten position methods stay as distinct as four variants."""
     keys: set[str] = set()
+    positions: set[str] = set()
     if len(results.cost):
         keys |= set(results.cost["variant_label"])
     if len(results.accuracy):
-        keys |= set(results.accuracy["variant_label"]) | set(results.accuracy["position_label"])
-    return palette(keys)
+        keys |= set(results.accuracy["variant_label"])
+        positions = set(results.accuracy["position_label"]) - keys
+    return palette(positions) | palette(keys)
 
 
 def _styles(names: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -230,9 +235,8 @@ def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) ->
 def _frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
     """Palette of one frame's labels (used when no run-wide palette is passed)."""
     keys = set(df["variant_label"]) if "variant_label" in df else set()
-    if "position_label" in df:
-        keys |= set(df["position_label"])
-    return palette(keys)
+    positions = set(df["position_label"]) - keys if "position_label" in df else set()
+    return palette(positions) | palette(keys)
 
 
 def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,

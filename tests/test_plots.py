@@ -502,3 +502,16 @@ def test_best_positions_ranks_only_groups_with_several_methods():
     best = T.best_positions(T.prepare_accuracy(pd.DataFrame(rows)))
     assert list(best["task"]) == ["lm"] and list(best["best_position"]) == ["rope_yarn"]
     assert list(best["runner_up"]) == ["rope (3)"]
+
+
+def test_position_colours_stay_in_tab10_when_variants_and_positions_together_exceed_ten():
+    import seaborn as sns
+
+    positions = ["none", "rope", "rope_linear", "rope_ntk", "rope_dynamic", "rope_yarn", "rope_llama3"]
+    variants = ["full", "sliding_window", "block_sparse", "linear"]
+    rows = [dict(task="lm", variant=v, variant_params={}, position=p, position_params={}, train_len=128, eval_len=128,
+                 metric="bpb", value=3.0, ci_low=None, ci_high=None, n=1, seed=0) for v in variants for p in positions]
+    pal = P.palette_for(T.Results(cost=pd.DataFrame(), accuracy=T.prepare_accuracy(pd.DataFrame(rows))))
+    tab10 = {tuple(c) for c in sns.color_palette("tab10", 10)}
+    assert {pal[p] for p in positions} <= tab10 and len({pal[p] for p in positions}) == len(positions)
+    assert pal["full"] == P.palette(["full"])["full"]  # variants keep their own order: full first
