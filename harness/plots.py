@@ -64,14 +64,18 @@ def palette_for(results: T.Results) -> dict[str, tuple[float, float, float]]:
 
     Positions get their own colours (a panel colours lines by variant or by position, never
     both), so ten position methods stay as distinct as four variants."""
-    keys: set[str] = set()
+    variants: set[str] = set()
     positions: set[str] = set()
     if len(results.cost):
-        keys |= set(results.cost["variant_label"])
+        variants |= set(results.cost["variant_label"])
     if len(results.accuracy):
-        keys |= set(results.accuracy["variant_label"])
-        positions = set(results.accuracy["position_label"]) - keys
-    return palette(positions) | palette(keys)
+        variants |= set(results.accuracy["variant_label"])
+        positions = set(results.accuracy["position_label"])
+    return _split_palette(variants, positions)
+
+
+def _split_palette(variants: set[str], positions: set[str]) -> dict[str, tuple[float, float, float]]:
+    return palette(positions - variants) | palette(variants)
 
 
 def _styles(names: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -234,9 +238,8 @@ def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) ->
 
 def _frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
     """Palette of one frame's labels (used when no run-wide palette is passed)."""
-    keys = set(df["variant_label"]) if "variant_label" in df else set()
-    positions = set(df["position_label"]) - keys if "position_label" in df else set()
-    return palette(positions) | palette(keys)
+    return _split_palette(set(df["variant_label"]) if "variant_label" in df else set(),
+                          set(df["position_label"]) if "position_label" in df else set())
 
 
 def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,

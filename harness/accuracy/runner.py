@@ -66,6 +66,12 @@ class Job:
     fidelity_head_dim: int = 32
 
     @property
+    def finetune(self) -> TrainConfig:
+        """The fine-tune's training config: the job's, with its own steps, warm-up and peak LR."""
+        return dataclasses.replace(self.train, steps=self.finetune_steps, warmup=max(1, self.finetune_steps // 10),
+                                   lr=self.finetune_lr or self.train.lr)
+
+    @property
     def trained_task(self) -> str:
         return self.base_task if self.task in ("fidelity", "lengthgen") else self.task
 
@@ -250,8 +256,7 @@ class Runner:
         model = copy.deepcopy(base)
         L = p.finetune_len
         build.set_position(model, run.position.name, build.scaled_params(run.position, job.train_len, L, p.head_dim))
-        cfg = dataclasses.replace(job.train, steps=job.finetune_steps, warmup=max(1, job.finetune_steps // 10),
-                                  lr=job.finetune_lr or job.train.lr)
+        cfg = job.finetune
         ident = short_hash({"base": run.train_id, "position": run.position.label, "len": L, "train": dataclasses.asdict(cfg)})
         ckpt = self.ckpt_dir / f"{p.task.name}-ft-{ident}.pt"
         desc = f"fine-tune {run.position.label} at {L}"
@@ -272,7 +277,7 @@ class Runner:
             "batch_size": job.train.batch_size, "lr": job.train.lr, "trained_as": run.trained_as.label,
             "task_params": p.task.train_params(), "eval_id": short_hash(p.task.eval_params()), "status": "ok", "error": None,
         } | ({"finetune_steps": job.finetune_steps, "finetune_len": p.finetune_len,
-              "finetune_lr": job.finetune_lr or job.train.lr} if stage == "finetune" else {})
+              "finetune_lr": job.finetune.lr} if stage == "finetune" else {})
 
     def run_plan(self, p: Plan) -> None:
         if p.job.task == "fidelity":
