@@ -31,6 +31,7 @@ import click
 
 from harness.cost import DTYPES, KEY_FIELDS, MODES, SCOPES, Cell, json_normal
 from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from, executor_options
+from harness.noise import assess
 from harness.presets import get_preset
 from harness.results import COST_FIELDS, ResultsStore, cell_key, read_rows
 from harness.timing import TimingConfig
@@ -180,6 +181,7 @@ RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "min_run_time": _positive,
     "max_run_time": _positive,
     "threshold": _positive,
+    "retries": _count(0),
     "plugin": _strs(split=False),
     "out": _str,
     # where the cells run (harness.executors)
@@ -225,6 +227,7 @@ class RunSettings:
     min_run_time: float = 0.2
     max_run_time: float = 2.0
     threshold: float = 0.1
+    retries: int = 2  # re-measurements of a cell flagged noisy (harness.noise)
     plugin: tuple[str, ...] = ()
     out: str | None = None
     executor: ExecutorConfig = ExecutorConfig()
@@ -472,7 +475,8 @@ class CellMeasurer:
 
     Every executor runs one of these per slot (in this process, in a Ray actor, in a Slurm job), so a
     cell is measured the same way everywhere. Its payloads carry this machine's environment, memory
-    limit and matmul peak (timed before its first cell), so each row describes where it was measured.
+    limit, and each cell's result carries the matmul peaks and load timed next to it (harness.noise), so
+    each row describes where and under what load it was measured.
     """
 
     def __init__(self, run: RunSettings, run_id: str):
@@ -484,20 +488,24 @@ class CellMeasurer:
         self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
                                           plugins=tuple(run.plugin)))
         self.env = environment(run.device, run.seed)
-        self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes, "peak_flops_per_s": None, "peak_dtype": None}
-        self.peak_measured = False
+        self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes}
 
     def run(self, cell: Cell) -> dict[str, Any]:
+        """Measure ``cell``; while the result is ``noisy``, measure it again (``retries`` times at most)."""
+        from harness.noise import assess, least_noisy
+
         s = self.settings
-        if not self.peak_measured:  # once per host, in the process that measures its cells
-            self.peak_measured = True
-            peak = self.worker.measure_peak(TimingConfig(min_run_time=0.2, max_run_time=1.0))
-            self.extra.update({k: peak.get(k) for k in ("peak_flops_per_s", "peak_dtype")})
-        start, startup = time.monotonic(), self.worker.startup_s
-        result = self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit)
-        wall = time.monotonic() - start - (self.worker.startup_s - startup)  # a worker's start is not the cell's
-        return {"result": result, "env": self.env, "run_id": self.run_id,
-                "extra": {**self.extra, "cell_wall_s": wall, "worker_starts": self.worker.starts}}
+        attempts, walls = [], []
+        for _ in range(1 + s.retries):
+            start, startup = time.monotonic(), self.worker.startup_s
+            result = assess(self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit))
+            walls.append(time.monotonic() - start - (self.worker.startup_s - startup))  # a worker's start is not the cell's
+            attempts.append(result)
+            if not result.get("noisy"):
+                break
+        result = least_noisy(attempts)
+        return {"result": {**result, "attempts": len(attempts)}, "env": self.env, "run_id": self.run_id,
+                "extra": {**self.extra, "cell_wall_s": sum(walls), "worker_starts": self.worker.starts}}
 
     def close(self) -> None:
         self.worker.close()
@@ -556,9 +564,7 @@ def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: st
     row.update({"run_id": run_id, "device": cell.device})
     row.update(extra)
     row.update(result)
-    peak = row.get("peak_flops_per_s")
-    achieved = row.get("achieved_flops_per_s")
-    row["peak_fraction"] = achieved / peak if achieved and peak else None
+    assess(row)
     row["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return row
 
@@ -619,8 +625,8 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
     run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     env = environment(run.device, run.seed)  # the driver's: only rows no host measured (lost, or skipped at once)
     store = ResultsStore(out, KEY_FIELDS)
-    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "peak_flops_per_s": None,
-                "peak_dtype": None, "cell_wall_s": None, "worker_starts": 0}
+    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "cell_wall_s": None,
+                "worker_starts": 0, "attempts": 1}
     todo_at_start = sum(c.key() not in done for c in cells)
 
     with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
@@ -734,8 +740,8 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
 def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
     """The options the user actually gave (click passes None / () for the others)."""
     names = {"variant", "position", "lengths", "batch", "heads", "head_dim", "dtype", "mode", "scope", "causal", "layers",
-             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "plugin",
-             *EXECUTOR_KEYS}
+             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "retries",
+             "plugin", *EXECUTOR_KEYS}
     layer = {}
     for k in names:
         v = opts.get(k)
@@ -772,6 +778,7 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--seed", type=int, help="Seed of the random inputs (default 0).")
 @click.option("--min-run-time", type=float, help="Seconds of timed calls before the spread is checked.")
 @click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
+@click.option("--retries", type=int, help="Re-measure a cell flagged noisy up to N times (default 2; keeps the least noisy).")
 @executor_options
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:

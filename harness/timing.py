@@ -1,22 +1,28 @@
-"""Timing one callable the way ``torch.utils.benchmark`` does: warm-up, adaptive repeats, device
-synchronisation, and the median and interquartile range of the repeats.
+"""Timing one callable the way ``torch.utils.benchmark`` does -- blocks of calls between device
+synchronisations, the median and interquartile range of the blocks -- with every call accounted for.
 
-The first call of a cell (compilation, autotuning, lazy initialisation) is timed on its own by
-:func:`first_call` and never mixed into the steady-state numbers of :func:`time_callable`.
+``Timer.timeit(n)`` runs ``max(n // 100, 2)`` untimed warm-up calls before its timed ones, so timing a
+slow cell one ``timeit(1)`` per sample did three calls for every one it reported. Here the loop is
+ours and ``Timing.calls`` is exactly how many calls were made; the statistics are
+``torch.utils.benchmark.Measurement``'s. The first call of a cell (compilation, autotuning, lazy
+initialisation) is timed on its own by :func:`first_call` and never mixed into the steady state.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
-from torch.utils.benchmark import Measurement, Timer
+from torch.utils.benchmark import Measurement
+from torch.utils.benchmark.utils.common import TaskSpec
 from torch.utils.benchmark.utils.timer import timer as synced_clock  # syncs the accelerator, like Timer does
 
-# A call slower than this is timed one call per sample: the block-size search of
-# blocked_autorange would only repeat it (and its own warm-up call) for nothing.
+# A call slower than this is timed one call per sample (the probe call is the first sample).
 SLOW_CALL_S = 0.05
+# The spread is only judged once this many samples exist: an IQR of two or three points means nothing.
+MIN_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,11 @@ class TimingConfig:
 
     min_run_time: float = 0.2  # seconds of timed calls before the spread is even checked
     max_run_time: float = 2.0  # seconds of timed calls after which we stop, however noisy
-    threshold: float = 0.1  # stop early once IQR / median falls below this (adaptive_autorange)
+    threshold: float = 0.1  # stop early once IQR / median falls below this (adaptive_autorange's rule)
+    block_time: float = 0.02  # a sample of a fast call lasts about this long: sub-ms steps are repeated per sample
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -35,10 +45,12 @@ class Timing:
     median_s: float
     iqr_s: float | None
     samples: int  # timed blocks
-    number_per_run: int  # calls per block (blocked_autorange amortises timer overhead over a block)
+    number_per_run: int  # calls per block
+    calls: int  # every call time_callable made, the untimed probe of a fast call included
 
     @property
     def repeats(self) -> int:
+        """Calls inside the timed samples."""
         return self.samples * self.number_per_run
 
 
@@ -49,40 +61,47 @@ def first_call(fn: Callable[[], object]) -> float:
     return synced_clock() - start
 
 
-def _timer(fn: Callable[[], object]) -> Timer:
-    # Timer defaults to num_threads=1; a sweep measures with the threads the process really uses.
-    return Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+def _block(fn: Callable[[], object], number: int) -> float:
+    """Seconds for ``number`` back-to-back calls, synchronised once at each end (as Timer does)."""
+    start = synced_clock()
+    for _ in range(number):
+        fn()
+    return synced_clock() - start
 
 
-def _summarise(m: Measurement) -> Timing:
-    iqr = m.iqr if len(m.times) >= 2 else None
-    return Timing(median_s=m.median, iqr_s=iqr, samples=len(m.raw_times), number_per_run=m.number_per_run)
+def _measurement(number: int, blocks: list[float]) -> Measurement:
+    spec = TaskSpec(stmt="fn()", setup="pass", num_threads=torch.get_num_threads())
+    return Measurement(number_per_run=number, raw_times=list(blocks), task_spec=spec)
+
+
+def _done(m: Measurement, config: TimingConfig) -> bool:
+    total = sum(m.raw_times)
+    if total >= config.max_run_time:
+        return True
+    return total >= config.min_run_time and len(m.raw_times) >= MIN_SAMPLES and m.iqr / m.median < config.threshold
 
 
 def time_callable(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -> Timing:
     """Median and IQR of an already warmed-up ``fn``.
 
-    Fast calls go through ``Timer.adaptive_autorange`` (blocks grown until timer overhead
-    vanishes, repeated until IQR/median < threshold or ``max_run_time``). Slow calls are timed
-    one per sample, until ``max_run_time`` of them or an early stop on the same spread rule.
+    One probe call sets the block size: a call slower than ``SLOW_CALL_S`` is timed one call per
+    sample and the probe is its first sample; a faster one is repeated ``block_time / probe`` times
+    per sample, so a 0.2 ms decoding step is timed in blocks of ~100 calls and timer and scheduling
+    jitter average out. Samples are added until ``min_run_time`` of timed calls and IQR / median <
+    ``threshold`` (at least ``MIN_SAMPLES``), or ``max_run_time``.
     """
-    timer = _timer(fn)
-    probe = timer.timeit(1)
-    if probe.median < SLOW_CALL_S:
-        m = timer.adaptive_autorange(
-            threshold=config.threshold, min_run_time=config.min_run_time, max_run_time=config.max_run_time
-        )
-        return _summarise(m)
-    samples = [probe]
-    while True:
-        merged = Measurement.merge(samples)[0]
-        total = sum(merged.times)
-        if total >= config.max_run_time:
-            break
-        if total >= config.min_run_time and len(samples) >= 4 and merged.iqr / merged.median < config.threshold:
-            break
-        samples.append(timer.timeit(1))
-    return _summarise(Measurement.merge(samples)[0])
+    probe = _block(fn, 1)
+    calls = 1
+    if probe >= SLOW_CALL_S:
+        number, blocks = 1, [probe]
+    else:
+        number, blocks = max(1, math.ceil(config.block_time / max(probe, 1e-9))), []
+    while not blocks or not _done(_measurement(number, blocks), config):
+        blocks.append(_block(fn, number))
+        calls += number
+    m = _measurement(number, blocks)
+    iqr = m.iqr if len(blocks) >= 2 else None
+    return Timing(median_s=m.median, iqr_s=iqr, samples=len(blocks), number_per_run=number, calls=calls)
 
 
 def bare_loop(fn: Callable[[], object], calls: int) -> list[float]:
@@ -97,4 +116,4 @@ def bare_loop(fn: Callable[[], object], calls: int) -> list[float]:
     return out
 
 
-__all__ = ["SLOW_CALL_S", "Timing", "TimingConfig", "bare_loop", "first_call", "time_callable"]
+__all__ = ["MIN_SAMPLES", "SLOW_CALL_S", "Timing", "TimingConfig", "bare_loop", "first_call", "time_callable"]

@@ -80,13 +80,45 @@ def _cap_address_space(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int) -> dict[str, Any]:
-    """Measure one cell in this process; every failure becomes a status (never raises)."""
+class PeakTimer:
+    """The device's matmul FLOP/s, timed next to every cell with the cell's threads and dtype.
+
+    Its operands are allocated once, before any cell's memory baseline, so they never count in a
+    cell's peak memory; each timing is short (``PEAK_TIMING``) because it runs twice per cell.
+    """
+
+    def __init__(self, device: str):
+        from harness.noise import peak_matmul
+
+        self.fn, self.flops, self.dtype = peak_matmul(device)
+        self._warm = False
+
+    def measure(self) -> float:
+        from harness.timing import first_call, time_callable
+
+        if not self._warm:
+            first_call(self.fn)
+            self._warm = True
+        return self.flops / time_callable(self.fn, PEAK_TIMING).median_s
+
+
+PEAK_TIMING = TimingConfig(min_run_time=0.3, max_run_time=1.0, threshold=0.05)
+
+
+def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peak: PeakTimer | None = None) -> dict[str, Any]:
+    """Measure one cell in this process; every failure becomes a status (never raises).
+
+    Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
+    the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
+    buffers are then handed back to the OS), the timed calls with the CPU snapshots around them,
+    the peak again. ``peak`` None skips the peaks (tests of other things).
+    """
     import torch
 
     from attn.attention.base import UnsupportedBackend
     from harness.cost import Cell, build
-    from harness.memory import PeakMemory
+    from harness.memory import PeakMemory, release_freed_memory
+    from harness.noise import cpu_snapshot, load_average, other_cpu
     from harness.timing import first_call, time_callable
 
     cell = Cell.from_row(cell_row)
@@ -98,13 +130,19 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int) -> dict[
         measured = build(cell)
         warmup_s = first_call(measured.fn)
         del measured
+        peak_before = peak.measure() if peak else None
         mem.baseline()
         torch.manual_seed(seed)
         measured = build(cell)
+        release_freed_memory()  # what building freed (a decode prefill's activations) is not the cell's memory
         mem.reset_peak()
+        start = cpu_snapshot()
         t = time_callable(measured.fn, timing)
-        peak = mem.peak()
-        backend = measured.backend()
+        end = cpu_snapshot()
+        peak_mem = mem.peak()
+        backend, flops, tokens = measured.backend(), measured.flops, measured.tokens
+        del measured
+        peak_after = peak.measure() if peak else None
     except UnsupportedBackend as e:
         return {"status": "unsupported", "error": one_line(e)}
     except MemoryError as e:
@@ -119,23 +157,16 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int) -> dict[
         "latency_ms": median * 1e3,
         "latency_iqr_ms": None if t.iqr_s is None else t.iqr_s * 1e3,
         "repeats": t.repeats, "timing_samples": t.samples, "calls_per_sample": t.number_per_run,
+        "timed_calls": t.calls, "warmup_calls": 1,
         "warmup_s": warmup_s, "compile_s": max(0.0, warmup_s - median),
-        "tokens_per_s": measured.tokens / median,
-        "flops": measured.flops,
-        "achieved_flops_per_s": None if measured.flops is None else measured.flops / median,
-        "peak_mem_bytes": peak, "mem_method": mem.method,
+        "tokens_per_s": tokens / median,
+        "flops": flops,
+        "achieved_flops_per_s": None if flops is None else flops / median,
+        "peak_mem_bytes": peak_mem, "mem_method": mem.method,
+        "peak_before_flops_per_s": peak_before, "peak_after_flops_per_s": peak_after,
+        "peak_dtype": peak.dtype if peak else None,
+        "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
     }
-
-
-def measure_peak(device: str, timing: TimingConfig) -> dict[str, Any]:
-    """The device's matmul FLOP/s, timed like any cell: the denominator of ``peak_fraction``."""
-    from harness.cost import peak_matmul
-    from harness.timing import first_call, time_callable
-
-    fn, flops, dtype = peak_matmul(device)
-    first_call(fn)
-    t = time_callable(fn, timing)
-    return {"status": "ok", "peak_flops_per_s": flops / t.median_s, "peak_dtype": dtype}
 
 
 def child_main(argv: list[str] | None = None) -> None:
@@ -172,15 +203,16 @@ def child_main(argv: list[str] | None = None) -> None:
         total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_limit / total), torch.device(args.device))
     send({"event": "ready", "pid": os.getpid(), "plugin_errors": failed})
+    peak: PeakTimer | None = None
     for line in sys.stdin:
         req = json.loads(line)
         timing = TimingConfig(**req.get("timing", {}))
         if not cuda and args.mem_limit and not args.no_address_space_cap:
             _cap_address_space(args.mem_limit)
         if req["op"] == "cell":
-            send(run_cell(req["cell"], timing, req.get("seed", 0)))
-        elif req["op"] == "peak":
-            send(measure_peak(args.device, timing))
+            if peak is None:  # once, before the first cell's memory baseline
+                peak = PeakTimer(args.device)
+            send(run_cell(req["cell"], timing, req.get("seed", 0), peak))
         elif req["op"] == "exit":
             break
 
@@ -271,9 +303,6 @@ class Worker:
     # requests
     def run_cell(self, cell_row: dict[str, Any], timing: TimingConfig, seed: int, time_limit_s: float) -> dict[str, Any]:
         return self._request({"op": "cell", "cell": cell_row, "seed": seed, "timing": vars_of(timing)}, time_limit_s)
-
-    def measure_peak(self, timing: TimingConfig, time_limit_s: float = 120.0) -> dict[str, Any]:
-        return self._request({"op": "peak", "timing": vars_of(timing)}, time_limit_s)
 
     def _request(self, msg: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
@@ -367,10 +396,10 @@ class Worker:
 
 
 def vars_of(timing: TimingConfig) -> dict[str, float]:
-    return {"min_run_time": timing.min_run_time, "max_run_time": timing.max_run_time, "threshold": timing.threshold}
+    return timing.as_dict()
 
 
-__all__ = ["Worker", "WorkerConfig", "looks_like_oom", "measure_peak", "one_line", "run_cell"]
+__all__ = ["Worker", "WorkerConfig", "PeakTimer", "looks_like_oom", "one_line", "run_cell"]
 
 
 if __name__ == "__main__":

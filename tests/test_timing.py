@@ -36,6 +36,38 @@ def test_time_budget_bounds_the_repeats_of_a_slow_call():
     assert t.samples == t.repeats and 2 <= t.samples <= 4  # probe + samples until 0.25 s of timed calls
 
 
+class Counted:
+    def __init__(self, seconds):
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self):
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+@pytest.mark.parametrize("seconds", [0.0002, 0.003, 2 * SLOW_CALL_S])
+def test_the_helper_makes_exactly_the_calls_it_reports(seconds):
+    """No hidden warm-up: Timer.timeit(1) made three calls for each one it timed."""
+    fn = Counted(seconds)
+    t = time_callable(fn, TimingConfig(min_run_time=0.05, max_run_time=0.3, threshold=0.05))
+    assert fn.calls == t.calls
+    slow = seconds >= SLOW_CALL_S
+    assert t.calls == t.repeats + (0 if slow else 1)  # a slow call's probe is its first sample
+    assert t.median_s >= seconds
+
+
+def test_a_slow_call_runs_once_when_it_alone_exceeds_the_budget():
+    fn = Counted(0.3)
+    t = time_callable(fn, TimingConfig(min_run_time=0.05, max_run_time=0.2))
+    assert fn.calls == t.calls == t.samples == 1
+
+
+def test_sub_millisecond_calls_are_repeated_within_each_sample():
+    t = time_callable(Counted(0.0001), TimingConfig(min_run_time=0.05, max_run_time=0.5, block_time=0.02))
+    assert t.number_per_run >= 20  # ~0.02 s blocks of ~0.1-0.2 ms calls
+    assert t.samples >= 4 and t.iqr_s is not None
+
+
 def test_bare_loop_times_each_call():
     times = bare_loop(sleeper(0.002), 5)
     assert len(times) == 5 and all(x >= 0.002 for x in times)

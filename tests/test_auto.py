@@ -1,0 +1,69 @@
+"""`auto` follows the documented rule: the measured order for the device and mode, then declaration order."""
+import pytest
+import torch
+
+import attn
+from attn.registry import ATTENTION
+
+BUILTIN = ["full", "sliding_window", "block_sparse", "linear"]
+
+
+def expected(module, device, mode):
+    """The rule of attn/attention/base.py, spelled out: auto_order first, reference only as a last resort."""
+    measured = list(module.auto_order.get(f"{device}/{mode}", ()))
+    order = measured + [b.name for b in module.backends if b.name not in measured]
+    fast = [n for n in order if n != "reference" and module.backend_info(n).why_not(device, torch.float32, mode) is None]
+    return fast[0] if fast else "reference"
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_auto_orders_name_real_backends(name):
+    cls = ATTENTION.get(name).cls
+    names = {b.name for b in cls.backends}
+    for key, order in cls.auto_order.items():
+        device, _, mode = key.partition("/")
+        assert device in ("cpu", "cuda") and mode in ("forward", "backward", "decode"), key
+        assert set(order) <= names and len(set(order)) == len(order), (key, order)
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("mode", ["forward", "backward", "decode"])
+def test_auto_picks_by_the_rule_on_cpu(name, mode):
+    m = attn.build_attention(name)
+    assert m.select_backend("cpu", torch.float32, mode) == expected(m, "cpu", mode)
+
+
+@pytest.mark.parametrize("name, mode, backend", [
+    ("sliding_window", "forward", "blocked"),  # measured: blocked beats compiled flex on CPU
+    ("block_sparse", "forward", "flex"),  # measured: flex beats gathered
+    ("linear", "forward", "chunked"),
+    ("linear", "decode", "recurrent"),
+    ("full", "forward", "sdpa"),  # no measured order: the first declared fast backend
+])
+def test_the_measured_cpu_choices(name, mode, backend):
+    m = attn.build_attention(name)
+    if m.backend_info(backend).why_not("cpu", torch.float32, mode) is not None:
+        pytest.skip(f"{backend} cannot run here")
+    assert m.select_backend("cpu", torch.float32, mode) == backend
+
+
+def test_a_forward_call_records_the_backend_auto_chose():
+    m = attn.build_attention("sliding_window", window=64)
+    q = k = v = torch.randn(1, 2, 600, 16)
+    m(q, k, v)
+    assert m.last_backend == expected(m, "cpu", "forward") == "blocked"
+
+
+def test_a_variant_without_a_measured_order_keeps_declaration_order():
+    class Plain(attn.Attention):
+        name = "plain"
+        backends = (
+            attn.attention.base.Backend("reference", {"cpu": attn.attention.base.ALL_MODES}),
+            attn.attention.base.Backend("slow", {"cpu": attn.attention.base.ALL_MODES}),
+            attn.attention.base.Backend("fast", {"cpu": attn.attention.base.ALL_MODES}),
+        )
+
+    assert Plain(None).select_backend("cpu", torch.float32, "forward") == "slow"
+    Plain.auto_order = {"cpu/forward": ("fast",)}
+    assert Plain(None).select_backend("cpu", torch.float32, "forward") == "fast"
+    assert Plain(None).select_backend("cpu", torch.float32, "decode") == "slow"

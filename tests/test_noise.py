@@ -1,0 +1,102 @@
+"""Trust in a measured cell: peaks next to it, a real CPU hog flagged, quiet fractions within (0, 1],
+decoding memory that is the state and not what the prefill freed, and the noisy verdict itself."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.cost import Cell
+from harness.noise import CpuSnapshot, assess, cpu_snapshot, least_noisy, noisy_reason, other_cpu
+from harness.timing import TimingConfig
+from harness.worker import Worker, WorkerConfig
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux-only")
+
+
+def cell(variant="linear", mode="forward", L=512, H=8, D=64):
+    return Cell(variant=variant, variant_params={}, backend_requested="auto", position="none", position_params={},
+                scope="op", mode=mode, device="cpu", dtype="float32", batch_size=1, num_heads=H, head_dim=D,
+                seq_len=L)
+
+
+def measure(worker, c, min_run_time=0.3):
+    return assess(worker.run_cell(c.as_row(), TimingConfig(min_run_time, 1.0), seed=0, time_limit_s=300))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker(WorkerConfig()) as w:
+        yield w
+
+
+@linux
+def test_a_cell_run_beside_a_busy_process_is_flagged_noisy(worker):
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        row = measure(worker, cell("full", L=1024), min_run_time=0.5)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert row["status"] == "ok" and row["noisy"] is True
+    assert row["other_cpu"] > 0.5 and "other processes" in row["noisy_reason"]
+
+
+@linux
+def test_a_quiet_cell_carries_its_own_peaks_and_a_fraction_within_one(worker):
+    row = measure(worker, cell("linear", L=512))
+    assert row["status"] == "ok"
+    assert row["peak_before_flops_per_s"] > 0 and row["peak_after_flops_per_s"] > 0
+    assert row["peak_flops_per_s"] == max(row["peak_before_flops_per_s"], row["peak_after_flops_per_s"])
+    assert 0 < row["peak_fraction"] <= 1
+    assert row["other_cpu"] is not None and row["loadavg_1m"] is not None
+    assert row["timed_calls"] >= row["repeats"] >= 1
+
+
+@linux
+def test_linear_decoding_memory_is_its_state_at_any_context(worker):
+    """The prefill's freed activations (24.6 MB at 2K before malloc_trim) are not the decoder's memory."""
+    short, long = (measure(worker, cell("linear", "decode", L=L)) for L in (1024, 16384))
+    state = 8 * 64 * 65 * 4  # (B, H, d_phi, D + 1) fp32
+    for row in (short, long):
+        assert row["status"] == "ok" and row["backend"] == "recurrent"
+        assert row["peak_mem_bytes"] < 2 * 2**20 + 4 * state
+    assert abs(long["peak_mem_bytes"] - short["peak_mem_bytes"]) < 2**20
+
+
+def test_other_cpu_is_the_machine_minus_this_process():
+    start, end = CpuSnapshot(0.0, 1000, 200), CpuSnapshot(2.0, 1300, 300)  # ticks at 100 Hz
+    assert other_cpu(start, end) == pytest.approx((300 - 100) / 100 / 2.0)
+    assert other_cpu(start, CpuSnapshot(2.0, None, 300)) is None
+
+
+@linux
+def test_cpu_snapshot_reads_proc():
+    s = cpu_snapshot()
+    assert s.machine is not None and s.own is not None and s.machine >= s.own
+
+
+@pytest.mark.parametrize("row, noisy", [
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1.05e11, "other_cpu": 0.0}, False),
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 0.5e11, "other_cpu": 0.0}, True),
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "other_cpu": 1.0}, True),
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "achieved_flops_per_s": 1.5e11}, True),
+])
+def test_the_noisy_verdict(row, noisy):
+    out = assess({"status": "ok", **row})
+    assert out["noisy"] is noisy and (out["noisy_reason"] is None) is (not noisy)
+    assert out["noisy_reason"] == noisy_reason(out)
+
+
+def test_the_fraction_uses_the_larger_peak():
+    out = assess({"status": "ok", "peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1.1e11,
+                  "achieved_flops_per_s": 5.5e10})
+    assert out["peak_flops_per_s"] == 1.1e11 and out["peak_fraction"] == pytest.approx(0.5)
+
+
+def test_of_several_attempts_the_quiet_one_is_kept():
+    a = {"status": "ok", "noisy": True, "other_cpu": 0.9}
+    b = {"status": "ok", "noisy": True, "other_cpu": 0.4}
+    c = {"status": "ok", "noisy": False, "other_cpu": 0.1}
+    assert least_noisy([a, b]) is b and least_noisy([a, c, b]) is c
