@@ -6,10 +6,15 @@ Modes: ``forward``; ``train`` = forward + backward (gradients of the inputs for 
 weight for ``model``; no optimiser step); ``decode`` = one new token per sequence with the cache
 already holding ``seq_len`` tokens (prefilled once, outside the timed region).
 
-FLOPs are useful matmul FLOPs (2 per multiply-add), from the variant's own ``flops()`` count:
-- op forward: ``variant.flops(B, H, L, L, D, causal)``; decode: ``variant.flops(B, H, 1, L + 1, D, causal)``.
-- model: ``2 * tokens * (weights of every nn.Linear, LM head included)`` + ``n_layers * op flops``.
-- train: 3 x forward. Each forward matmul C = A B has two matmuls in the backward pass
+FLOPs are the useful FLOPs of exactly what is timed (2 per multiply-add), from the variant's own
+mode-aware count ``variant.mode_flops(mode, B, H, L, D, causal)`` (``attn.Attention.mode_flops``):
+- op: that count. forward = ``flops(B, H, L, L, D, causal)``; train = 3 x forward; decode = one
+  step with L tokens already in the state: for KV-cache variants one query against the L + 1 keys
+  it sees, for ``linear`` one key absorbed into the recurrent state and one query read from it
+  (independent of L).
+- model: ``2 * tokens * (weights of every nn.Linear, LM head included)`` (x 3 for train; tokens =
+  B * L, or B for one decoding step) + ``n_layers * op count`` in the same mode.
+- train = 3 x forward: each forward matmul C = A B has two matmuls in the backward pass
   (dA = dC B^T, dB = A^T dC), so backward = 2 x forward (Kaplan et al. 2020, sec. 2.1;
   the PaLM MFU convention). FlashAttention's recomputation of the scores is not useful work and
   is not counted, so a recomputing kernel shows a lower FLOP/s for the same time.
@@ -106,17 +111,23 @@ class Measured:
 # -- FLOPs ---------------------------------------------------------------------------------------
 
 def train_factor(mode: str) -> int:
+    """Train step / forward for matmuls with weights (model scope): backward = 2 x forward."""
     return 3 if mode == "train" else 1
 
 
 def attention_flops(module: Any, cell: Cell) -> int:
-    """Forward FLOPs of one attention call of ``cell`` (one query against L + 1 keys when decoding)."""
-    q_len, k_len = (1, cell.seq_len + 1) if cell.mode == "decode" else (cell.seq_len, cell.seq_len)
-    return int(module.flops(cell.batch_size, cell.num_heads, q_len, k_len, cell.head_dim, cell.causal))
+    """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
+    decoding step), from the variant's ``mode_flops``. A duck-typed plugin with only ``flops`` gets
+    the base class's definitions."""
+    args = (cell.mode, cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim, cell.causal)
+    if hasattr(module, "mode_flops"):
+        return int(module.mode_flops(*args))
+    return int(attn.Attention.mode_flops(module, *args))
 
 
 def op_flops(module: Any, cell: Cell) -> int:
-    return train_factor(cell.mode) * attention_flops(module, cell)
+    """What an op-scope cell times: the attention call alone."""
+    return attention_flops(module, cell)
 
 
 def linear_weights(model: nn.Module) -> int:
@@ -125,9 +136,10 @@ def linear_weights(model: nn.Module) -> int:
 
 
 def model_flops(model: Any, cell: Cell) -> int:
+    """Every nn.Linear once per token processed (B, or B * L), plus each layer's attention in the same mode."""
     tokens = cell.batch_size * (1 if cell.mode == "decode" else cell.seq_len)
-    attention = model.config.n_layers * attention_flops(model.blocks[0].attn.attn, cell)
-    return train_factor(cell.mode) * (2 * tokens * linear_weights(model) + attention)
+    weights = train_factor(cell.mode) * 2 * tokens * linear_weights(model)
+    return weights + model.config.n_layers * attention_flops(model.blocks[0].attn.attn, cell)
 
 
 # -- decoding state ------------------------------------------------------------------------------
@@ -270,19 +282,7 @@ def build_model(cell: Cell) -> Measured:
     return Measured(forward, flops, B * L, backend)
 
 
-# -- the device's matmul peak --------------------------------------------------------------------
-
-def peak_matmul(device: str) -> tuple[Callable[[], Any], int, str]:
-    """A large square matmul (fp32 on CPU, bf16 on CUDA) and its FLOPs: the device's practical peak."""
-    cuda = device.startswith("cuda")
-    n, dtype = (8192, torch.bfloat16) if cuda else (2048, torch.float32)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    return (lambda: torch.mm(a, b, out=out)), 2 * n**3, str(dtype).removeprefix("torch.")
-
-
 __all__ = [
     "Cell", "DTYPES", "KEY_FIELDS", "MODES", "Measured", "Rewind", "SCOPES", "attention_flops", "build", "json_normal",
-    "linear_weights", "model_config", "model_flops", "op_flops", "peak_matmul",
+    "linear_weights", "model_config", "model_flops", "op_flops",
 ]

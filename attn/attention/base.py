@@ -1,8 +1,13 @@
 """The contract every attention variant implements, and the backend dispatch they share.
 
-A variant subclasses :class:`Attention`, lists its :class:`Backend` s (fastest first) and
-writes one ``backend_<name>(q, k, v, causal)`` method per backend. ``auto`` picks the first
-backend that can run on the inputs' device, dtype and mode; ``last_backend`` says which ran.
+A variant subclasses :class:`Attention`, lists its :class:`Backend` s and writes one
+``backend_<name>(q, k, v, causal)`` method per backend; ``last_backend`` says which ran.
+
+``auto`` = the fastest backend here. It tries, in order, the backends a variant's ``auto_order``
+lists for ``"<device>/<mode>"`` (an order *measured* on that device class and written down next to
+it with the command that measured it), then the remaining backends in declaration order (the
+author's expectation, for devices nobody has measured yet); the first that can run on the inputs'
+device, dtype and mode wins. The dense ``reference`` is chosen only when nothing else can run.
 """
 from __future__ import annotations
 
@@ -132,6 +137,8 @@ class Attention(nn.Module):
     supports_bidirectional: ClassVar[bool] = True
     exact: ClassVar[bool] = True
     backends: ClassVar[tuple[Backend, ...]] = ()
+    # "<device>/<mode>" -> backends fastest first, as measured on that device class (see module docstring)
+    auto_order: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, config: Any, backend: str = "auto"):
         super().__init__()
@@ -156,7 +163,7 @@ class Attention(nn.Module):
                 raise UnsupportedBackend(f"{self.name}/{self.backend}: {why}")
             return self.backend
         reasons = []
-        for b in self.backends:
+        for b in self.auto_candidates(device, mode):
             if b.name == "reference" and len(self.backends) > 1:
                 continue  # auto never picks the dense reference when a fast path exists
             why = b.why_not(device, dtype, mode)
@@ -167,6 +174,12 @@ class Attention(nn.Module):
         if ref is not None and ref.why_not(device, dtype, mode) is None:
             return "reference"
         raise UnsupportedBackend(f"{self.name}: no backend can run ({'; '.join(reasons)})")
+
+    def auto_candidates(self, device: str, mode: str) -> list[Backend]:
+        """Backends in the order ``auto`` tries them on ``device`` (a device type: cpu, cuda) in ``mode``."""
+        measured = self.auto_order.get(f"{device}/{mode}", ())
+        first = [self.backend_info(n) for n in measured]
+        return first + [b for b in self.backends if b.name not in measured]
 
     @staticmethod
     def mode_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
@@ -194,11 +207,38 @@ class Attention(nn.Module):
 
     # -- cost ---------------------------------------------------------------------------
     def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:
-        """Useful forward FLOPs (masked-out pairs not counted): QK^T and PV, 2 FLOPs per MAC."""
+        """Useful FLOPs of one forward call on q (Lq) and k, v (Lk), 2 per MAC: QK^T and PV over the
+        visible pairs only (masked-out pairs not counted). See :meth:`mode_flops` for what a harness mode costs."""
         return 4 * batch * heads * head_dim * self.pairs(q_len, k_len, causal)
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        """Visible (query, key) pairs of a call; Lq < Lk means the queries are the last Lq positions."""
         return visible_pairs(q_len, k_len, causal)
+
+    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True) -> int:
+        """Useful FLOPs of what the harness times in ``mode`` at context ``seq_len`` (L), 2 per MAC.
+
+        - ``forward``: one call on L queries and L keys, ``flops(B, H, L, L, D, causal)``.
+        - ``train``: forward + backward = 3 x forward. Each forward matmul C = A B has two in the
+          backward pass (dA = dC B^T, dB = A^T dC), so backward = 2 x forward (Kaplan et al. 2020,
+          sec. 2.1; the PaLM MFU convention). Recomputation (FlashAttention re-forms the scores in
+          its backward) is not useful work and is not counted.
+        - ``decode``: one step of one new token whose state already holds L tokens. The default is
+          for variants with a KV cache: one query against the L + 1 keys it sees, i.e.
+          ``flops(B, H, 1, L + 1, D, causal=True)`` (appending to the cache is a copy, no FLOPs).
+          A step is causal whatever ``causal`` says: a new token has no future.
+
+        Plugins that do not override this get these definitions through their own ``flops`` and
+        ``pairs``; a variant whose step does not re-read every key (a recurrent state) must
+        override the ``decode`` case, or its decode is charged all L + 1 keys.
+        """
+        if mode == "forward":
+            return self.flops(batch, heads, seq_len, seq_len, head_dim, causal)
+        if mode == "train":
+            return 3 * self.flops(batch, heads, seq_len, seq_len, head_dim, causal)
+        if mode == "decode":
+            return self.flops(batch, heads, 1, seq_len + 1, head_dim, True)
+        raise ValueError(f"unknown mode {mode!r}; valid: forward, train, decode")
 
     # -- incremental decoding -----------------------------------------------------------
     supports_decode: ClassVar[bool] = True

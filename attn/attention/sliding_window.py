@@ -196,6 +196,10 @@ class SlidingWindowAttention(Attention):
         Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, SDPA per chunk"),
         XFORMERS,
     )
+    # Forward on a 2-core x86 CPU, 4K-32K: blocked faster than compiled flex (16K: 301 vs 405 ms).
+    # Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
+    # CUDA: not measured yet; the declared order (flex first) stands.
+    auto_order = {"cpu/forward": ("blocked", "flex")}
 
     @property
     def window(self) -> int:
