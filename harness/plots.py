@@ -6,6 +6,8 @@ support raises :class:`Skip` saying why; ``plot`` reports those and draws the re
 double along the sweep, so length axes are log2; every figure carries a caption with the device
 and torch version. Cells that did not run (oom, timeout, error...) are never drawn as values:
 their lines break, and oom/timeout cells are marked with an ``x`` at the length where they failed.
+Cells that ran but are not trusted (noisy, or faster than the measured peak: see
+:func:`harness.tables.untrusted`) stay on their line with a hollow marker, counted in the caption.
 """
 from __future__ import annotations
 
@@ -181,17 +183,51 @@ def _mark_failures(ax: Axes, cells: pd.DataFrame, colour: Any) -> None:
                        gid=f"{status}:{cells['series'].iloc[0]}")
 
 
+HOLLOW_LABEL = "hollow = noisy or suspect cell"
+
+
+def _series_line(ax: Axes, x: Any, y: Any, hollow: np.ndarray, *, colour: Any, style: dict[str, Any], label: str,
+                 gid: str) -> int:
+    """One series: the line runs through every point (a hollow point is still data); untrusted points get a
+    hollow marker of the same edge colour instead of a filled one. Returns how many are hollow."""
+    x, y, hollow = np.asarray(x, dtype=float), np.asarray(y, dtype=float), np.asarray(hollow, dtype=bool)
+    extra = {"markevery": ~hollow} if hollow.any() else {}
+    ax.plot(x, y, color=colour, label=label, gid=gid, markersize=4, **style, **extra)
+    if hollow.any():
+        ax.plot(x[hollow], y[hollow], linestyle="none", marker=style.get("marker", "o"), markersize=5,
+                markerfacecolor="none", markeredgecolor=colour, markeredgewidth=1.2, color=colour,
+                label="_hollow", gid=f"hollow:{gid}", zorder=4)
+    return int(hollow.sum())
+
+
+def _hollow_note(n: int, clipped: int = 0, peak: float = 1.0) -> str:
+    """The caption's count of untrusted points (empty when every drawn point is trusted)."""
+    if not n:
+        return ""
+    note = f" · hollow markers: noisy or suspect cells ({n})"
+    if clipped:
+        note += f"; {clipped} above the measured peak, drawn at {peak:g} with the real value written beside"
+    return note
+
+
 def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabel: str, scale: float = 1.0,
                 band: str | None = None, logy: bool = True, palette: dict | None = None,
-                ref_line: tuple[float, str] | None = None) -> Figure:
-    """One panel per scope/mode, one line per series; non-ok cells break the line."""
+                ref_line: tuple[float, str] | None = None, clip_above: float | None = None) -> Figure:
+    """One panel per scope/mode, one line per series; non-ok cells break the line.
+
+    Noisy or suspect cells are drawn hollow but kept on the line: dropping them would hide that they
+    were measured, and a gap would read as a failure. With ``clip_above`` a value above it (a fraction of
+    peak over 1) is drawn at that limit, hollow, with its real value written beside it.
+    """
     df = _cost_frame(cost, column, ylabel)
+    df = df.assign(_untrusted=T.untrusted(df).to_numpy())
     pal = palette or _frame_palette(df)
     styles = _styles(df["backend_label"])
     facets = _facets(df)
     with _style():
         fig, axes = _figure(len(facets))
         any_fail = False
+        n_hollow = n_clipped = 0
         for ax, facet in zip(axes, facets, strict=True):
             sub = df[df["facet"] == facet]
             for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
@@ -199,8 +235,14 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
                 ok = (g["status"] == "ok") & g[column].notna()
                 y = np.where(ok, g[column].astype(float) / scale, np.nan)
                 colour = pal[g["variant_label"].iloc[0]]
-                ax.plot(g["seq_len"], y, color=colour, label=series, gid=f"{name}:{series}", markersize=4,
-                        **styles[g["backend_label"].iloc[0]])
+                over = ok.to_numpy() & (y > clip_above) if clip_above is not None else np.zeros(len(g), dtype=bool)
+                hollow = (ok & g["_untrusted"]).to_numpy() | over
+                n_hollow += _series_line(ax, g["seq_len"], np.where(over, clip_above, y), hollow, colour=colour,
+                                         style=styles[g["backend_label"].iloc[0]], label=series, gid=f"{name}:{series}")
+                for x, v in zip(g["seq_len"].to_numpy()[over], y[over], strict=True):
+                    n_clipped += 1
+                    ax.annotate(f"{v:.3g}× peak", xy=(x, clip_above), xytext=(0, 6), textcoords="offset points", ha="center",
+                                fontsize="x-small", color=colour, gid=f"over:{series}:{int(x)}")
                 if band and band in g:
                     b = ok & g[band].notna()
                     mid, half = g.loc[b, column] / scale, g.loc[b, band] / scale / 2
@@ -220,7 +262,9 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
         legend = _legend_entries(axes)
         if any_fail:
             legend.append((Line2D([], [], color="0.2", marker=FAIL_MARKER, linestyle=""), "× = out of memory / timeout"))
-        _finish(fig, title, T.caption(df), legend)
+        if n_hollow:
+            legend.append((Line2D([], [], color="0.2", marker="o", markerfacecolor="none", linestyle=""), HOLLOW_LABEL))
+        _finish(fig, title, T.caption(df) + _hollow_note(n_hollow, n_clipped, clip_above or 1.0), legend)
     return fig
 
 
@@ -280,43 +324,51 @@ def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: d
 
 def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                         formats: Sequence[str] = ("png",)) -> Figure:
-    """Achieved FLOP/s as a fraction of the device's measured peak: how close each backend gets to the hardware."""
+    """Achieved FLOP/s as a fraction of the device's measured peak: how close each backend gets to the hardware.
+
+    A fraction above 1 is impossible (a timing bug or a peak taken under other load): it is drawn at 1,
+    hollow, with its value written beside it, never as a point above the peak."""
     df = cost if "series" in cost else T.prepare_cost(cost)
-    if "peak_fraction" in df and df["peak_fraction"].notna().any():
-        frac = df["peak_fraction"]
-    elif {"achieved_flops_per_s", "peak_flops_per_s"} <= set(df.columns) and df["peak_flops_per_s"].notna().any():
-        frac = df["achieved_flops_per_s"] / df["peak_flops_per_s"]
-    else:
+    frac = T.peak_fraction(df)
+    if not frac.notna().any():
         raise Skip("rows carry no measured device peak (peak_flops_per_s or peak_fraction)")
     df = df.assign(flops_fraction=frac)
     fig = _cost_lines(df, "flops_fraction", name="flops_fraction", title="Achieved FLOP/s / measured peak",
-                      ylabel="fraction of peak FLOP/s", palette=palette, ref_line=(1.0, "measured peak"))
+                      ylabel="fraction of peak FLOP/s", palette=palette, ref_line=(1.0, "measured peak"),
+                      clip_above=1.0)
     save(fig, out, "flops_fraction", formats)
     return fig
 
 
 def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                  formats: Sequence[str] = ("png",)) -> Figure:
-    """Speed-up over the fastest ``full`` backend vs length; where each variant starts winning is annotated."""
+    """Speed-up over the fastest ``full`` backend vs length; where each variant starts winning is annotated.
+
+    A ratio is drawn hollow when either its cell or its ``full`` baseline is noisy or suspect; the
+    "wins from" note is computed without suspect cells (as in the report)."""
     df = _cost_frame(cost, "latency_ms", "latency")
     if not (df["variant"] == "full").any():
         raise Skip("no 'full' rows to compare against")
     sp = T.speedups(df)
     if len(sp) == 0:
         raise Skip("no variant other than 'full' ran at a length where 'full' ran too")
-    cross = T.crossovers(df).set_index(["series", "facet"])["crossover_len"]
+    # the annotated crossover leaves suspect cells out, as the report's crossover table does
+    cross = T.crossovers(T.without_suspect(df)).set_index(["series", "facet"])["crossover_len"]
     pal = palette or _frame_palette(df)
     styles = _styles(df["backend_label"])
     facets = _facets(sp)
     with _style():
         fig, axes = _figure(len(facets))
+        n_hollow = 0
         for ax, facet in zip(axes, facets, strict=True):
             sub = sp[sp["facet"] == facet]
             for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
                 g = g.sort_values("seq_len")
                 colour = pal[g["variant_label"].iloc[0]]
-                ax.plot(g["seq_len"], g["speedup"], color=colour, label=series, gid=f"speedup:{series}", markersize=4,
-                        **styles[g["backend_label"].iloc[0]])
+                # a ratio is only as trustworthy as both of its cells
+                hollow = (g["untrusted"].astype(bool) | g["full_untrusted"].astype(bool)).to_numpy()
+                n_hollow += _series_line(ax, g["seq_len"], g["speedup"], hollow, colour=colour,
+                                         style=styles[g["backend_label"].iloc[0]], label=series, gid=f"speedup:{series}")
                 at = cross.get((series, facet), math.nan)
                 if np.isfinite(at):
                     y = float(g.loc[g["seq_len"] == at, "speedup"].iloc[0])
@@ -337,7 +389,11 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
             _length_axis(ax, df[df["facet"] == facet]["seq_len"])
             ax.set_ylabel("speed-up over full (×)")
             ax.set_title(facet)
-        _finish(fig, "Speed-up over full attention", T.caption(df), _legend_entries(axes))
+        legend = _legend_entries(axes)
+        if n_hollow:
+            legend.append((Line2D([], [], color="0.2", marker="o", markerfacecolor="none", linestyle=""),
+                           HOLLOW_LABEL + " (or its full baseline)"))
+        _finish(fig, "Speed-up over full attention", T.caption(df) + _hollow_note(n_hollow), legend)
     save(fig, out, "speedup", formats)
     return fig
 

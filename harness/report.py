@@ -21,7 +21,7 @@ from harness import tables as T
 
 ENV_COLUMNS = ("device", "device_name", "cpu_capability", "num_threads", "torch_version", "cuda_version",
                "project_version", "hostname", "seed")
-SECTIONS = ("sources", "environment", "findings", "scaling", "crossover", "reach", "positions", "tables", "figures",
+SECTIONS = ("sources", "environment", "suspect", "findings", "scaling", "crossover", "reach", "positions", "tables", "figures",
             "skipped")
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -76,8 +76,42 @@ def environment_table(results: T.Results) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def suspect_section(cost: pd.DataFrame) -> str:
+    """HTML listing the suspect cells (peak_fraction > 1) and the noisy ones, or saying there are none.
+
+    A number faster than the hardware, or taken while something else ran, must be seen next to the
+    findings it could distort, not discovered later in a figure."""
+    if len(cost) == 0:
+        return '<p class="muted">no cost rows</p>'
+    suspect, noisy = T.suspect_rows(cost), T.noisy_rows(cost)
+    parts = ['<p class="muted">Suspect: an ok cell whose achieved FLOP/s exceeds the peak measured around it '
+             "(peak_fraction &gt; 1), so its timing or its peak is wrong. Noisy: the peak timed before and after the cell "
+             "disagreed, or other processes used the CPU while it was timed, on every attempt. Both are drawn with hollow "
+             "markers; suspect cells are left out of the fitted exponents and crossovers.</p>"]
+    if len(suspect):
+        shown = suspect.assign(seq_len=suspect["seq_len"].map(T.fmt_len), peak_fraction=suspect["peak_fraction"].map(fmt_num))
+        parts.append(f"<h3>Suspect cells: {len(suspect)} with peak_fraction &gt; 1</h3>" + _table(shown, "suspect-table"))
+    else:
+        parts.append('<p id="no-suspect">No suspect cells: no ok cell has peak_fraction &gt; 1.</p>')
+    if len(noisy):
+        shown = noisy.assign(seq_len=noisy["seq_len"].map(T.fmt_len),
+                             **{c: noisy[c].map(fmt_num) for c in ("other_cpu", "loadavg_1m", "peak_before_flops_per_s",
+                                                                   "peak_after_flops_per_s", "attempts") if c in noisy})
+        parts.append(f"<h3>Noisy cells: {len(noisy)}</h3>" + _table(shown, "noisy-table"))
+    else:
+        parts.append('<p id="no-noisy">No noisy cells.</p>')
+    cells = T.cells(cost)
+    unchecked = int((cells["status"] == "ok").sum() - cells.loc[cells["status"] == "ok", "noisy"].notna().sum()) \
+        if "noisy" in cells else int((cells["status"] == "ok").sum())
+    if unchecked:
+        parts.append(f'<p class="muted">{unchecked} ok cell(s) predate the noise check (no noisy column): '
+                     "only the peak_fraction rule could be applied to them.</p>")
+    return "".join(parts)
+
+
 def scaling_table(cost: pd.DataFrame) -> pd.DataFrame:
-    """Fitted exponents of latency and peak memory vs length, per series and mode."""
+    """Fitted exponents of latency and peak memory vs length, per series and mode (suspect cells left out)."""
+    cost = T.without_suspect(cost)
     lat = T.fit_exponents(cost, "latency_ms")
     mem = T.fit_exponents(cost, "peak_mem_bytes") if "peak_mem_bytes" in cost else lat.iloc[0:0]
     table = lat.merge(mem, on=["series", "facet"], how="left", suffixes=("", "_mem"))
@@ -92,7 +126,8 @@ def scaling_table(cost: pd.DataFrame) -> pd.DataFrame:
 
 
 def crossover_table(cost: pd.DataFrame) -> pd.DataFrame:
-    cr = T.crossovers(cost)
+    """Where each variant starts beating full, from the cells that are not suspect."""
+    cr = T.crossovers(T.without_suspect(cost))
     return pd.DataFrame({
         "series": cr["series"], "mode": cr["facet"],
         "beats full from": cr["crossover_len"].map(lambda x: T.fmt_len(x) if math.isfinite(x) else "not within the sweep"),
@@ -120,12 +155,16 @@ def positions_table(acc: pd.DataFrame) -> pd.DataFrame:
 
 
 def pivot_cost(cost: pd.DataFrame, column: str, scale: float = 1.0) -> dict[str, pd.DataFrame]:
-    """Per mode: series × length; cells that did not run show their status, never a number."""
+    """Per mode: series × length; cells that did not run show their status, never a number.
+
+    A suspect or noisy cell keeps its number, followed by "(suspect)" or "(noisy)"."""
     cells = T.cells(cost)
+    flag = pd.Series("", index=cells.index).mask(T.noisy_mask(cells), " (noisy)").mask(T.suspect_mask(cells), " (suspect)")
     out = {}
     for facet, g in cells.groupby("facet", sort=True):
-        text = [fmt_num(v / scale) if s == "ok" and pd.notna(v) else (s if s != "ok" else "—")
-                for s, v in zip(g["status"], g[column] if column in g else [math.nan] * len(g), strict=True)]
+        text = [fmt_num(v / scale) + f if s == "ok" and pd.notna(v) else (s if s != "ok" else "—")
+                for s, v, f in zip(g["status"], g[column] if column in g else [math.nan] * len(g), flag[g.index],
+                                   strict=True)]
         table = g.assign(cell=text).pivot(index="series", columns="seq_len", values="cell")
         table.columns = [T.fmt_len(c) for c in table.columns]
         out[facet] = table.fillna("")
@@ -143,14 +182,20 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def findings(cost: pd.DataFrame, acc: pd.DataFrame) -> list[str]:
-    """Plain sentences derived from the data: the headline numbers of the sweep."""
+    """Plain sentences derived from the data: the headline numbers of the sweep.
+
+    Exponents and crossovers leave suspect cells (peak_fraction > 1) out, and a sentence says how many."""
     lines = []
     if len(cost) and len(T.ok_rows(cost)):
-        for _, r in T.fit_exponents(cost).iterrows():
+        trusted = T.without_suspect(cost)
+        if (n := len(T.suspect_rows(cost))):
+            lines.append(f"{n} suspect cell(s) (achieved FLOP/s above the measured peak) are left out of the exponents "
+                         "and crossovers below; see Suspect and noisy cells.")
+        for _, r in T.fit_exponents(trusted).iterrows():
             if math.isfinite(r["exponent"]):
                 lines.append(f"{r['series']} ({r['facet']}): latency grows as L^{r['exponent']:.2f} "
                              f"(fit over {T.fmt_len(r['from_len'])}–{T.fmt_len(r['to_len'])}).")
-        for _, r in T.crossovers(cost).iterrows():
+        for _, r in T.crossovers(trusted).iterrows():
             if math.isfinite(r["crossover_len"]):
                 lines.append(f"{r['series']} ({r['facet']}) beats full from {T.fmt_len(r['crossover_len'])} tokens; "
                              f"{r['speedup_at_longest']:.2f}× faster at {T.fmt_len(r['longest_matched'])}.")
@@ -189,6 +234,7 @@ def build_report(results: T.Results, device: str | None = None, title: str = "at
              f'<p class="muted">{html.escape(T.caption(cost if len(cost) else None, acc if len(acc) else None))}</p>']
     parts.append(_section("sources", "Sources", _table(_sources(data), "sources-table")))
     parts.append(_section("environment", "Environment", _table(environment_table(data), "environment-table")))
+    parts.append(_section("suspect", "Suspect and noisy cells", suspect_section(cost)))
 
     items = "".join(f"<li>{html.escape(s)}</li>" for s in findings(cost, acc))
     body = f"<ul>{items}</ul>" if items else '<p class="muted">no findings: too little data</p>'
@@ -251,4 +297,4 @@ def report_command(results: tuple[str, ...], out: str, device: str | None) -> No
 
 
 __all__ = ["build_report", "crossover_table", "environment_table", "findings", "reach_table", "report_command",
-           "scaling_table", "write_report"]
+           "scaling_table", "suspect_section", "write_report"]

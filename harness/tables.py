@@ -28,6 +28,8 @@ SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "head_dim", "position", "cau
 COST_NUMERIC = (
     "seq_len", "latency_ms", "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
     "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
+    # trust columns (newer rows): the peak timed either side of the cell, the load while it was timed
+    "peak_before_flops_per_s", "peak_after_flops_per_s", "loadavg_1m", "other_cpu", "attempts",
 )
 ACCURACY_NUMERIC = ("train_len", "eval_len", "seq_len", "value", "ci_low", "ci_high", "n", "depth")
 # Columns the cost harness may use for the device's memory capacity; the first one present wins.
@@ -378,6 +380,101 @@ def _int_str(s: str | None) -> str | None:
     return "/".join(str(int(float(x))) if x.replace(".", "", 1).isdigit() else x for x in s.split("/"))
 
 
+# -- trust: noisy and suspect cells -----------------------------------------------------------------
+
+SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "source")
+NOISY_COLUMNS = ("variant", "backend", "mode", "seq_len", "status", "noisy_reason", "attempts", "other_cpu",
+                 "loadavg_1m", "peak_before_flops_per_s", "peak_after_flops_per_s", "source")
+
+
+def _truthy(v: Any) -> bool:
+    """A JSON flag as written (true/false/null, or absent = NaN); only a real true counts."""
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes")
+    try:
+        return bool(v) and not (isinstance(v, float) and math.isnan(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def peak_fraction(cost: pd.DataFrame) -> pd.Series:
+    """Achieved / measured peak FLOP/s per row: ``peak_fraction``, else derived from the two FLOP/s columns.
+
+    One definition for the figure and the suspect rule, so older rows without the column are judged too."""
+    frac = (pd.to_numeric(cost["peak_fraction"], errors="coerce").astype(float) if "peak_fraction" in cost
+            else pd.Series(np.nan, index=cost.index))
+    if {"achieved_flops_per_s", "peak_flops_per_s"} <= set(cost.columns):
+        peak = pd.to_numeric(cost["peak_flops_per_s"], errors="coerce").astype(float)
+        derived = pd.to_numeric(cost["achieved_flops_per_s"], errors="coerce").astype(float) / peak.where(peak > 0)
+        frac = frac.fillna(derived)
+    return frac
+
+
+def noisy_mask(cost: pd.DataFrame) -> pd.Series:
+    """Rows the worker flagged noisy (peaks before/after disagreed, or other processes took CPU).
+
+    Rows written before the check have no ``noisy`` column or a null: they count as quiet."""
+    if "noisy" not in cost:
+        return pd.Series(False, index=cost.index)
+    return pd.Series([_truthy(v) for v in cost["noisy"]], index=cost.index, dtype=bool)
+
+
+def suspect_mask(cost: pd.DataFrame) -> pd.Series:
+    """Ok rows faster than the hardware allows (``peak_fraction`` > 1).
+
+    Either the timing is wrong or the peak was measured under a different load; such a number
+    must never be drawn or summarised as if it were fine."""
+    if len(cost) == 0:
+        return pd.Series(False, index=cost.index, dtype=bool)
+    return ((cost["status"] == "ok") & (peak_fraction(cost) > 1.0)).astype(bool)
+
+
+def untrusted(cost: pd.DataFrame) -> pd.Series:
+    """Whether each row is untrusted: noisy or suspect. Figures draw these hollow; they stay data."""
+    return noisy_mask(cost) | suspect_mask(cost)
+
+
+def _listing(cost: pd.DataFrame, mask: pd.Series, columns: Sequence[str]) -> pd.DataFrame:
+    rows = cost[mask]
+    out = pd.DataFrame(index=rows.index)
+    for c in columns:
+        if c == "variant":
+            out[c] = rows["variant_label"] if "variant_label" in rows else rows["variant"]
+        elif c == "backend":
+            out[c] = rows["backend_label"] if "backend_label" in rows else rows["backend"]
+        elif c == "peak_fraction":
+            out[c] = peak_fraction(rows)
+        elif c in rows:
+            out[c] = rows[c]
+    return out.sort_values([c for c in ("variant", "backend", "mode", "seq_len") if c in out]).reset_index(drop=True)
+
+
+def suspect_rows(cost: pd.DataFrame) -> pd.DataFrame:
+    """The latest ok cells with ``peak_fraction`` > 1: variant, backend, mode, seq_len, peak_fraction, source."""
+    if len(cost) == 0:
+        return pd.DataFrame(columns=list(SUSPECT_COLUMNS))
+    c = cells(cost if "series" in cost else prepare_cost(cost))
+    return _listing(c, suspect_mask(c), SUSPECT_COLUMNS)
+
+
+def noisy_rows(cost: pd.DataFrame) -> pd.DataFrame:
+    """The latest cells flagged noisy, with why (``noisy_reason``), how often measured and the load seen."""
+    if len(cost) == 0:
+        return pd.DataFrame(columns=["variant", "backend", "mode", "seq_len", "status", "noisy_reason"])
+    c = cells(cost if "series" in cost else prepare_cost(cost))
+    return _listing(c, noisy_mask(c), NOISY_COLUMNS)
+
+
+def without_suspect(cost: pd.DataFrame) -> pd.DataFrame:
+    """The latest cells minus suspect ones, for fitted exponents and crossovers.
+
+    Cells are taken first, so a suspect re-run does not bring back the older row it superseded."""
+    if len(cost) == 0:
+        return cost
+    c = cells(cost if "series" in cost else prepare_cost(cost))
+    return c[~suspect_mask(c)]
+
+
 # -- derived numbers ---------------------------------------------------------------------------
 
 def scaling_exponent(lengths: Sequence[float], values: Sequence[float]) -> float:
@@ -409,13 +506,15 @@ def speedups(cost: pd.DataFrame) -> pd.DataFrame:
     """Every ok non-``full`` cell with the fastest ok ``full`` latency at the same length and context.
 
     The baseline is the fastest backend of ``full`` that ran (what a user would actually use).
+    ``untrusted`` / ``full_untrusted`` say whether the cell or its baseline is noisy or suspect.
     """
     ok = cells(ok_rows(cost))
     context = ["device_key", "facet", "seq_len", *[c for c in ("dtype", "batch_size", "num_heads", "head_dim", "position")
                                                    if c in ok]]
-    ok = ok.assign(**{c: ok[c].astype(str) for c in context if c not in ("seq_len",)})
-    base = ok[ok["variant"] == "full"].groupby(context, as_index=False)["latency_ms"].min()
-    base = base.rename(columns={"latency_ms": "full_latency_ms"})
+    ok = ok.assign(**{c: ok[c].astype(str) for c in context if c not in ("seq_len",)}, untrusted=untrusted(ok))
+    full = ok[ok["variant"] == "full"]
+    base = full.loc[full.groupby(context)["latency_ms"].idxmin().to_numpy(), [*context, "latency_ms", "untrusted"]]
+    base = base.rename(columns={"latency_ms": "full_latency_ms", "untrusted": "full_untrusted"})
     other = ok[ok["variant"] != "full"]
     merged = other.merge(base, on=context, how="inner")
     merged["speedup"] = merged["full_latency_ms"] / merged["latency_ms"]
@@ -563,6 +662,7 @@ def mem_limit(cost: pd.DataFrame) -> float | None:
 __all__ = [
     "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "accuracy_points", "best_positions", "caption", "cells",
     "check_single_device", "crossovers", "devices", "fit_exponents", "fmt_len", "latest", "load_results",
-    "longest_reached", "lower_is_better", "mem_limit", "ok_rows", "params_dict", "prepare_accuracy", "prepare_cost",
-    "require_ok", "scaling_exponent", "select_device", "spec_label", "speedups", "status_counts",
+    "longest_reached", "lower_is_better", "mem_limit", "noisy_mask", "noisy_rows", "ok_rows", "params_dict",
+    "peak_fraction", "prepare_accuracy", "prepare_cost", "require_ok", "scaling_exponent", "select_device", "spec_label",
+    "speedups", "status_counts", "suspect_mask", "suspect_rows", "untrusted", "without_suspect",
 ]

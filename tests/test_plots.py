@@ -515,3 +515,89 @@ def test_position_colours_stay_in_tab10_when_variants_and_positions_together_exc
     tab10 = {tuple(c) for c in sns.color_palette("tab10", 10)}
     assert {pal[p] for p in positions} <= tab10 and len({pal[p] for p in positions}) == len(positions)
     assert pal["full"] == P.palette(["full"])["full"]  # variants keep their own order: full first
+
+
+# -- noisy and suspect cells ------------------------------------------------------------------------
+
+def hollow_points(fig) -> dict[str, list[tuple[float, float]]]:
+    """Every marker drawn with no face (hollow), by gid, as (x, y) points."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for ax in fig.axes:
+        for ln in ax.lines:
+            if str(ln.get_markerfacecolor()) == "none" and ln.get_marker() not in (None, "None", "", " "):
+                out.setdefault(str(ln.get_gid()), []).extend(zip(ln.get_xdata(), ln.get_ydata(), strict=True))
+    return out
+
+
+def flagged_rows(flags: dict | None = None) -> list[dict]:
+    """``cost_rows`` with the trust columns a newer worker writes; ``flags`` maps (variant, backend, L) -> extra fields."""
+    rows = []
+    for r in cost_rows():
+        r = dict(r, noisy=False, noisy_reason=None, attempts=1, loadavg_1m=0.1, other_cpu=0.0)
+        rows.append(dict(r, **(flags or {}).get((r["variant"], r["backend"], r["seq_len"]), {})))
+    return rows
+
+
+NOISY = {"noisy": True, "noisy_reason": "peaks before/after differ by 31%", "attempts": 3}
+
+
+@pytest.mark.parametrize("draw, name, column, scale", [
+    (P.plot_latency, "latency", "latency_ms", 1.0),
+    (P.plot_throughput, "throughput", "tokens_per_s", 1.0),
+    (P.plot_memory, "memory", "peak_mem_bytes", 2.0**20),
+    (P.plot_flops_fraction, "flops_fraction", "achieved_flops_per_s", 1e12),
+])
+def test_a_noisy_cell_is_drawn_hollow_on_its_line(draw, name, column, scale):
+    fig = draw(T.prepare_cost(pd.DataFrame(flagged_rows({("sliding_window", "flex", 1024): NOISY}))))
+    series = "sliding_window(window=256)/flex"
+    value = next(r[column] for r in cost_rows() if r["variant"] == "sliding_window" and r["seq_len"] == 1024) / scale
+    hollow = hollow_points(fig)
+    assert list(hollow) == [f"hollow:{name}:{series}"]
+    ((x, y),) = hollow[f"hollow:{name}:{series}"]
+    assert x == 1024 and y == pytest.approx(value)
+    line = by_gid(fig, f"{name}:{series}")
+    xs, ys = expected("sliding_window", "flex", column)
+    assert_line(line, xs, np.asarray(ys) / scale)  # the line still runs through the noisy point
+    shown = np.asarray(line.get_markevery(), dtype=bool)  # the line's own filled marker skips that point
+    np.testing.assert_array_equal(shown, [L != 1024 for L in LENS])
+    hollow_line = by_gid(fig, f"hollow:{name}:{series}")
+    assert matplotlib.colors.to_rgb(hollow_line.get_markeredgecolor()) == matplotlib.colors.to_rgb(line.get_color())
+    assert "hollow markers: noisy or suspect cells (1)" in fig.get_supxlabel()
+
+
+def test_a_quiet_sweep_has_no_hollow_markers(latency_fig):
+    # old rows (no noisy column), and new rows that say noisy: false / null, are all quiet
+    mixed = [{k: v for k, v in r.items() if k != "noisy"} if r["variant"] == "toy" else r  # old rows: NaN once mixed
+             for r in flagged_rows({("full", "sdpa", 512): {"noisy": None}})]
+    quiet = T.prepare_cost(pd.DataFrame(mixed))
+    assert quiet["noisy"].isna().sum() == len(LENS) + 1
+    for fig in (latency_fig, P.plot_latency(quiet), P.plot_speedup(quiet), P.plot_flops_fraction(quiet)):
+        assert hollow_points(fig) == {}
+        assert "hollow" not in fig.get_supxlabel()
+        assert all(ln.get_markevery() is None for ax in fig.axes for ln in ax.lines)
+
+
+def test_a_speedup_is_hollow_when_its_cell_or_its_full_baseline_is_untrusted():
+    rows = flagged_rows({("sliding_window", "flex", 2048): NOISY, ("full", "sdpa", 512): NOISY})
+    fig = P.plot_speedup(T.prepare_cost(pd.DataFrame(rows)))
+    hollow = hollow_points(fig)
+    # full/sdpa is the fastest full at every length, so its noisy 512 cell taints every ratio at 512
+    assert sorted(x for x, _ in hollow["hollow:speedup:sliding_window(window=256)/flex"]) == [512, 2048]
+    assert [x for x, _ in hollow["hollow:speedup:toy/reference"]] == [512]
+    assert "hollow markers: noisy or suspect cells (3)" in fig.get_supxlabel()
+
+
+def test_a_fraction_above_the_peak_is_clipped_hollow_and_labelled():
+    rows = flagged_rows({("sliding_window", "flex", 2048): {"peak_fraction": 1.5}})
+    cost = T.prepare_cost(pd.DataFrame(rows))
+    assert list(T.suspect_rows(cost)[["variant", "seq_len", "peak_fraction"]].itertuples(index=False, name=None)) == \
+        [("sliding_window(window=256)", 2048.0, 1.5)]
+    fig = P.plot_flops_fraction(cost)
+    series = "sliding_window(window=256)/flex"
+    assert hollow_points(fig) == {f"hollow:flops_fraction:{series}": [(2048, 1.0)]}
+    assert max(np.nanmax(np.asarray(ln.get_ydata(), dtype=float)) for ax in fig.axes for ln in ax.lines) == 1.0
+    assert by_gid(fig, f"over:{series}:2048", "texts").get_text() == "1.5× peak"
+    caption = fig.get_supxlabel()
+    assert "hollow markers: noisy or suspect cells (1)" in caption and "1 above the measured peak, drawn at 1" in caption
+    # the other figures draw that cell hollow too: it is suspect, whatever the column
+    assert list(hollow_points(P.plot_latency(cost))) == [f"hollow:latency:{series}"]

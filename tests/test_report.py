@@ -191,3 +191,56 @@ def test_mixed_devices_refused_unless_one_is_picked(tmp_path, capsys):
 def test_missing_file_exits_2(tmp_path, capsys):
     rc = main(["report", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "r.html")])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def section(html: str, sid: str) -> str:
+    return html.split(f'<section id="{sid}">')[1].split("</section>")[0]
+
+
+def test_a_quiet_sweep_says_it_has_no_suspect_or_noisy_cells(html):
+    body = section(html, "suspect")
+    assert "No suspect cells" in body and "No noisy cells" in body
+    assert "suspect-table" not in html and "noisy-table" not in html
+    assert "(suspect)" not in html and "(noisy)" not in html and "suspect cell(s)" not in section(html, "findings")
+
+
+def test_suspect_and_noisy_cells_are_listed_and_suspect_ones_kept_out_of_fits(tmp_path):
+    rows = cost_rows()
+    for r in rows:
+        r.update(noisy=False, noisy_reason=None, attempts=1)
+        if r["variant"] == "sliding_window" and r["seq_len"] == 2048:
+            # 1.5x the measured peak with a broken timing 1000x off its L^1 line: it must bend neither the exponent
+            # (fit over 2k-8k if it were kept) nor the crossover (it would lose to full at 2k)
+            r.update(peak_fraction=1.5, latency_ms=r["latency_ms"] * 1000)
+        if r["variant"] == "full" and r["seq_len"] == 1024:
+            r.update(noisy=True, noisy_reason="other processes used 0.8 CPU", attempts=3, other_cpu=0.8)
+    c = write_jsonl(tmp_path / "c.jsonl", rows)
+    out = tmp_path / "r.html"
+    assert main(["report", str(c), "--out", str(out)]) == 0
+    page = out.read_text()
+
+    suspect = table(page, "suspect-table")
+    assert list(suspect) == ["sliding_window(window=128)"]
+    row = suspect["sliding_window(window=128)"]
+    assert (row["backend"], row["mode"], row["seq_len"], row["peak_fraction"]) == ("flex", "forward", "2k", "1.5")
+    assert row["source"] == str(c)
+    noisy = table(page, "noisy-table")
+    assert list(noisy) == ["full"]
+    assert noisy["full"]["seq_len"] == "1k" and noisy["full"]["noisy_reason"] == "other processes used 0.8 CPU"
+    assert noisy["full"]["attempts"] == "3"
+
+    # left out of the fits: the exponent is the generating power, and the variant still wins from 512
+    scaling = table(page, "scaling-table")["sliding_window(window=128)/flex"]
+    assert float(scaling["latency exponent"]) == pytest.approx(1, abs=0.005)
+    assert "1k–8k" in scaling["fit over"]
+    cross = table(page, "crossover-table")["sliding_window(window=128)/flex"]
+    assert cross["beats full from"] == "512"
+    assert cross["speed-up at longest shared length"] == f"{2e-6 * 4096**2 / (1e-3 * 4096):.2f}× at 4k"
+    findings = section(page, "findings").split('<section id="scaling">')[0]
+    assert "1 suspect cell(s)" in findings
+    assert "sliding_window(window=128)/flex (op · forward): latency grows as L^1.00" in findings
+    assert "sliding_window(window=128)/flex (op · forward) beats full from 512 tokens" in findings
+    # the summary tables keep the numbers but say which ones not to trust
+    latency = section(page, "tables").split("Latency (ms) · op · forward")[1].split("</table>")[0]
+    assert f"{R.fmt_num(1e-3 * 2048 * 1000)} (suspect)" in latency.split("sliding_window")[1].split("</tr>")[0]
+    assert f"{R.fmt_num(2e-6 * 1024**2)} (noisy)" in latency.split("full/sdpa")[1].split("</tr>")[0]
