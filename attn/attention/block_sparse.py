@@ -305,8 +305,8 @@ class BlockSparseAttention(Attention):
                 note="compiled FlexAttention, BlockMask from the layout (no CPU backward; no decode: a mask per length)"),
         Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="gathers the active key blocks per query block"),
     )
-    # Measured on a 2-core x86 CPU, forward at 4K and 16K: flex 2.4x faster than gathered.
-    # Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
+    # Forward on the 2-core development CPU (quiet): flex 2.2-4.3x faster than gathered at 4K-32K
+    # (16K: 59 vs 256 ms). Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
     auto_order = {"cpu/forward": ("flex", "gathered")}
 
     def layout(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:

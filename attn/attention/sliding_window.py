@@ -196,10 +196,12 @@ class SlidingWindowAttention(Attention):
         Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, SDPA per chunk"),
         XFORMERS,
     )
-    # Forward on a 2-core x86 CPU, 4K-32K: blocked faster than compiled flex (16K: 301 vs 405 ms).
-    # Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
-    # CUDA: not measured yet; the declared order (flex first) stands.
-    auto_order = {"cpu/forward": ("blocked", "flex")}
+    # Forward on the 2-core development CPU (AMD EPYC, quiet): compiled flex 1.5-1.9x faster than
+    # blocked at 4K-32K (16K: 83 vs 141 ms). Command: attn-bench sweep --config results/targets-cpu.toml
+    # (results/targets-cpu.jsonl). The order is the machine's: an earlier 2-core machine with half
+    # the matmul peak had blocked 1.35x faster at 16K (301 vs 405 ms). Below FLEX_MIN_LEN auto runs
+    # blocked anyway (no compile for short inputs). CUDA: not measured yet; declaration order.
+    auto_order = {"cpu/forward": ("flex", "blocked")}
 
     @property
     def window(self) -> int:
