@@ -732,6 +732,10 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
         LEGEND,
         f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()),
     ]
+    noisy = int(df["noisy"].fillna(False).astype(bool).sum()) if "noisy" in df else 0
+    if noisy:
+        parts.append(f"{noisy} ok cells are noisy (ran under load or beside a changing matmul peak after every retry): "
+                     f"see their noisy_reason; plots draw them hollow")
     return "\n".join(parts)
 
 

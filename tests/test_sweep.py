@@ -422,3 +422,12 @@ def test_summary_fits_the_cost_exponent_and_keeps_every_configuration():
     assert "OOM" in memory
     assert [line.split()[-1] for line in memory.splitlines() if line.startswith("linear")] == ["8"]  # 8K tokens: 8 MiB
     assert loglog_slope([1, 2, 4], [5, 20, 80]) == pytest.approx(2.0)
+
+
+def test_the_summary_says_how_many_cells_are_noisy():
+    from harness.sweep import summary_tables
+
+    row = {"variant": "full", "variant_spec": "full", "status": "ok", "seq_len": 512, "latency_ms": 1.0,
+           "peak_mem_bytes": 2**20, "mode": "forward"}
+    assert "noisy" not in summary_tables([row, {**row, "seq_len": 1024, "noisy": False}])
+    assert "1 ok cells are noisy" in summary_tables([row, {**row, "seq_len": 1024, "noisy": True}])
