@@ -48,6 +48,28 @@ class Entry:
         ]
 
 
+ECHO_LIMIT = 80  # characters of a user's value an error message repeats
+
+
+def shorten(value: Any, limit: int = ECHO_LIMIT, quote: bool = True) -> str:
+    """``repr(value)`` (``str`` if not ``quote``), cut to ``limit`` characters: an error echoes bad input,
+    never a 100 KB line."""
+    text = repr(value) if quote else str(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, (str, bytes)) else ""
+    return text[:limit] + "..." + size
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception as ``Type: first line`` of bounded length, so a plugin failure is one line."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit: the plugin called sys.exit({shorten(error.code)})"
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
@@ -71,21 +93,21 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, a, where)
             except ValueError:
                 pass
-        raise ValueError(f"{where} must be {_type_name(tp)}, got {value!r}")
+        raise ValueError(f"{where} must be {_type_name(tp)}, got {shorten(value)}")
     if origin is Literal:
         choices = get_args(tp)
         if value in choices:
             return value
-        raise ValueError(f"{where} must be {_type_name(tp)}, got {value!r}")
+        raise ValueError(f"{where} must be {_type_name(tp)}, got {shorten(value)}")
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{where} must be a bool, got {value!r}")
+        raise ValueError(f"{where} must be a bool, got {shorten(value)}")
     if tp is int:
         if isinstance(value, bool):
-            raise ValueError(f"{where} must be an int, got {value!r}")
+            raise ValueError(f"{where} must be an int, got {shorten(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -95,10 +117,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return int(value.replace("_", ""))
             except ValueError:
                 pass
-        raise ValueError(f"{where} must be an int, got {value!r}")
+        raise ValueError(f"{where} must be an int, got {shorten(value)}")
     if tp is float:
         if isinstance(value, bool):
-            raise ValueError(f"{where} must be a float, got {value!r}")
+            raise ValueError(f"{where} must be a float, got {shorten(value)}")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str):
@@ -106,24 +128,24 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ValueError(f"{where} must be a float, got {value!r}")
+        raise ValueError(f"{where} must be a float, got {shorten(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ValueError(f"{where} must be a str, got {value!r}")
+        raise ValueError(f"{where} must be a str, got {shorten(value)}")
     if origin is tuple or tp is tuple:
         if isinstance(value, str):
             value = [v for v in value.replace(";", "/").split("/") if v]
         if isinstance(value, (list, tuple)):
             inner = get_args(tp)
             if inner and inner[-1] is not Ellipsis and len(inner) != len(value):
-                raise ValueError(f"{where} must have {len(inner)} items, got {value!r}")
+                raise ValueError(f"{where} must have {len(inner)} items, got {shorten(value)}")
             item_tp = inner[0] if inner else Any
             return tuple(
                 v if item_tp is Any else _coerce(v, item_tp, f"{where}[{i}]")
                 for i, v in enumerate(value)
             )
-        raise ValueError(f"{where} must be a tuple, got {value!r}")
+        raise ValueError(f"{where} must be a tuple, got {shorten(value)}")
     return value
 
 
@@ -131,14 +153,14 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     """``"sliding_window:window=256,backend=flex"`` -> ``("sliding_window", {"window": "256", ...})``."""
     name, _, rest = spec.strip().partition(":")
     if not name:
-        raise ValueError(f"empty name in spec {spec!r}; expected name[:key=value,...]")
+        raise ValueError(f"empty name in spec {shorten(spec)}; expected name[:key=value,...]")
     params: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"malformed parameter {item!r} in spec {spec!r}; expected key=value")
+            raise ValueError(f"malformed parameter {shorten(item)} in spec {shorten(spec)}; expected key=value")
         if key.strip() in params:
-            raise ValueError(f"parameter {key.strip()!r} given twice in spec {spec!r}")
+            raise ValueError(f"parameter {shorten(key.strip())} given twice in spec {shorten(spec)}")
         params[key.strip()] = value.strip()
     return name, params
 
@@ -146,9 +168,11 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 class Registry:
     """Name -> (class, config dataclass). Entry-point plugins load lazily on first lookup."""
 
-    def __init__(self, kind: str, entry_point_group: str | None = None):
+    def __init__(self, kind: str, entry_point_group: str | None = None, base: str | None = None):
+        """``base`` (``"module:Class"``, imported on first registration) is what every class must subclass."""
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.base = base
         self._entries: dict[str, Entry] = {}
         self._entry_points_loaded = False
         self.plugin_errors: dict[str, str] = {}
@@ -157,12 +181,13 @@ class Registry:
     # -- registration -------------------------------------------------------------------
     def register(self, name: str, config: type) -> Callable[[type], type]:
         if not dataclasses.is_dataclass(config):
-            raise TypeError(f"config for {self.kind} {name!r} must be a dataclass, got {config!r}")
+            raise TypeError(f"config for {self.kind} {shorten(name)} must be a dataclass, got {shorten(config)}")
 
         def decorator(cls: type) -> type:
+            self._check_class(name, cls)
             if name in self._entries:
                 raise ValueError(
-                    f"{self.kind} {name!r} is already registered "
+                    f"{self.kind} {shorten(name)} is already registered "
                     f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"
                 )
             self._entries[name] = Entry(name, cls, config, self._loading_source)
@@ -171,6 +196,19 @@ class Registry:
             return cls
 
         return decorator
+
+    def _check_class(self, name: str, cls: Any) -> None:
+        """Refuse a class the harness cannot use now, not with a traceback in a later sweep."""
+        if self.base is None:
+            return
+        module, _, attr = self.base.partition(":")
+        base = getattr(importlib.import_module(module), attr)
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            what = cls.__qualname__ if isinstance(cls, type) else f"{type(cls).__name__} {shorten(cls)}"
+            raise TypeError(
+                f"{self.kind} {shorten(name)}: {what} is not a subclass of attn.{attr}; "
+                f"write `class {getattr(cls, '__name__', 'MyVariant')}(attn.{attr})` and register that"
+            )
 
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
@@ -215,8 +253,10 @@ class Registry:
             loader()
             self.plugin_errors.pop(label, None)
             return True
-        except Exception as e:  # a broken plugin must not break the others
-            self.plugin_errors[label] = f"{type(e).__name__}: {e}"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # a broken plugin (even one calling sys.exit) must not break the others
+            self.plugin_errors[label] = _one_line(e)
             return False
         finally:
             self._loading_source = previous
@@ -230,10 +270,10 @@ class Registry:
         if name not in self._entries:
             self.load_entry_points()
         if name not in self._entries:
-            msg = f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self._entries))}"
+            msg = f"unknown {self.kind} {shorten(name)}; registered: {', '.join(sorted(self._entries))}"
             if self.plugin_errors:
                 msg += "; plugins that failed to load: " + "; ".join(
-                    f"{k} ({v})" for k, v in self.plugin_errors.items()
+                    f"{shorten(k, quote=False)} ({v})" for k, v in self.plugin_errors.items()
                 )
             raise ValueError(msg)
         return self._entries[name]
@@ -245,19 +285,21 @@ class Registry:
         unknown = sorted(set(params) - set(fields))
         if unknown:
             valid = ", ".join(fields) or "(none)"
+            shown = ", ".join(map(shorten, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
             raise ValueError(
-                f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                f"for {self.kind} {name!r}; valid: {valid}"
+                f"unknown parameter{'s' if len(unknown) > 1 else ''} {shown} for {self.kind} {shorten(name)}; "
+                f"valid: {valid}"
             )
         missing = [f for f in entry.required() if f not in params]
         if missing:
-            raise ValueError(f"{self.kind} {name!r} needs parameter(s): {', '.join(missing)}")
+            raise ValueError(f"{self.kind} {shorten(name)} needs parameter(s): {', '.join(missing)}")
         hints = typing.get_type_hints(entry.config)
         typed = {k: _coerce(v, hints.get(k, Any), f"{name}.{k}") for k, v in params.items()}
         try:
             return entry.config(**typed)
         except ValueError as e:
-            raise ValueError(f"{name}: {e}") from None
+            text = str(e) if len(str(e)) <= 300 else str(e)[:300] + "..."  # configs may echo a huge value
+            raise ValueError(f"{name}: {text}") from None
 
     def specs(self) -> list[dict[str, Any]]:
         out = []
@@ -277,8 +319,8 @@ def check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-ATTENTION = Registry("attention variant", entry_point_group="attn.variants")
-POSITIONS = Registry("position method", entry_point_group="attn.variants")
+ATTENTION = Registry("attention variant", entry_point_group="attn.variants", base="attn.attention.base:Attention")
+POSITIONS = Registry("position method", entry_point_group="attn.variants", base="attn.positions.base:Position")
 
 
 def register_attention(name: str, config: type) -> Callable[[type], type]:
@@ -323,5 +365,5 @@ def plugin_errors() -> dict[str, str]:
 __all__ = [
     "ATTENTION", "POSITIONS", "Entry", "Registry", "build_attention", "build_position", "check",
     "list_attention", "list_positions", "load_plugin", "parse_spec", "plugin_errors",
-    "register_attention", "register_position",
+    "register_attention", "register_position", "shorten",
 ]

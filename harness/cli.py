@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from typing import Any
 
@@ -46,13 +47,26 @@ def cli() -> None:
     """Benchmark long-context attention variants: speed, memory and accuracy across lengths."""
 
 
-def load_plugins(plugins: tuple[str, ...]) -> None:
-    """Load ``--plugin`` files/modules; a broken one is reported by name and skipped."""
+def warn_plugin(label: str, error: str) -> None:
+    """The one line that says a plugin failed; every command words it the same."""
+    from attn.registry import shorten
+
+    click.echo(f"attn-bench: plugin {shorten(label, quote=False)} failed to load: {error}", err=True)
+
+
+def load_plugins(plugins: tuple[str, ...]) -> set[str]:
+    """Load ``--plugin`` files/modules; a broken one is reported once, by name, and skipped.
+
+    Returns the labels reported, so a caller listing every failure does not repeat them.
+    """
     import attn
 
-    for p in plugins:
+    reported: set[str] = set()
+    for p in dict.fromkeys(plugins):  # a plugin given twice is loaded (and reported) once
         if not attn.load_plugin(p):
-            click.echo(f"attn-bench: plugin {p} failed to load: {attn.plugin_errors()[p]}", err=True)
+            warn_plugin(p, attn.plugin_errors()[p])
+            reported.add(p)
+    return reported
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
@@ -66,8 +80,11 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
     """List attention variants, position methods and sweep presets."""
     import attn
 
-    load_plugins(plugins)
+    reported = load_plugins(plugins)
     variants, positions = attn.list_attention(), attn.list_positions()
+    for label, err in attn.plugin_errors().items():  # entry points: the --plugin ones were reported above
+        if label not in reported:
+            warn_plugin(label, err)
     presets = _presets()
     if as_json:
         click.echo(json.dumps({"attention": variants, "positions": positions, "presets": presets}, default=str, indent=1))
@@ -92,9 +109,6 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
         click.secho("Sweep presets", bold=True)
         for name, text in presets.items():
             click.echo(f"  {name:<8} {text}")
-    errors = attn.plugin_errors()
-    for label, err in errors.items():
-        click.echo(f"plugin {label} failed to load: {err}", err=True)
 
 
 def _presets() -> dict[str, str]:
@@ -103,6 +117,18 @@ def _presets() -> dict[str, str]:
     except ImportError:
         return {}
     return describe_presets()
+
+
+# Any quoted value longer than this in an error line is cut: messages echo the user's input.
+_LONG_QUOTED = re.compile(r"""(['"])([^'"]{120,})\1""")
+MESSAGE_LIMIT = 1000
+
+
+def one_error_line(text: str) -> str:
+    """An error message as one line of bounded length: long echoed values cut, newlines folded."""
+    text = " ".join(str(text).split())
+    text = _LONG_QUOTED.sub(lambda m: f"{m[1]}{m[2][:80]}...{m[1]} ({len(m[2]):,} characters)", text)
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("attn-bench: aborted", err=True)
         return 130
     except click.ClickException as e:
-        click.echo(f"attn-bench: error: {e.format_message()}", err=True)
+        click.echo(f"attn-bench: error: {one_error_line(e.format_message())}", err=True)
         return 2
     except ValueError as e:  # bad input detected by our own validation
-        click.echo(f"attn-bench: error: {e}", err=True)
+        click.echo(f"attn-bench: error: {one_error_line(str(e))}", err=True)
         return 2
     return rc if isinstance(rc, int) else 0
 

@@ -838,6 +838,9 @@ def _slug(text: str) -> str:
 def plot_command(results: tuple[str, ...], out: str, formats: tuple[str, ...], device: str | None,
                  only: tuple[str, ...]) -> None:
     """Draw every figure the RESULTS files support into --out; say which were skipped and why."""
+    from harness.results import check_writable
+
+    check_writable(out, directory=True, what="figure directory")  # before drawing anything
     data = T.load_results(results)
     if len(T.devices(T.select_device(data.cost, device))) > 1:
         click.echo("results span several devices: cost figures go to one sub-directory per device")

@@ -292,6 +292,9 @@ def write_report(paths: Sequence[str], out: str | Path, device: str | None = Non
 @click.option("--device", default=None, help="Only cost rows whose device (name) contains this text.")
 def report_command(results: tuple[str, ...], out: str, device: str | None) -> None:
     """Write one self-contained HTML report (figures embedded) of the RESULTS files."""
+    from harness.results import check_writable
+
+    check_writable(out, what="report")  # before the figures are drawn
     path = write_report(results, out, device)
     click.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
 

@@ -33,7 +33,7 @@ from harness.cost import DTYPES, KEY_FIELDS, MODES, SCOPES, Cell, json_normal
 from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from, executor_options
 from harness.noise import assess
 from harness.presets import get_preset
-from harness.results import COST_FIELDS, ResultsStore, cell_key, read_rows
+from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, check_writable, exclusive, read_rows
 from harness.timing import TimingConfig
 
 if sys.version_info >= (3, 11):
@@ -293,6 +293,8 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read sweep file {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:  # a binary file: say which one
+        raise ValueError(f"{path}: not a TOML sweep file: byte {e.start} is not UTF-8 text") from None
     if "plugin" in data:  # plugin paths in a file are relative to the file
         plugins = data["plugin"] if isinstance(data["plugin"], list) else [data["plugin"]]
         data["plugin"] = [str(path.parent / p) if isinstance(p, str) and p.endswith(".py") and (path.parent / p).exists()
@@ -570,10 +572,11 @@ def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: st
 
 
 def existing_rows(out: Path, resume: bool) -> list[dict[str, Any]]:
-    """Rows already in ``out``; refuses to mix a new sweep into a file (or its uncollected Slurm jobs) unless resuming it."""
+    """Rows already in ``out``; refuses to mix a new sweep into a file (or its uncollected Slurm jobs) unless resuming it,
+    and to append to a file that is not a cost results file at all (the store would cut its last line)."""
     from harness.executors import pending_jobs, sidecar_path
 
-    rows = read_rows(out)
+    rows = check_rows(out, "cost")
     if rows and not resume:
         raise ValueError(f"{out} already holds {len(rows)} rows; pass --resume to continue it, or choose another --out")
     if not resume and pending_jobs(out):
@@ -606,7 +609,14 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
     """Measure the cells not yet in ``out`` with the spec's executor; returns the rows of ``out`` that belong to ``cells``.
 
     Hosts return payloads; only this function writes rows, so resume and dedup work the same for every executor.
+    ``out`` is locked for the whole run (before its rows are read), so a second writer stops before measuring.
     """
+    with exclusive(out):
+        return _run_sweep(spec, cells, out, resume, echo)
+
+
+def _run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
+               echo: Callable[[str], None]) -> list[dict[str, Any]]:
     from functools import partial
 
     from tqdm import tqdm
@@ -804,10 +814,12 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
             click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads} D={c.head_dim}]")
         click.echo(f"{len(cells)} cells -> {out}")
         return
-    existing_rows(out, resume)
-    where = "" if spec.run.executor.kind == "local" else f" (executor {spec.run.executor.kind})"
-    click.echo(f"{len(cells)} cells on {spec.run.device}{where} -> {out}", err=True)
-    rows = run_sweep(spec, cells, out, resume)
+    check_writable(out)  # before any work: a run must not measure for an hour and then fail to write
+    with exclusive(out):  # a second writer stops here, before its first line of output
+        existing_rows(out, resume)
+        where = "" if spec.run.executor.kind == "local" else f" (executor {spec.run.executor.kind})"
+        click.echo(f"{len(cells)} cells on {spec.run.device}{where} -> {out}", err=True)
+        rows = run_sweep(spec, cells, out, resume)
     if rows or not spec.run.executor.detach:
         click.echo(summary_tables(rows))
     click.echo(f"results: {out}")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.results import STATUSES, read_rows
+from harness.results import STATUSES, scan_rows, warn_skipped
 
 # The least a row needs to be drawn at all; every other column is optional (figures say what they lack).
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
@@ -247,11 +247,15 @@ def load_results(paths: Sequence[str | os.PathLike]) -> Results:
     acc_rows: list[dict[str, Any]] = []
     for path in paths:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise ValueError(f"results file {p} does not exist")
-        rows = read_rows(p)
+        if not p.is_file():
+            raise ValueError(f"results file {p} is not a regular file")
+        rows, bad = scan_rows(p)  # ValueError naming the file if it is unreadable or binary
         if not rows:
-            raise ValueError(f"results file {p} holds no complete rows")
+            first = f" (line {bad[0]} is not a JSON object)" if bad else ""
+            raise ValueError(f"results file {p} holds no complete rows{first}")
+        warn_skipped(p, bad)  # e.g. a stray `1` or `[1, 2]` line: skipped, but said
         known = 0
         for r in rows:
             r = {**r, "source": str(p)}

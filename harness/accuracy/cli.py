@@ -5,6 +5,7 @@ trained and before the results file is touched; bad input is one line and exit s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -154,28 +155,39 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     """Train small models and measure what each attention variant / position method can still do as length grows."""
     from harness.accuracy.runner import plan, run_jobs
     from harness.cli import load_plugins
-    from harness.results import read_rows
+    from harness.results import check_rows, check_writable, exclusive, read_rows
 
     load_plugins(plugins)
     jobs = build_jobs(opts)
     plans: list[Plan] = [plan(j) for j in jobs]  # every check before any work
-    existing = read_rows(out)
-    if existing and not resume and not dry_run:
-        raise click.UsageError(f"{out} already holds {len(existing)} rows; pass --resume to continue it, or choose another --out")
-    for p in plans:
-        j = p.job
-        trainings = len({r.train_id for r in p.runs})
-        click.echo(f"{j.task}{'/' + j.base_task if j.task in ('fidelity', 'lengthgen') else ''}: {len(p.runs)} runs "
-                   f"({trainings} trained models), "
-                   f"model {j.model}, train {j.train_len} x {j.train.steps} steps, eval {p.eval_lens}", err=True)
-    if dry_run:
-        return
-    if threads:
-        import torch
 
-        torch.set_num_threads(threads)
-    runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume, progress=not no_progress and sys.stderr.isatty(),
-                      echo=lambda s: click.echo(s, err=True))
+    def check_out() -> None:
+        """--out must be writable and new, empty or our accuracy rows (appending would cut another file's last line)."""
+        if dry_run:
+            return
+        check_writable(out)
+        existing = check_rows(out, "accuracy")
+        if existing and not resume:
+            raise click.UsageError(f"{out} already holds {len(existing)} rows; pass --resume to continue it, "
+                                   f"or choose another --out")
+
+    check_out()
+    with contextlib.nullcontext() if dry_run else exclusive(out):  # a second writer stops here, before any work
+        check_out()  # again under the lock: another run may have written it meanwhile
+        for p in plans:
+            j = p.job
+            trainings = len({r.train_id for r in p.runs})
+            click.echo(f"{j.task}{'/' + j.base_task if j.task in ('fidelity', 'lengthgen') else ''}: {len(p.runs)} runs "
+                       f"({trainings} trained models), "
+                       f"model {j.model}, train {j.train_len} x {j.train.steps} steps, eval {p.eval_lens}", err=True)
+        if dry_run:
+            return
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume,
+                          progress=not no_progress and sys.stderr.isatty(), echo=lambda s: click.echo(s, err=True))
     click.echo(f"wrote {runner.written} rows to {out}", err=True)
     print_summary(read_rows(out))
 

@@ -8,10 +8,14 @@ run, a length a method refuses) writes rows with that status and the sweep goes 
 rule: one failing config never stops the others).
 
 Training runs in-process (not in the cost harness's isolated worker): training has no timing
-to protect, and failures are caught per run.
+to protect, and failures are caught per run. Memory is bounded as for sweep cells: :func:`plan`
+refuses a length whose activations alone cannot fit in the memory available, and the jobs run
+under an address-space cap (:func:`memory_cap`), so an allocation that does not fit fails at once
+and becomes an ``oom`` row instead of pushing the machine into swap or the kernel's OOM killer.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -37,6 +41,9 @@ from harness.accuracy.train import TrainConfig, TrainResult, train
 from harness.environment import environment
 from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
 
+MEMORY_FRACTION = 0.8  # of the memory available at the start, as for sweep cells (harness.sweep.default_mem_limit_gib)
+FLOAT_BYTES = 4  # models train in float32
+TOKEN_BYTES = 8  # int64 token ids
 TASKS = ("mqar", "passkey", "lm", "fidelity", "lengthgen")
 TRAINED_TASKS = ("mqar", "passkey", "lm")
 # Columns a cell may add to the accuracy schema; all of them are part of a row's identity.
@@ -132,6 +139,87 @@ def default_eval_lens(job: Job) -> list[int]:
     return [L, 2 * L, 4 * L]
 
 
+def memory_budget() -> int:
+    """Bytes an accuracy job may use: a fraction of what is available now (the sweep's default limit)."""
+    import psutil
+
+    return int(MEMORY_FRACTION * psutil.virtual_memory().available)
+
+
+def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, budget: int | None = None) -> None:
+    """Refuse (ValueError, one line) a length whose activations alone exceed the memory budget.
+
+    The need is a lower bound, so no run that could fit is refused: training keeps at least the
+    residual stream of every layer (and the embedding) for backward, batch x length x d_model x
+    (n_layers + 1) floats, plus its token ids; evaluating holds at least one sequence's hidden
+    states (fidelity: its random q, k, v). A length past it would only fail after minutes of
+    setup, or -- with no cap -- push the machine into swap.
+    """
+    budget = memory_budget() if budget is None else budget
+    preset = attn.PRESETS[job.model]
+    d, layers = preset["d_model"], preset.get("n_layers", 1)
+    per_train_token = job.train.batch_size * (FLOAT_BYTES * d * (layers + 1) + 2 * TOKEN_BYTES)
+    per_eval_token = FLOAT_BYTES * d + TOKEN_BYTES
+    if job.task == "fidelity":
+        per_eval_token = max(per_eval_token, 3 * FLOAT_BYTES * job.fidelity_heads * job.fidelity_head_dim)
+    checks = [("train length", job.train_len, per_train_token,
+               f"training: batch {job.train.batch_size} x length x d_model {d} x {layers + 1} activations")]
+    if finetune_len is not None:
+        checks.append(("fine-tune length", finetune_len, per_train_token,
+                       f"fine-tuning: batch {job.train.batch_size} x length x d_model {d} x {layers + 1} activations"))
+    checks += [("eval length", L, per_eval_token, "evaluation: one sequence's hidden states") for L in eval_lens]
+    gib = 2**30
+    for what, length, per_token, how in checks:
+        need = length * per_token
+        if need > budget:
+            raise ValueError(
+                f"{job.task}: {what} {length} cannot fit in memory: {how} need at least {need / gib:,.1f} GiB "
+                f"(model {job.model}), and {budget / gib:,.1f} GiB may be used ({MEMORY_FRACTION:.0%} of the memory "
+                f"available); no {what} above {budget // per_token:,} can fit")
+
+
+@contextlib.contextmanager
+def memory_cap(budget: int | None = None) -> Iterator[int | None]:
+    """Cap this process's address space at its current size plus ``budget`` (default
+    :func:`memory_budget`) while accuracy jobs run, and lift it afterwards.
+
+    Accuracy trains in-process, so this is the sweep worker's ``RLIMIT_AS`` cap applied around the
+    jobs: an allocation that cannot fit fails at once (MemoryError, or torch's "can't allocate
+    memory") and is recorded as ``oom``. Yields the cap in bytes, or None where there is none to set
+    (off Linux, or with CUDA initialised: an address-space cap breaks the driver).
+    """
+    from harness.memory import proc_status
+
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        yield None
+        return
+    size = proc_status("VmSize")
+    if size is None or torch.cuda.is_initialized():
+        yield None
+        return
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    soft, hard = size + (memory_budget() if budget is None else budget), old[1]
+    for bound in (old[0], hard):  # never loosen a cap that is already tighter
+        if bound != resource.RLIM_INFINITY:
+            soft = min(soft, bound)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    try:
+        yield soft
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
+
+
+def is_oom(err: BaseException) -> bool:
+    """An allocation that did not fit: MemoryError (the address-space cap), torch's OutOfMemoryError,
+    or an allocator's "can't allocate memory" RuntimeError."""
+    from harness.worker import looks_like_oom
+
+    oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
+    return isinstance(err, oom_types) or looks_like_oom(f"{type(err).__name__}: {err}")
+
+
 def plan(job: Job) -> Plan:
     """Validate a job completely (ValueError naming the problem) and list its runs."""
     if job.task not in TASKS:
@@ -162,6 +250,7 @@ def plan(job: Job) -> Plan:
     task = make_task(job.trained_task, job.task_params)
     ft_len = job.finetune_len or 2 * job.train_len
     task.check(job.train_len, eval_lens + ([ft_len] if job.finetune_steps > 0 else []))
+    check_lengths_fit(job, eval_lens, ft_len if job.finetune_steps > 0 else None)  # before any model is built
     max_len = max(eval_lens + [job.train_len, ft_len])
     for v in ([Spec("full")] if job.task == "fidelity" else variants):
         for p in positions:  # builds every model once, so bad params fail now, not after hours
@@ -220,7 +309,7 @@ class Runner:
         return any(self.key({**base, "metric": m}) not in self.done for m in metrics)
 
     def fail(self, base: dict[str, Any], metrics: tuple[str, ...], err: BaseException) -> None:
-        status = "unsupported" if isinstance(err, UnsupportedBackend) else "error"
+        status = "unsupported" if isinstance(err, UnsupportedBackend) else "oom" if is_oom(err) else "error"
         msg = f"{type(err).__name__}: {err}"
         self.echo(f"  {status}: {msg}")
         for metric in metrics:
@@ -327,11 +416,13 @@ class Runner:
 
 def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progress: bool = True,
              echo: Callable[[str], None] = print) -> Runner:
+    """Run the plans under the memory cap (see :func:`memory_cap`): a run that does not fit is an ``oom`` row."""
     runner = Runner(out, ckpt_dir, resume, progress, echo)
-    for p in plans:
-        runner.run_plan(p)
+    with memory_cap():
+        for p in plans:
+            runner.run_plan(p)
     return runner
 
 
-__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "TASKS", "default_eval_lens", "make_task",
-           "plan", "run_jobs", "short_hash"]
+__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "TASKS", "check_lengths_fit", "default_eval_lens",
+           "is_oom", "make_task", "memory_budget", "memory_cap", "plan", "run_jobs", "short_hash"]

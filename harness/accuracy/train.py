@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -100,13 +101,55 @@ def save_checkpoint(path: Path, model: nn.Module, opt: torch.optim.Optimizer, st
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, identity: str) -> dict | None:
-    """The saved state if ``path`` holds a checkpoint of this exact run, else None."""
+CHECKPOINT_KEYS = ("model", "optimizer", "step", "losses", "rng", "identity")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _move_aside(path: Path, reason: str, warn: Callable[[str], None]) -> None:
+    """Rename an unreadable checkpoint to ``<name>.corrupt-<time>`` and say so, once: kept for a post-mortem,
+    out of the way so this run (and every rerun) trains from scratch instead of failing on it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        aside, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
+    try:
+        os.replace(path, aside)
+        where = f"moved it to {aside.name}"
+    except OSError as e:
+        where = f"could not move it aside ({e.strerror}); it will be overwritten"
+    warn(f"attn-bench: warning: checkpoint {path} is unreadable ({reason}); {where} and training from scratch")
+
+
+def load_checkpoint(path: Path, identity: str, warn: Callable[[str], None] | None = None) -> dict | None:
+    """The saved state if ``path`` holds a checkpoint of this exact run, else None.
+
+    A checkpoint that does not load (truncated, garbage, not ours) is moved aside with one line to
+    ``warn`` (stderr by default) and None returned, so the run retrains rather than erroring on every
+    rerun; one of another run is refused (ValueError), since it is a mistake in ``--ckpt-dir``.
+    """
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("identity") != identity:
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a directory; remove it or use another --ckpt-dir")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise  # the file may be fine: never discard hours of training for a transient failure
+    except Exception as e:  # truncated zip, pickle garbage, empty file, unreadable ...
+        if isinstance(e, torch.OutOfMemoryError) or "allocate memory" in str(e).lower():
+            raise  # torch's allocation failures are RuntimeErrors: under the memory cap, not corruption
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+        _move_aside(path, f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__, warn or _stderr)
+        return None
+    if isinstance(state, dict) and state.get("identity") != identity:
         raise ValueError(f"checkpoint {path} belongs to another run; delete it or use another --ckpt-dir")
+    if not isinstance(state, dict) or not all(k in state for k in CHECKPOINT_KEYS):
+        _move_aside(path, "not a training checkpoint", warn or _stderr)
+        return None
     return state
 
 
