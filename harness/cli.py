@@ -54,19 +54,29 @@ def warn_plugin(label: str, error: str) -> None:
     click.echo(f"attn-bench: plugin {shorten(label, quote=False)} failed to load: {error}", err=True)
 
 
-def load_plugins(plugins: tuple[str, ...]) -> set[str]:
+def load_plugins(plugins: tuple[str, ...], report: bool = True) -> set[str]:
     """Load ``--plugin`` files/modules; a broken one is reported once, by name, and skipped.
 
-    Returns the labels reported, so a caller listing every failure does not repeat them.
+    Returns the labels that failed. ``report=False`` leaves the warning to :func:`report_plugins`, so a
+    command can validate first: a bad spec then ends with one line (which names the failed plugins).
     """
     import attn
 
-    reported: set[str] = set()
+    failed: set[str] = set()
     for p in dict.fromkeys(plugins):  # a plugin given twice is loaded (and reported) once
         if not attn.load_plugin(p):
-            warn_plugin(p, attn.plugin_errors()[p])
-            reported.add(p)
-    return reported
+            if report:
+                warn_plugin(p, attn.plugin_errors()[p])
+            failed.add(p)
+    return failed
+
+
+def report_plugins(failed: set[str]) -> None:
+    """Warn about plugins that failed to load, once each (after a command's input was validated)."""
+    import attn
+
+    for p in sorted(failed):
+        warn_plugin(p, attn.plugin_errors().get(p, "unknown error"))
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
@@ -120,7 +130,8 @@ def _presets() -> dict[str, str]:
 
 
 # Any quoted value longer than this in an error line is cut: messages echo the user's input.
-_LONG_QUOTED = re.compile(r"""(['"])([^'"]{120,})\1""")
+# (an opening quote follows a space, bracket, '=', ':' or ',', so the text between two quoted values never matches)
+_LONG_QUOTED = re.compile(r"""(?<![^\s(\[{=:,])(['"])([^'"]{120,})\1""")
 MESSAGE_LIMIT = 1000
 
 
