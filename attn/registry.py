@@ -209,6 +209,9 @@ class Registry:
                 f"{self.kind} {shorten(name)}: {what} is not a subclass of attn.{attr}; "
                 f"write `class {getattr(cls, '__name__', 'MyVariant')}(attn.{attr})` and register that"
             )
+        check = getattr(cls, "check_declaration", None)
+        if check is not None:
+            check()  # the class's own declarations (e.g. Attention.auto_order) name what exists
 
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)

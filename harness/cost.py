@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import attn
-from attn.attention.base import UnsupportedBackend
+from attn.attention.base import TRAIN_FLOPS_FACTOR, UnsupportedBackend
 from attn.registry import ATTENTION
 from harness.results import cell_key
 
@@ -111,18 +111,14 @@ class Measured:
 # -- FLOPs ---------------------------------------------------------------------------------------
 
 def train_factor(mode: str) -> int:
-    """Train step / forward for matmuls with weights (model scope): backward = 2 x forward."""
-    return 3 if mode == "train" else 1
+    """Train step / forward for matmuls with weights (model scope): the convention attention uses too."""
+    return TRAIN_FLOPS_FACTOR if mode == "train" else 1
 
 
 def attention_flops(module: Any, cell: Cell) -> int:
     """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
-    decoding step), from the variant's ``mode_flops``. A duck-typed plugin with only ``flops`` gets
-    the base class's definitions."""
-    args = (cell.mode, cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim, cell.causal)
-    if hasattr(module, "mode_flops"):
-        return int(module.mode_flops(*args))
-    return int(attn.Attention.mode_flops(module, *args))
+    decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention)."""
+    return int(module.mode_flops(cell.mode, cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim, cell.causal))
 
 
 def op_flops(module: Any, cell: Cell) -> int:

@@ -170,6 +170,8 @@ def check_writable(path: str | os.PathLike, directory: bool = False, what: str =
     trained or drawn only to fail at the end. Nothing is created or changed (a probe file is anonymous)."""
     p = Path(path)
     if p.exists():
+        if not directory and not p.is_dir() and not p.is_file():  # a FIFO would block the open below
+            raise ValueError(f"cannot write {what} {p}: it is not a regular file")
         if directory != p.is_dir():
             raise ValueError(f"cannot write {what} {p}: it is {'not ' if directory else ''}a directory")
         target = p if directory else None

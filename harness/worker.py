@@ -101,49 +101,25 @@ def _cap_address_space(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-class PeakTimer:
-    """The device's matmul FLOP/s, timed next to every cell with the cell's threads and dtype.
-
-    Its operands are allocated once, before any cell's memory baseline, so they never count in a
-    cell's peak memory; each timing is short (``PEAK_TIMING``) because it runs twice per cell.
-    """
-
-    def __init__(self, device: str):
-        from harness.noise import peak_matmul
-
-        self.fn, self.flops, self.dtype = peak_matmul(device)
-        self._warm = False
-
-    def measure(self) -> float:
-        from harness.timing import first_call, time_callable
-
-        if not self._warm:
-            first_call(self.fn)
-            self._warm = True
-        return self.flops / time_callable(self.fn, PEAK_TIMING).median_s
-
-
-PEAK_TIMING = TimingConfig(min_run_time=0.3, max_run_time=1.0, threshold=0.05)
-
-
-def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peak: PeakTimer | None = None) -> dict[str, Any]:
+def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: bool = True) -> dict[str, Any]:
     """Measure one cell in this process; every failure becomes a status (never raises).
 
     Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
     the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
     buffers are then handed back to the OS), the timed calls with the CPU snapshots around them,
-    the peak again. ``peak`` None skips the peaks (tests of other things).
+    the peak again (``harness.noise.time_peak``, in the cell's dtype; ``peaks=False`` skips them).
     """
     import torch
 
     from attn.attention.base import UnsupportedBackend
-    from harness.cost import Cell, build
+    from harness.cost import DTYPES, Cell, build
     from harness.memory import PeakMemory, release_freed_memory
-    from harness.noise import cpu_snapshot, load_average, other_cpu
+    from harness.noise import cpu_snapshot, load_average, other_cpu, time_peak, usable_cpus
     from harness.timing import first_call, time_callable
 
     cell = Cell.from_row(cell_row)
     mem = PeakMemory(cell.device)
+    peak = (lambda: time_peak(cell.device, DTYPES[cell.dtype])) if peaks else (lambda: None)
     try:
         # Warm-up on a throwaway instance: compilation, autotuning and lazy initialisation
         # are timed here, and whatever they leave behind is in the baseline taken next.
@@ -151,7 +127,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peak: Pe
         measured = build(cell)
         warmup_s = first_call(measured.fn)
         del measured
-        peak_before = peak.measure() if peak else None
+        peak_before = peak()
         mem.baseline()
         torch.manual_seed(seed)
         measured = build(cell)
@@ -163,7 +139,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peak: Pe
         peak_mem = mem.peak()
         backend, flops, tokens = measured.backend(), measured.flops, measured.tokens
         del measured
-        peak_after = peak.measure() if peak else None
+        peak_after = peak()
     except UnsupportedBackend as e:
         return {"status": "unsupported", "error": one_line(e)}
     except MemoryError as e:
@@ -185,8 +161,9 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peak: Pe
         "achieved_flops_per_s": None if flops is None else flops / median,
         "peak_mem_bytes": peak_mem, "mem_method": mem.method,
         "peak_before_flops_per_s": peak_before, "peak_after_flops_per_s": peak_after,
-        "peak_dtype": peak.dtype if peak else None,
+        "peak_dtype": cell.dtype if peaks else None,
         "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
+        "num_threads": torch.get_num_threads(), "cpus": usable_cpus(),
     }
 
 
@@ -224,16 +201,13 @@ def child_main(argv: list[str] | None = None) -> None:
         total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_limit / total), torch.device(args.device))
     send({"event": "ready", "pid": os.getpid(), "plugin_errors": failed})
-    peak: PeakTimer | None = None
     for line in sys.stdin:
         req = json.loads(line)
         timing = TimingConfig(**req.get("timing", {}))
         if not cuda and args.mem_limit and not args.no_address_space_cap:
             _cap_address_space(args.mem_limit)
         if req["op"] == "cell":
-            if peak is None:  # once, before the first cell's memory baseline
-                peak = PeakTimer(args.device)
-            send(run_cell(req["cell"], timing, req.get("seed", 0), peak))
+            send(run_cell(req["cell"], timing, req.get("seed", 0)))
         elif req["op"] == "exit":
             break
 
@@ -540,7 +514,7 @@ def vars_of(timing: TimingConfig) -> dict[str, float]:
     return timing.as_dict()
 
 
-__all__ = ["Worker", "WorkerConfig", "PeakTimer", "child_command", "looks_like_oom", "one_line", "oom_kill_count",
+__all__ = ["Worker", "WorkerConfig", "child_command", "looks_like_oom", "one_line", "oom_kill_count",
            "run_cell"]
 
 

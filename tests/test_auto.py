@@ -70,3 +70,22 @@ def test_a_variant_without_a_measured_order_keeps_declaration_order():
     Plain.auto_order = {"cpu/forward": ("fast",)}
     assert Plain(None).select_backend("cpu", torch.float32, "forward") == "fast"
     assert Plain(None).select_backend("cpu", torch.float32, "decode") == "slow"
+
+
+@pytest.mark.parametrize("order, why", [({"cpu/train": ("fast",)}, "backward"), ({"cpu/forward": ("fats",)}, "unknown")])
+def test_a_bad_auto_order_is_refused_at_registration(order, why):
+    from dataclasses import dataclass
+
+    from attn.attention.base import ALL_MODES, Backend
+    from attn.registry import Registry
+
+    @dataclass(frozen=True)
+    class Cfg:
+        pass
+
+    class Bad(attn.Attention):
+        backends = (Backend("reference", {"cpu": ALL_MODES}), Backend("fast", {"cpu": ALL_MODES}))
+        auto_order = order
+
+    with pytest.raises(TypeError, match=why):
+        Registry("attention variant", base="attn.attention.base:Attention").register("bad", Cfg)(Bad)

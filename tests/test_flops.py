@@ -289,10 +289,3 @@ def test_plugin_without_overrides_gets_the_base_count(mode):
     assert expected * q_len * k_len == total * m.pairs(q_len, k_len, True)
 
 
-def test_duck_typed_plugin_with_only_flops_gets_the_base_modes():
-    class OnlyFlops:
-        def flops(self, batch, heads, q_len, k_len, head_dim, causal=True):
-            return batch * heads * q_len * k_len * head_dim
-
-    assert op_flops(OnlyFlops(), cell("x", "train", "op", 10)) == 3 * 2 * H * 10 * 10 * D
-    assert op_flops(OnlyFlops(), cell("x", "decode", "op", 10)) == 2 * H * 1 * 11 * D

@@ -51,6 +51,7 @@ def test_a_quiet_cell_carries_its_own_peaks_and_a_fraction_within_one(worker):
     assert row["peak_flops_per_s"] == max(row["peak_before_flops_per_s"], row["peak_after_flops_per_s"])
     assert 0 < row["peak_fraction"] <= 1
     assert row["other_cpu"] is not None and row["loadavg_1m"] is not None
+    assert row["peak_dtype"] == "float32" and row["cpus"] >= 1 and row["num_threads"] >= 1
     assert row["timed_calls"] >= row["repeats"] >= 1
 
 
@@ -61,8 +62,8 @@ def test_linear_decoding_memory_is_its_state_at_any_context(worker):
     state = 8 * 64 * 65 * 4  # (B, H, d_phi, D + 1) fp32
     for row in (short, long):
         assert row["status"] == "ok" and row["backend"] == "recurrent"
-        assert row["peak_mem_bytes"] < 2 * 2**20 + 4 * state
-    assert abs(long["peak_mem_bytes"] - short["peak_mem_bytes"]) < 2**20
+        assert row["peak_mem_bytes"] < 4 * 2**20 + 4 * state  # RSS moves by pages and allocator arenas
+    assert abs(long["peak_mem_bytes"] - short["peak_mem_bytes"]) < 3 * 2**20  # the prefill at 16K is 75 MB
 
 
 def test_other_cpu_is_the_machine_minus_this_process():
@@ -81,7 +82,15 @@ def test_cpu_snapshot_reads_proc():
     ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1.05e11, "other_cpu": 0.0}, False),
     ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 0.5e11, "other_cpu": 0.0}, True),
     ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "other_cpu": 1.0}, True),
-    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "achieved_flops_per_s": 1.5e11}, True),
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "other_cpu": 1.0, "cpus": 2, "num_threads": 2},
+     True),
+    # 16 cores, 2 threads: 14 left free, so siblings (other Ray hosts) on 10 of them are no contention
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "other_cpu": 10.0, "cpus": 16,
+      "num_threads": 2}, False),
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "other_cpu": 15.0, "cpus": 16,
+      "num_threads": 2}, True),
+    # above the peak: suspect (plots and report), not noisy -- re-measuring does not fix a wrong count
+    ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "achieved_flops_per_s": 1.5e11}, False),
 ])
 def test_the_noisy_verdict(row, noisy):
     out = assess({"status": "ok", **row})

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 MODES = ("forward", "backward", "decode")
+# A training step = forward + backward; backward = 2 x forward (two matmuls per forward matmul).
+TRAIN_FLOPS_FACTOR = 3
 ALL_MODES = frozenset(MODES)
 
 
@@ -175,6 +177,21 @@ class Attention(nn.Module):
             return "reference"
         raise UnsupportedBackend(f"{self.name}: no backend can run ({'; '.join(reasons)})")
 
+    @classmethod
+    def check_declaration(cls) -> None:
+        """TypeError unless ``auto_order`` keys are ``<device>/<mode>`` (modes: forward, backward, decode)
+        and name declared backends: a typo would otherwise be ignored, or fail at the first call."""
+        names = [b.name for b in cls.backends]
+        for key, order in cls.auto_order.items():
+            device, _, mode = key.partition("/")
+            if not device or mode not in MODES:
+                raise TypeError(f"{cls.__qualname__}.auto_order: key {key!r} must be '<device>/<mode>' with mode "
+                                f"one of {', '.join(MODES)} (a training step is 'backward')")
+            unknown = [n for n in order if n not in names]
+            if unknown:
+                raise TypeError(f"{cls.__qualname__}.auto_order[{key!r}] names unknown backends {unknown}; "
+                                f"declared: {', '.join(names)}")
+
     def auto_candidates(self, device: str, mode: str) -> list[Backend]:
         """Backends in the order ``auto`` tries them on ``device`` (a device type: cpu, cuda) in ``mode``."""
         measured = self.auto_order.get(f"{device}/{mode}", ())
@@ -235,7 +252,7 @@ class Attention(nn.Module):
         if mode == "forward":
             return self.flops(batch, heads, seq_len, seq_len, head_dim, causal)
         if mode == "train":
-            return 3 * self.flops(batch, heads, seq_len, seq_len, head_dim, causal)
+            return TRAIN_FLOPS_FACTOR * self.flops(batch, heads, seq_len, seq_len, head_dim, causal)
         if mode == "decode":
             return self.flops(batch, heads, 1, seq_len + 1, head_dim, True)
         raise ValueError(f"unknown mode {mode!r}; valid: forward, train, decode")

@@ -140,7 +140,9 @@ def load_checkpoint(path: Path, identity: str, warn: Callable[[str], None] | Non
     except MemoryError:
         raise  # the file may be fine: never discard hours of training for a transient failure
     except Exception as e:  # truncated zip, pickle garbage, empty file, unreadable ...
-        if isinstance(e, torch.OutOfMemoryError) or "allocate memory" in str(e).lower():
+        from harness.worker import looks_like_oom
+
+        if isinstance(e, torch.OutOfMemoryError) or looks_like_oom(str(e)):
             raise  # torch's allocation failures are RuntimeErrors: under the memory cap, not corruption
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
         _move_aside(path, f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__, warn or _stderr)
