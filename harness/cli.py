@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import re
 import sys
 from typing import Any
 
 import click
+
+from harness.messages import one_error_line
+from harness.plugins import load_plugins, warn_plugin
 
 COMMANDS = {
     "list": "harness.cli:list_command",
@@ -45,38 +47,6 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="attn-bench")
 def cli() -> None:
     """Benchmark long-context attention variants: speed, memory and accuracy across lengths."""
-
-
-def warn_plugin(label: str, error: str) -> None:
-    """The one line that says a plugin failed; every command words it the same."""
-    from attn.registry import shorten
-
-    click.echo(f"attn-bench: plugin {shorten(label, quote=False)} failed to load: {error}", err=True)
-
-
-def load_plugins(plugins: tuple[str, ...], report: bool = True) -> set[str]:
-    """Load ``--plugin`` files/modules; a broken one is reported once, by name, and skipped.
-
-    Returns the labels that failed. ``report=False`` leaves the warning to :func:`report_plugins`, so a
-    command can validate first: a bad spec then ends with one line (which names the failed plugins).
-    """
-    import attn
-
-    failed: set[str] = set()
-    for p in dict.fromkeys(plugins):  # a plugin given twice is loaded (and reported) once
-        if not attn.load_plugin(p):
-            if report:
-                warn_plugin(p, attn.plugin_errors()[p])
-            failed.add(p)
-    return failed
-
-
-def report_plugins(failed: set[str]) -> None:
-    """Warn about plugins that failed to load, once each (after a command's input was validated)."""
-    import attn
-
-    for p in sorted(failed):
-        warn_plugin(p, attn.plugin_errors().get(p, "unknown error"))
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
@@ -127,19 +97,6 @@ def _presets() -> dict[str, str]:
     except ImportError:
         return {}
     return describe_presets()
-
-
-# Any quoted value longer than this in an error line is cut: messages echo the user's input.
-# (an opening quote follows a space, bracket, '=', ':' or ',', so the text between two quoted values never matches)
-_LONG_QUOTED = re.compile(r"""(?<![^\s(\[{=:,])(['"])([^'"]{120,})\1""")
-MESSAGE_LIMIT = 1000
-
-
-def one_error_line(text: str) -> str:
-    """An error message as one line of bounded length: long echoed values cut, newlines folded."""
-    text = " ".join(str(text).split())
-    text = _LONG_QUOTED.sub(lambda m: f"{m[1]}{m[2][:80]}...{m[1]} ({len(m[2]):,} characters)", text)
-    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:

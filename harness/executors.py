@@ -253,7 +253,7 @@ class RayExecutor:
     def _run(self, ray: Any, work: Workload, record: Record, started: Callable[[Any], None] | None) -> None:
         from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-        from harness.worker import one_line
+        from harness.messages import one_line
 
         queue = collections.deque(work.chains)
         n = min(len(queue), self.config.max_concurrency or self.capacity(ray, work.gpus))
@@ -458,7 +458,7 @@ class SlurmExecutor:
         self._drain(job, tasks, record)
         missing = [k for k in job.keys if k in tasks and k not in job.seen]
         if missing:
-            from harness.worker import one_line
+            from harness.messages import one_line
 
             h = job.handle
             err = h.exception() if h.paths.result_pickle.exists() else None  # without a result it would wait forever
@@ -546,7 +546,7 @@ class SlurmExecutor:
 
 
 def _tail(path: Path, chars: int = 200) -> str:
-    from harness.worker import one_line
+    from harness.messages import one_line
 
     try:
         with open(path, "rb") as f:

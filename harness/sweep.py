@@ -800,7 +800,7 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
     """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
-    from harness.cli import load_plugins, report_plugins
+    from harness.plugins import load_plugins, report_plugins
 
     spec = load_spec(preset, config, _cli_layer(opts))
     failed_plugins = load_plugins(spec.run.plugin, report=False)  # a bad spec's one error line names them

@@ -46,9 +46,9 @@ from typing import Any
 
 import psutil
 
+from harness.messages import looks_like_oom, one_line
 from harness.timing import TimingConfig
 
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "bad_alloc", "memoryerror")
 POLL_S = 0.05
 TRACK_S = 0.5  # how often the parent lists the worker's descendants while it waits
 NEAR_LIMIT = 0.9  # a SIGKILL with resident memory past this fraction of the limit counts as out of memory
@@ -61,15 +61,6 @@ _BOOTSTRAP = ("import sys\n"
               "if sys.path[:1] == ['']:\n    del sys.path[0]\n"
               "import runpy\n"
               "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n")
-
-
-def one_line(text: str, limit: int = 400) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def looks_like_oom(text: str) -> bool:
-    return any(m in text.lower() for m in OOM_MARKERS)
 
 
 # -- the child ----------------------------------------------------------------------------------

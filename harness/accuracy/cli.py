@@ -154,7 +154,7 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
                      no_progress: bool, threads: int | None, **opts: Any) -> None:
     """Train small models and measure what each attention variant / position method can still do as length grows."""
     from harness.accuracy.runner import plan, run_jobs
-    from harness.cli import load_plugins, report_plugins
+    from harness.plugins import load_plugins, report_plugins
     from harness.results import check_rows, check_writable, exclusive, read_rows
 
     failed_plugins = load_plugins(plugins, report=False)  # a bad spec's one error line names them

@@ -214,7 +214,7 @@ def memory_cap(budget: int | None = None) -> Iterator[int | None]:
 def is_oom(err: BaseException) -> bool:
     """An allocation that did not fit: MemoryError (the address-space cap), torch's OutOfMemoryError,
     or an allocator's "can't allocate memory" RuntimeError."""
-    from harness.worker import looks_like_oom
+    from harness.messages import looks_like_oom
 
     oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
     return isinstance(err, oom_types) or looks_like_oom(f"{type(err).__name__}: {err}")

@@ -140,7 +140,7 @@ def load_checkpoint(path: Path, identity: str, warn: Callable[[str], None] | Non
     except MemoryError:
         raise  # the file may be fine: never discard hours of training for a transient failure
     except Exception as e:  # truncated zip, pickle garbage, empty file, unreadable ...
-        from harness.worker import looks_like_oom
+        from harness.messages import looks_like_oom
 
         if isinstance(e, torch.OutOfMemoryError) or looks_like_oom(str(e)):
             raise  # torch's allocation failures are RuntimeErrors: under the memory cap, not corruption

@@ -1,0 +1,40 @@
+"""Loading ``--plugin`` files and modules for a command: each failure is warned once, in one
+wording, and a command may validate its input first so a bad spec still ends with one line."""
+from __future__ import annotations
+
+import click
+
+
+def warn_plugin(label: str, error: str) -> None:
+    """The one line that says a plugin failed; every command words it the same."""
+    from attn.registry import shorten
+
+    click.echo(f"attn-bench: plugin {shorten(label, quote=False)} failed to load: {error}", err=True)
+
+
+def load_plugins(plugins: tuple[str, ...], report: bool = True) -> set[str]:
+    """Load ``--plugin`` files/modules; a broken one is reported once, by name, and skipped.
+
+    Returns the labels that failed. ``report=False`` leaves the warning to :func:`report_plugins`, so a
+    command can validate first: a bad spec then ends with one line (which names the failed plugins).
+    """
+    import attn
+
+    failed: set[str] = set()
+    for p in dict.fromkeys(plugins):  # a plugin given twice is loaded (and reported) once
+        if not attn.load_plugin(p):
+            if report:
+                warn_plugin(p, attn.plugin_errors()[p])
+            failed.add(p)
+    return failed
+
+
+def report_plugins(failed: set[str]) -> None:
+    """Warn about plugins that failed to load, once each (after a command's input was validated)."""
+    import attn
+
+    for p in sorted(failed):
+        warn_plugin(p, attn.plugin_errors().get(p, "unknown error"))
+
+
+__all__ = ["load_plugins", "report_plugins", "warn_plugin"]
