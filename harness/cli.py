@@ -16,11 +16,11 @@ from harness.plugins import load_plugins, warn_plugin
 
 COMMANDS = {
     "list": "harness.cli:list_command",
-    "sweep": "harness.sweep:sweep_command",
+    "sweep": "harness.cost.command:sweep_command",
     "accuracy": "harness.accuracy.cli:accuracy_command",
-    "plot": "harness.plots:plot_command",
-    "report": "harness.report:report_command",
-    "compare": "harness.compare:compare_command",
+    "plot": "harness.analysis.figures:plot_command",
+    "report": "harness.analysis.report:report_command",
+    "compare": "harness.analysis.compare:compare_command",
 }
 
 
@@ -93,7 +93,7 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
 
 def _presets() -> dict[str, str]:
     try:
-        from harness.presets import describe_presets
+        from harness.cost.presets import describe_presets
     except ImportError:
         return {}
     return describe_presets()

@@ -25,7 +25,7 @@ COST_FIELDS = (
     "run_id", "variant", "variant_params", "backend", "position", "scope", "mode", "device", "device_name",
     "dtype", "batch_size", "num_heads", "head_dim", "seq_len", "status", "error", "latency_ms",
     "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
-    # how far to trust it (harness.noise): the matmul peak timed before and after the cell, the load
+    # how far to trust it (harness.cost.noise): the matmul peak timed before and after the cell, the load
     "peak_before_flops_per_s", "peak_after_flops_per_s", "peak_flops_per_s", "peak_fraction", "other_cpu",
     "loadavg_1m", "noisy", "noisy_reason", "attempts",
 )

@@ -1,667 +1,73 @@
-"""Results files -> pandas frames, and the numbers derived from them (exponents, crossovers, reach).
+"""Deprecated: moved to :mod:`harness.analysis.frames` and :mod:`harness.analysis.derive`; goes in the next release."""
+import warnings
 
-Plots, the report and ``compare`` read results only through here, so they agree on what a cell,
-a label and a failure are. Nothing here measures anything (STYLE.md: measure, aggregate, plot).
-"""
-from __future__ import annotations
-
-import functools
-import json
-import math
-import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pandas as pd
-
-from harness.results import STATUSES, scan_rows, warn_skipped
-
-# The least a row needs to be drawn at all; every other column is optional (figures say what they lack).
-COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
-ACCURACY_REQUIRED = ("task", "variant", "metric", "value")
-# What, besides the label and the length, tells two cost cells apart on one device.
-COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "head_dim", "position", "causal", "layers")
-SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "head_dim", "position", "causal", "layers")
-COST_NUMERIC = (
-    "seq_len", "latency_ms", "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
-    "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
-    # trust columns (newer rows): the peak timed either side of the cell, the load while it was timed
-    "peak_before_flops_per_s", "peak_after_flops_per_s", "loadavg_1m", "other_cpu", "attempts",
+from harness.analysis.derive import (  # noqa: F401
+    AVERAGED_DIMS,
+    NOISY_COLUMNS,
+    SERIES_DIMS,
+    SUSPECT_COLUMNS,
+    _dim_text,
+    _listing,
+    _seed_ci,
+    _truthy,
+    accuracy_points,
+    best_positions,
+    crossovers,
+    fit_exponents,
+    longest_reached,
+    mem_limit,
+    noisy_mask,
+    noisy_rows,
+    peak_fraction,
+    scaling_exponent,
+    speedups,
+    suspect_mask,
+    suspect_rows,
+    untrusted,
+    without_suspect,
 )
-ACCURACY_NUMERIC = ("train_len", "eval_len", "seq_len", "value", "ci_low", "ci_high", "n", "depth")
-# Columns the cost harness may use for the device's memory capacity; the first one present wins.
-MEM_LIMIT_COLUMNS = ("mem_limit_bytes", "device_mem_bytes", "device_memory_bytes", "mem_total_bytes", "total_mem_bytes")
-FAILED = ("oom", "timeout")  # failures that happen *at a length* and stop a variant growing
-# Filled in by the backbone, identical across a sweep: they only lengthen labels.
-_LABEL_SKIP = frozenset({"head_dim", "d_model", "max_seq_len"})
-_LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "nll", "bpb", "bpc", "rel_l2", "error", "mse", "mae", "max_abs")
-BUILTIN_ORDER = ("full", "sliding_window", "block_sparse", "linear")
-
-
-@dataclass
-class Results:
-    """All rows of some results files, split by kind; ``sources`` are the files read."""
-
-    cost: pd.DataFrame
-    accuracy: pd.DataFrame
-    sources: list[str] = field(default_factory=list)
-
-    def combined(self) -> pd.DataFrame:
-        """Variant rows of both kinds, for figures that only need variant/params/length."""
-        frames = []
-        if len(self.cost):
-            frames.append(self.cost[["variant", "variant_params", "variant_label", "seq_len"]])
-        if len(self.accuracy):
-            frames.append(self.accuracy[["variant", "variant_params", "variant_label", "length"]]
-                          .rename(columns={"length": "seq_len"}))
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-# -- labels -----------------------------------------------------------------------------------
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (list, tuple)):
-        return "(" + ",".join(_fmt_value(x) for x in v) + ")"
-    return str(v)
-
-
-def params_dict(params: Any) -> dict[str, Any]:
-    """A row's params as a dict: JSON text, None and NaN (absent) are accepted."""
-    if isinstance(params, dict):
-        return params
-    if isinstance(params, str) and params.strip():
-        try:
-            loaded = json.loads(params)
-        except json.JSONDecodeError:
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
-    return {}
-
-
-@functools.cache
-def registered_defaults(kind: str, name: str) -> dict[str, Any] | None:
-    """Config fields and defaults of a registered variant (``kind="attention"``) or position; None if unknown."""
-    try:
-        import attn
-
-        specs = attn.list_attention() if kind == "attention" else attn.list_positions()
-    except Exception:  # plotting old results must not depend on the models importing
-        return None
-    return next((dict(s["params"]) for s in specs if s["name"] == name), None)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
-        return float(a) == float(b)
-    return json.dumps(a, default=str) == json.dumps(b, default=str)
-
-
-def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
-    """``sliding_window`` + ``{"window": 256}`` -> ``"sliding_window(window=256)"``; names flow into legends.
-
-    Rows carry the variant's resolved config (every field), which would make legends unreadable,
-    so a field at its registered default is left out -- except a variant's first field (its
-    defining parameter: ``window``, ``block_size``, ``feature_map``), which is always shown. The
-    same rule labels cost and accuracy rows, so the two join on it.
-    """
-    defaults = registered_defaults(kind, str(name)) or {}
-    first = next(iter(defaults), None) if kind == "attention" else None
-    p = {k: v for k, v in params_dict(params).items()
-         if k not in _LABEL_SKIP and k != "backend" and (k == first or k not in defaults or not _same(v, defaults[k]))}
-    inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in p.items())
-    return f"{name}({inner})" if inner else str(name)
-
-
-def _spec_text_label(spec: Any) -> str | None:
-    """``"rope_yarn:beta_fast=16"`` -> ``"rope_yarn(beta_fast=16)"``; None for a missing spec."""
-    if not isinstance(spec, str) or not spec:
-        return None
-    name, _, rest = spec.partition(":")
-    return f"{name}({rest.replace(',', ', ')})" if rest else name
-
-
-def fmt_len(n: float) -> str:
-    """Sequence lengths as people write them: 512, 1k, 16k (k = 1024)."""
-    n = int(n)
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def lower_is_better(metric: str) -> bool:
-    m = str(metric).lower()
-    return any(word in m for word in _LOWER_IS_BETTER)
-
-
-# -- loading and validation -------------------------------------------------------------------
-
-def _frame(rows: list[dict[str, Any]], numeric: Sequence[str]) -> pd.DataFrame:
-    df = pd.DataFrame(rows)
-    for col in numeric:
-        if col in df:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    return df
-
-
-def _require(df: pd.DataFrame, cols: Sequence[str], kind: str, sources: Iterable[str]) -> None:
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{kind} rows in {', '.join(sorted(set(sources)))} lack column(s) {', '.join(missing)}; "
-            f"{kind} rows need {', '.join(cols)}"
-        )
-
-
-def backend_labels(df: pd.DataFrame) -> list[str]:
-    """The backend a series is drawn under, the same for its ok and its failed cells.
-
-    A failed cell has no backend that ran, only the one requested (often ``auto``); so cells are
-    grouped by the request, and a group is named by the backend that actually ran when that is one.
-    """
-    ran = df["backend"].astype(object).where(df["backend"].notna(), None)
-    if "backend_requested" not in df:
-        return [str(b) if isinstance(b, str) and b else "?" for b in ran]
-    req = df["backend_requested"].astype(object).where(df["backend_requested"].notna(), "auto").astype(str)
-    group = [c for c in ("variant_label", "device_key", "scope", "mode", *SHAPE_FIELDS) if c in df]
-    keys = ["|".join(map(str, t)) + "|" + r for t, r in zip(df[group].itertuples(index=False), req, strict=True)]
-    names: dict[str, set[str]] = {}
-    for k, b in zip(keys, ran, strict=True):
-        if isinstance(b, str) and b:
-            names.setdefault(k, set()).add(b)
-    out = []
-    for k, r in zip(keys, req, strict=True):
-        seen = names.get(k, set())
-        out.append(next(iter(seen)) if len(seen) == 1 else r)
-    return out
-
-
-def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
-    """Add the derived columns (labels, device key, facet, series) to raw cost rows; idempotent."""
-    df = df.copy()
-    if "variant_params" not in df:
-        df["variant_params"] = [{} for _ in range(len(df))]
-    df["variant_params"] = [params_dict(p) for p in df["variant_params"]]
-    for col in COST_NUMERIC:
-        if col in df:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    status = df["status"].astype(object).where(df["status"].notna(), None)
-    # A row without a status is taken at its word: ok when it has a latency, an error otherwise.
-    df["status"] = [s if isinstance(s, str) else ("ok" if pd.notna(lat) else "error")
-                    for s, lat in zip(status, df["latency_ms"], strict=True)]
-    df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
-    name = df["device_name"] if "device_name" in df else pd.Series([None] * len(df), index=df.index)
-    df["device_key"] = [str(n) if isinstance(n, str) and n else str(d) for n, d in zip(name, df["device"], strict=True)]
-    df["scope"] = df["scope"].fillna("op") if "scope" in df else "op"
-    df["facet"] = df["scope"].astype(str) + " · " + df["mode"].astype(str)
-    df["backend_label"] = backend_labels(df)
-    df["label"] = df["variant_label"] + "/" + df["backend_label"]
-    # Shape fields that vary within the frame go into the series name, so two shapes never share a line.
-    varying = [c for c in SHAPE_FIELDS if c in df and df[c].astype(str).nunique() > 1]
-    short = {"batch_size": "B", "num_heads": "H", "head_dim": "D", "causal": "causal", "layers": "layers"}
-
-    def suffix(row: pd.Series) -> str:
-        parts = [f"{short.get(c, '')}{'=' if c in short else ''}{_fmt_value(row[c])}" for c in varying
-                 if row[c] is not None and not (isinstance(row[c], float) and math.isnan(row[c]))]
-        return f" [{' '.join(parts)}]" if parts else ""
-
-    df["series"] = df["label"] + (df.apply(suffix, axis=1) if varying and len(df) else "")
-    return df
-
-
-def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
-    """Add labels and one ``length`` column (``eval_len``, or ``seq_len`` for fidelity rows)."""
-    df = df.copy()
-    for col in ACCURACY_NUMERIC:
-        if col in df:
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    for col in ("variant_params", "position_params"):
-        if col not in df:
-            df[col] = [{} for _ in range(len(df))]
-        df[col] = [params_dict(p) for p in df[col]]
-    if "position" not in df:
-        df["position"] = "none"
-    df["position"] = df["position"].fillna("none")
-    df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
-    df["position_label"] = [spec_label(v, p, "position") for v, p in zip(df["position"], df["position_params"], strict=True)]
-    if "position_spec" in df:  # the method as asked for: its factor is set per evaluation length, not a new series
-        asked = df["position_spec"].map(_spec_text_label)
-        df["position_label"] = asked.where(asked.notna(), df["position_label"])
-    length = pd.Series(np.nan, index=df.index)
-    for col in ("eval_len", "seq_len"):
-        if col in df:
-            length = length.fillna(df[col])
-    df["length"] = length
-    df["task"] = df["task"].astype(str)
-    df["metric"] = df["metric"].astype(str)
-    return df
-
-
-def load_results(paths: Sequence[str | os.PathLike]) -> Results:
-    """Read JSONL results files; ``ValueError`` with one clear line for anything unusable."""
-    if not paths:
-        raise ValueError("no results files given")
-    cost_rows: list[dict[str, Any]] = []
-    acc_rows: list[dict[str, Any]] = []
-    for path in paths:
-        p = Path(path)
-        if not p.exists():
-            raise ValueError(f"results file {p} does not exist")
-        if not p.is_file():
-            raise ValueError(f"results file {p} is not a regular file")
-        rows, bad = scan_rows(p)  # ValueError naming the file if it is unreadable or binary
-        if not rows:
-            first = f" (line {bad[0]} is not a JSON object)" if bad else ""
-            raise ValueError(f"results file {p} holds no complete rows{first}")
-        warn_skipped(p, bad)  # e.g. a stray `1` or `[1, 2]` line: skipped, but said
-        known = 0
-        for r in rows:
-            r = {**r, "source": str(p)}
-            if "task" in r or "metric" in r:
-                acc_rows.append(r)
-            elif "seq_len" in r and ("latency_ms" in r or "status" in r):
-                cost_rows.append(r)
-            else:
-                continue
-            known += 1
-        if not known:
-            raise ValueError(
-                f"results file {p} holds neither cost rows (with {', '.join(COST_REQUIRED)}) "
-                f"nor accuracy rows (with {', '.join(ACCURACY_REQUIRED)})"
-            )
-    cost, acc = pd.DataFrame(), pd.DataFrame()
-    if cost_rows:
-        cost = _frame(cost_rows, COST_NUMERIC)
-        _require(cost, COST_REQUIRED, "cost", cost["source"])
-        cost = prepare_cost(cost)
-    if acc_rows:
-        acc = _frame(acc_rows, ACCURACY_NUMERIC)
-        _require(acc, ACCURACY_REQUIRED, "accuracy", acc["source"])
-        if "eval_len" not in acc and "seq_len" not in acc:
-            raise ValueError(f"accuracy rows in {', '.join(sorted(set(acc['source'])))} lack column eval_len")
-        acc = prepare_accuracy(acc)
-    return Results(cost=cost, accuracy=acc, sources=[str(p) for p in paths])
-
-
-def status_counts(cost: pd.DataFrame) -> str:
-    """``"oom: 3, error: 2"``, known statuses first."""
-    counts = cost["status"].value_counts()
-    order = [s for s in STATUSES if s in counts] + sorted(set(counts.index) - set(STATUSES))
-    return ", ".join(f"{s}: {counts[s]}" for s in order)
-
-
-def ok_rows(cost: pd.DataFrame, column: str = "latency_ms") -> pd.DataFrame:
-    """Cells that ran and measured ``column``; nothing else is ever drawn as a value."""
-    if len(cost) == 0 or column not in cost:
-        return cost.iloc[0:0]
-    return cost[(cost["status"] == "ok") & cost[column].notna() & np.isfinite(cost[column].astype(float))]
-
-
-def require_ok(cost: pd.DataFrame, sources: Iterable[str] = ()) -> None:
-    """Refuse a frame with no usable cost rows, saying what the rows were instead."""
-    if len(cost) == 0:
-        raise ValueError(f"no cost rows in {', '.join(sources) or 'the input'}")
-    if len(ok_rows(cost)) == 0:
-        first = cost["error"].dropna().astype(str) if "error" in cost else pd.Series(dtype=str)
-        hint = f"; first error: {first.iloc[0].splitlines()[0][:160]}" if len(first) else ""
-        raise ValueError(f"no ok cost rows in {', '.join(sorted(set(cost['source']))) if 'source' in cost else 'the input'} "
-                         f"({status_counts(cost)}){hint}")
-
-
-def devices(cost: pd.DataFrame) -> list[str]:
-    return sorted(cost["device_key"].unique()) if len(cost) else []
-
-
-def check_single_device(cost: pd.DataFrame) -> None:
-    """Lines from two machines on one axis would mislead: refuse, naming the devices."""
-    devs = devices(cost)
-    if len(devs) > 1:
-        counts = cost["device_key"].value_counts()
-        listed = "; ".join(f"{d!r} ({counts[d]} rows)" for d in devs)
-        raise ValueError(f"results mix {len(devs)} devices: {listed}; pick one with --device")
-
-
-def select_device(cost: pd.DataFrame, device: str | None) -> pd.DataFrame:
-    """Rows whose device or device name contains ``device`` (case-insensitive)."""
-    if device is None or len(cost) == 0:
-        return cost
-    needle = device.lower()
-    hit = cost["device_key"].str.lower().str.contains(needle, regex=False) | \
-        cost["device"].astype(str).str.lower().str.contains(needle, regex=False)
-    if not hit.any():
-        raise ValueError(f"no cost rows on a device matching {device!r}; devices: {', '.join(devices(cost))}")
-    return cost[hit]
-
-
-def latest(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """One row per cell: the last one read (a re-run or ``--resume`` supersedes what came before)."""
-    keys = [k for k in keys if k in df]
-    if len(df) == 0:
-        return df
-    return df.loc[df[keys].astype(str).drop_duplicates(keep="last").index]
-
-
-CELL = ("device_key", "series", "facet", "seq_len")
-
-
-def cells(cost: pd.DataFrame) -> pd.DataFrame:
-    """The latest row of every cost cell (series x facet x length on one device)."""
-    return latest(cost, CELL)
-
-
-def caption(cost: pd.DataFrame | None = None, accuracy: pd.DataFrame | None = None) -> str:
-    """The provenance line under every figure: device, torch and project version, shape."""
-    frames = [f for f in (cost, accuracy) if f is not None and len(f)]
-    if not frames:
-        return ""
-    df = pd.concat(frames, ignore_index=True)
-
-    def one(col: str) -> str | None:
-        if col not in df:
-            return None
-        vals = sorted({_fmt_value(v) for v in df[col].dropna()})
-        return "/".join(vals) if vals else None
-
-    parts = []
-    if (d := one("device_name") or one("device")) is not None:
-        parts.append(d)
-    if (t := one("torch_version")) is not None:
-        parts.append(f"torch {t}")
-    if (v := one("project_version")) is not None:
-        parts.append(f"attn-bench {v}")
-    if cost is not None and len(cost):
-        shape = [one("dtype"), *(f"{k}={x}" for k, c in (("B", "batch_size"), ("H", "num_heads"), ("D", "head_dim"))
-                                if (x := _int_str(one(c))) is not None)]
-        parts.append(" ".join(s for s in shape if s))
-    return " · ".join(p for p in parts if p)
-
-
-def _int_str(s: str | None) -> str | None:
-    if s is None:
-        return None
-    return "/".join(str(int(float(x))) if x.replace(".", "", 1).isdigit() else x for x in s.split("/"))
-
-
-# -- trust: noisy and suspect cells -----------------------------------------------------------------
-
-SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "source")
-NOISY_COLUMNS = ("variant", "backend", "mode", "seq_len", "status", "noisy_reason", "attempts", "other_cpu",
-                 "loadavg_1m", "peak_before_flops_per_s", "peak_after_flops_per_s", "source")
-
-
-def _truthy(v: Any) -> bool:
-    """A JSON flag as written (true/false/null, or absent = NaN); only a real true counts."""
-    if isinstance(v, str):
-        return v.strip().lower() in ("true", "1", "yes")
-    try:
-        return bool(v) and not (isinstance(v, float) and math.isnan(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def peak_fraction(cost: pd.DataFrame) -> pd.Series:
-    """Achieved / measured peak FLOP/s per row: ``peak_fraction``, else derived from the two FLOP/s columns.
-
-    One definition for the figure and the suspect rule, so older rows without the column are judged too."""
-    frac = (pd.to_numeric(cost["peak_fraction"], errors="coerce").astype(float) if "peak_fraction" in cost
-            else pd.Series(np.nan, index=cost.index))
-    if {"achieved_flops_per_s", "peak_flops_per_s"} <= set(cost.columns):
-        peak = pd.to_numeric(cost["peak_flops_per_s"], errors="coerce").astype(float)
-        derived = pd.to_numeric(cost["achieved_flops_per_s"], errors="coerce").astype(float) / peak.where(peak > 0)
-        frac = frac.fillna(derived)
-    return frac
-
-
-def noisy_mask(cost: pd.DataFrame) -> pd.Series:
-    """Rows the worker flagged noisy (peaks before/after disagreed, or other processes took CPU).
-
-    Rows written before the check have no ``noisy`` column or a null: they count as quiet."""
-    if "noisy" not in cost:
-        return pd.Series(False, index=cost.index)
-    return pd.Series([_truthy(v) for v in cost["noisy"]], index=cost.index, dtype=bool)
-
-
-def suspect_mask(cost: pd.DataFrame) -> pd.Series:
-    """Ok rows faster than the hardware allows (``peak_fraction`` > 1).
-
-    Either the timing is wrong or the peak was measured under a different load; such a number
-    must never be drawn or summarised as if it were fine."""
-    if len(cost) == 0:
-        return pd.Series(False, index=cost.index, dtype=bool)
-    return ((cost["status"] == "ok") & (peak_fraction(cost) > 1.0)).astype(bool)
-
-
-def untrusted(cost: pd.DataFrame) -> pd.Series:
-    """Whether each row is untrusted: noisy or suspect. Figures draw these hollow; they stay data."""
-    return noisy_mask(cost) | suspect_mask(cost)
-
-
-def _listing(cost: pd.DataFrame, mask: pd.Series, columns: Sequence[str]) -> pd.DataFrame:
-    rows = cost[mask]
-    out = pd.DataFrame(index=rows.index)
-    for c in columns:
-        if c == "variant":
-            out[c] = rows["variant_label"] if "variant_label" in rows else rows["variant"]
-        elif c == "backend":
-            out[c] = rows["backend_label"] if "backend_label" in rows else rows["backend"]
-        elif c == "peak_fraction":
-            out[c] = peak_fraction(rows)
-        elif c in rows:
-            out[c] = rows[c]
-    return out.sort_values([c for c in ("variant", "backend", "mode", "seq_len") if c in out]).reset_index(drop=True)
-
-
-def suspect_rows(cost: pd.DataFrame) -> pd.DataFrame:
-    """The latest ok cells with ``peak_fraction`` > 1: variant, backend, mode, seq_len, peak_fraction, source."""
-    if len(cost) == 0:
-        return pd.DataFrame(columns=list(SUSPECT_COLUMNS))
-    c = cells(cost if "series" in cost else prepare_cost(cost))
-    return _listing(c, suspect_mask(c), SUSPECT_COLUMNS)
-
-
-def noisy_rows(cost: pd.DataFrame) -> pd.DataFrame:
-    """The latest cells flagged noisy, with why (``noisy_reason``), how often measured and the load seen."""
-    if len(cost) == 0:
-        return pd.DataFrame(columns=["variant", "backend", "mode", "seq_len", "status", "noisy_reason"])
-    c = cells(cost if "series" in cost else prepare_cost(cost))
-    return _listing(c, noisy_mask(c), NOISY_COLUMNS)
-
-
-def without_suspect(cost: pd.DataFrame) -> pd.DataFrame:
-    """The latest cells minus suspect ones, for fitted exponents and crossovers.
-
-    Cells are taken first, so a suspect re-run does not bring back the older row it superseded."""
-    if len(cost) == 0:
-        return cost
-    c = cells(cost if "series" in cost else prepare_cost(cost))
-    return c[~suspect_mask(c)]
-
-
-# -- derived numbers ---------------------------------------------------------------------------
-
-def scaling_exponent(lengths: Sequence[float], values: Sequence[float]) -> float:
-    """Least-squares slope of log(value) on log(length): 2 for quadratic attention, 1 for linear."""
-    x, y = np.asarray(lengths, dtype=float), np.asarray(values, dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    if keep.sum() < 2 or np.unique(x[keep]).size < 2:
-        return math.nan
-    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0])
-
-
-def fit_exponents(cost: pd.DataFrame, column: str = "latency_ms", upper_half: bool = True) -> pd.DataFrame:
-    """Scaling exponent of ``column`` per series and facet.
-
-    With ``upper_half`` the fit uses the longer half of the ok lengths (at least 3 points when
-    there are), where fixed per-call overheads no longer flatten the curve.
-    """
-    out = []
-    for (series, facet), g in cells(ok_rows(cost, column)).groupby(["series", "facet"], sort=True):
-        g = g.sort_values("seq_len")
-        if upper_half and len(g) > 3:
-            g = g.iloc[max(0, min(len(g) // 2, len(g) - 3)):]
-        out.append({"series": series, "facet": facet, "exponent": scaling_exponent(g["seq_len"], g[column]),
-                    "from_len": g["seq_len"].min(), "to_len": g["seq_len"].max(), "points": len(g)})
-    return pd.DataFrame(out, columns=["series", "facet", "exponent", "from_len", "to_len", "points"])
-
-
-def speedups(cost: pd.DataFrame) -> pd.DataFrame:
-    """Every ok non-``full`` cell with the fastest ok ``full`` latency at the same length and context.
-
-    The baseline is the fastest backend of ``full`` that ran (what a user would actually use).
-    ``untrusted`` / ``full_untrusted`` say whether the cell or its baseline is noisy or suspect.
-    """
-    ok = cells(ok_rows(cost))
-    context = ["device_key", "facet", "seq_len", *[c for c in ("dtype", "batch_size", "num_heads", "head_dim", "position")
-                                                   if c in ok]]
-    ok = ok.assign(**{c: ok[c].astype(str) for c in context if c not in ("seq_len",)}, untrusted=untrusted(ok))
-    full = ok[ok["variant"] == "full"]
-    base = full.loc[full.groupby(context)["latency_ms"].idxmin().to_numpy(), [*context, "latency_ms", "untrusted"]]
-    base = base.rename(columns={"latency_ms": "full_latency_ms", "untrusted": "full_untrusted"})
-    other = ok[ok["variant"] != "full"]
-    merged = other.merge(base, on=context, how="inner")
-    merged["speedup"] = merged["full_latency_ms"] / merged["latency_ms"]
-    return merged
-
-
-def crossovers(cost: pd.DataFrame) -> pd.DataFrame:
-    """Per series and facet: the shortest measured length from which the variant beats ``full``
-    at every longer matched length (NaN if it does not win at the longest one)."""
-    sp = speedups(cost)
-    out = []
-    for (series, facet), g in sp.groupby(["series", "facet"], sort=True):
-        g = g.sort_values("seq_len")
-        wins = (g["speedup"] > 1).to_numpy()
-        cross = math.nan
-        if wins[-1]:
-            losing = np.flatnonzero(~wins)
-            first = losing[-1] + 1 if losing.size else 0
-            cross = float(g["seq_len"].iloc[first])
-        out.append({"series": series, "facet": facet, "crossover_len": cross,
-                    "speedup_at_longest": float(g["speedup"].iloc[-1]), "longest_matched": float(g["seq_len"].iloc[-1])})
-    return pd.DataFrame(out, columns=["series", "facet", "crossover_len", "speedup_at_longest", "longest_matched"])
-
-
-def longest_reached(cost: pd.DataFrame) -> pd.DataFrame:
-    """Per series and facet: the longest ok length, and the failure (oom/timeout) that stopped it, if any."""
-    out = []
-    for (series, facet), g in cells(cost).groupby(["series", "facet"], sort=True):
-        ok = g[(g["status"] == "ok") & g["latency_ms"].notna()]
-        longest = float(ok["seq_len"].max()) if len(ok) else math.nan
-        beyond = g[(g["seq_len"] > longest) if len(ok) else slice(None)]
-        failed = beyond[beyond["status"].isin(FAILED)].sort_values("seq_len")
-        out.append({
-            "series": series, "facet": facet, "longest_ok": longest,
-            "stopped_by": failed["status"].iloc[0] if len(failed) else "",
-            "stopped_at": float(failed["seq_len"].iloc[0]) if len(failed) else math.nan,
-            "tried_up_to": float(g["seq_len"].max()),
-        })
-    return pd.DataFrame(out, columns=["series", "facet", "longest_ok", "stopped_by", "stopped_at", "tried_up_to"])
-
-
-# Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
-SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap_rule", "gap", "model", "steps")
-AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
-
-
-def _dim_text(v: Any) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt_value(v)
-
-
-def _seed_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
-    """Student t interval of the mean over seeds (as the accuracy harness reports it)."""
-    from scipy import stats
-
-    sem = stats.sem(values)
-    if not np.isfinite(sem) or sem == 0:
-        m = float(np.mean(values))
-        return m, m
-    lo, hi = stats.t.interval(confidence, len(values) - 1, loc=float(np.mean(values)), scale=sem)
-    return float(lo), float(hi)
-
-
-def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFrame:
-    """One value per (task, metric, variant, position, train length, eval length, task columns, *extra).
-
-    Rows that differ only in the seed are averaged, with a t interval over seeds (a single row keeps
-    its own CI). Averaged dimensions (passkey ``depth``) not named in ``extra`` are then averaged
-    too, and such points have no CI. ``extra_label`` names the task columns that vary within a
-    task/metric panel (``"num_pairs=8"``), for legends.
-    """
-    acc = acc[acc["value"].notna() & np.isfinite(acc["value"].astype(float))]
-    if "status" in acc:
-        acc = acc[acc["status"].fillna("ok") == "ok"]
-    acc = acc.copy()
-    acc["train_len"] = acc["train_len"].fillna(-1.0) if "train_len" in acc else -1.0
-    dims = [c for c in SERIES_DIMS if c in acc and c not in extra]
-    if "gap_rule" in dims:  # MQAR's gap as a rule (0, half, max): its token count grows with the length
-        dims = [c for c in dims if c != "gap"]
-    for c in dims:
-        acc[c] = acc[c].map(_dim_text)
-    kept = [c for c in extra if c in acc]
-    averaged = [c for c in AVERAGED_DIMS if c in acc and c not in kept]
-    for c in (*kept, *averaged):
-        acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(_dim_text)
-    base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
-    rows = []
-    for key, g in acc.groupby([*base, *averaged], sort=True, dropna=False):
-        vals = g["value"].to_numpy(dtype=float)
-        if len(vals) > 1:
-            lo, hi = _seed_ci(vals)
-        else:
-            lo = float(g["ci_low"].iloc[0]) if "ci_low" in g and pd.notna(g["ci_low"].iloc[0]) else np.nan
-            hi = float(g["ci_high"].iloc[0]) if "ci_high" in g and pd.notna(g["ci_high"].iloc[0]) else np.nan
-        rows.append((*key, float(vals.mean()), len(vals), lo, hi))
-    pts = pd.DataFrame(rows, columns=[*base, *averaged, "value", "rows", "ci_low", "ci_high"])
-    if averaged and len(pts):
-        pts = pts.groupby(base, as_index=False, sort=True, dropna=False).agg(
-            value=("value", "mean"), rows=("rows", "sum"), points=("value", "size"),
-            ci_low=("ci_low", "first"), ci_high=("ci_high", "first"))
-        pts.loc[pts["points"] > 1, ["ci_low", "ci_high"]] = np.nan
-        pts = pts.drop(columns="points")
-    for c in ("train_len", *kept):
-        if c in pts and pd.api.types.is_numeric_dtype(pts[c]):
-            pts[c] = pts[c].where(pts[c] >= 0)
-    labels = pd.Series("", index=pts.index)
-    for _, g in pts.groupby(["task", "metric"], sort=False):
-        varying = [c for c in dims if g[c].nunique() > 1]
-        if varying:
-            labels[g.index] = [" ".join(f"{c}={v}" for c, v in zip(varying, vals, strict=True) if v)
-                               for vals in g[varying].itertuples(index=False)]
-    pts["extra_label"] = labels
-    return pts
-
-
-def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
-    """Best position method per task, metric and evaluation length (direction from the metric name)."""
-    pts = accuracy_points(acc[acc["task"] != "fidelity"]) if len(acc) else pd.DataFrame()
-    out = []
-    if len(pts) == 0:
-        return pd.DataFrame(columns=["task", "metric", "variant", "eval_len", "best_position", "value", "runner_up"])
-    for (task, metric, variant, extra, length), g in pts.groupby(["task", "metric", "variant_label", "extra_label", "length"],
-                                                                  sort=True):
-        variant = f"{variant} [{extra}]" if extra else variant
-        per = g.groupby("position_label")["value"].mean().sort_values(ascending=lower_is_better(metric))
-        if len(per) < 2:  # one method: nothing to rank
-            continue
-        tied = per[np.isclose(per, per.iloc[0], rtol=1e-9, atol=1e-12)]
-        rest = per.iloc[len(tied):]
-        out.append({"task": task, "metric": metric, "variant": variant, "eval_len": length,
-                    "best_position": " = ".join(sorted(tied.index)), "value": float(per.iloc[0]),
-                    "runner_up": f"{rest.index[0]} ({rest.iloc[0]:.4g})" if len(rest) else ""})
-    return pd.DataFrame(out)
-
-
-def mem_limit(cost: pd.DataFrame) -> float | None:
-    """The device memory capacity in bytes, when the rows carry it."""
-    for col in MEM_LIMIT_COLUMNS:
-        if col in cost:
-            vals = pd.to_numeric(cost[col], errors="coerce").dropna()
-            if len(vals):
-                return float(vals.max())
-    return None
-
+from harness.analysis.frames import (  # noqa: F401
+    _LABEL_SKIP,
+    _LOWER_IS_BETTER,
+    ACCURACY_NUMERIC,
+    ACCURACY_REQUIRED,
+    BUILTIN_ORDER,
+    CELL,
+    COST_CONTEXT,
+    COST_NUMERIC,
+    COST_REQUIRED,
+    FAILED,
+    MEM_LIMIT_COLUMNS,
+    SHAPE_FIELDS,
+    Results,
+    _fmt_value,
+    _frame,
+    _int_str,
+    _require,
+    _same,
+    _spec_text_label,
+    backend_labels,
+    caption,
+    cells,
+    check_single_device,
+    devices,
+    fmt_len,
+    latest,
+    load_results,
+    lower_is_better,
+    ok_rows,
+    params_dict,
+    prepare_accuracy,
+    prepare_cost,
+    registered_defaults,
+    require_ok,
+    select_device,
+    spec_label,
+    status_counts,
+)
+
+warnings.warn("harness.tables moved to harness.analysis.frames and harness.analysis.derive; "
+              "the old path goes in the next release", DeprecationWarning, stacklevel=2)
 
 __all__ = [
     "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "accuracy_points", "best_positions", "caption", "cells",

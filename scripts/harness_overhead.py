@@ -3,7 +3,7 @@
 Two comparisons, alternated over a few rounds so that drifting machine load hits both sides alike:
 - end to end: the median the sweep's worker process reports for the cell (exactly the path of
   ``attn-bench sweep``) vs ``time.perf_counter()`` around each call in a plain loop in this process;
-- timing method only: ``harness.timing.time_callable`` vs the bare loop on the same callable object.
+- timing method only: ``harness.cost.timing.time_callable`` vs the bare loop on the same callable object.
 
     python scripts/harness_overhead.py --variant full --length 2048 --rounds 3
 """
@@ -15,9 +15,9 @@ import statistics
 import torch
 
 from harness.cost import build
-from harness.sweep import build_spec, expand
-from harness.timing import TimingConfig, bare_loop, first_call, time_callable
-from harness.worker import Worker, WorkerConfig
+from harness.cost.spec import build_spec, expand
+from harness.cost.timing import TimingConfig, bare_loop, first_call, time_callable
+from harness.cost.worker import Worker, WorkerConfig
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
                   f"time_callable {method_ms[-1]:.3f} ms, bare loop {bare_ms[-1]:.3f} ms ({calls} calls)")
 
     bare = statistics.median(bare_ms)
-    for name, values in (("sweep worker (reported median)", worker_ms), ("harness.timing.time_callable", method_ms)):
+    for name, values in (("sweep worker (reported median)", worker_ms), ("harness.cost.timing.time_callable", method_ms)):
         m = statistics.median(values)
         print(f"{name:32s} {m:10.3f} ms  vs bare loop {bare:.3f} ms: {100 * (m - bare) / bare:+.1f}%")
     print(f"cell: {cell.label} [{cell.scope}, {cell.dtype}, B={cell.batch_size} H={cell.num_heads} D={cell.head_dim}]")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import compare as C
-from harness import tables as T
+from harness.analysis import compare as C
+from harness.analysis import frames as F
 from harness.cli import main
 
 LENS = [256, 512, 1024]
@@ -84,7 +84,7 @@ def test_cells_failing_in_both_runs_are_not_regressions(tmp_path):
 
 
 def frame(rs: list[dict]) -> pd.DataFrame:
-    return T.prepare_cost(pd.DataFrame(rs))
+    return F.prepare_cost(pd.DataFrame(rs))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)

@@ -15,10 +15,11 @@ from test_sweep import registry_restored
 
 from harness.cli import main
 from harness.cost import KEY_FIELDS
+from harness.cost.spec import build_spec, expand, load_spec
+from harness.cost.sweep import CostChain, make_chains
 from harness.environment import environment
 from harness.executors import ExecutorConfig, drive, pending_jobs, sidecar_path
 from harness.results import cell_key, read_rows
-from harness.sweep import CostChain, build_spec, expand, load_spec, make_chains
 
 FAST = ["--heads", "2", "--head-dim", "8", "--min-run-time", "0.01", "--max-run-time", "0.05"]
 # Two configurations x two lengths; backend=blocked keeps sliding window off FlexAttention (no compile).
@@ -270,7 +271,7 @@ def test_without_skipping_every_cell_is_its_own_chain():
 def test_a_jobs_rows_file_is_read_once_and_a_torn_line_waits(tmp_path):
     """The driver tails a job's rows file: each complete line once, a line still being written not yet."""
     pytest.importorskip("submitit")
-    from harness.executors import SlurmExecutor, _Job
+    from harness.executors.slurm import SlurmExecutor, _Job
 
     cells = expand(build_spec([("t", {"variant": ["full"], "lengths": [16, 32]})]))
     by_key = {c.key(): c for c in cells}

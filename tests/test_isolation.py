@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.timing import TimingConfig
-from harness.worker import Worker, WorkerConfig, child_command
+from harness.cost.timing import TimingConfig
+from harness.cost.worker import Worker, WorkerConfig, child_command
 
 HERE = Path(__file__).resolve().parent
 PLUGIN = str(HERE / "plugins" / "escaping.py")
@@ -59,7 +59,7 @@ def test_worker_started_in_a_planted_directory_ignores_it(version, tmp_path, mon
     """Both ways of starting the worker: ``-P`` (3.11+) and the bootstrap that drops '' (3.10)."""
     marker = plant(tmp_path)
     monkeypatch.chdir(tmp_path)
-    import harness.worker as worker
+    import harness.cost.worker as worker
 
     monkeypatch.setattr(worker, "child_command", lambda args: child_command(args, version))
     with Worker(WorkerConfig()) as w:
@@ -69,9 +69,9 @@ def test_worker_started_in_a_planted_directory_ignores_it(version, tmp_path, mon
 
 
 def test_child_command_keeps_the_current_directory_off_the_path():
-    assert child_command(["--fd", "3"], (3, 11))[1:4] == ["-P", "-m", "harness.worker"]
+    assert child_command(["--fd", "3"], (3, 11))[1:4] == ["-P", "-m", "harness.cost.worker"]
     fallback = child_command(["--fd", "3"], (3, 10))
-    assert fallback[1] == "-c" and fallback[3:] == ["harness.worker", "--fd", "3"]
+    assert fallback[1] == "-c" and fallback[3:] == ["harness.cost.worker", "--fd", "3"]
 
 
 # -- 12: kills the parent did not send; children that escape the process group ---------------------
@@ -102,7 +102,7 @@ def test_an_escaped_child_in_its_own_session_dies_with_the_timed_out_worker(tmp_
     (0.3, 5, 6, "oom"),  # the kernel's OOM-kill count rose during the cell
 ])
 def test_an_unexplained_sigkill_is_oom_only_with_evidence(peak_gib, kills_before, kills_after, status, monkeypatch):
-    import harness.worker as worker
+    import harness.cost.worker as worker
 
     w = Worker(WorkerConfig())
     w._peak_rss, w._rss_limit, w._available, w._oom_kills = int(peak_gib * 2**30), 8 * 2**30, 2**40, kills_before

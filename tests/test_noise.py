@@ -7,9 +7,9 @@ import time
 import pytest
 
 from harness.cost import Cell
-from harness.noise import CpuSnapshot, assess, cpu_snapshot, least_noisy, noisy_reason, other_cpu
-from harness.timing import TimingConfig
-from harness.worker import Worker, WorkerConfig
+from harness.cost.noise import CpuSnapshot, assess, cpu_snapshot, least_noisy, noisy_reason, other_cpu
+from harness.cost.timing import TimingConfig
+from harness.cost.worker import Worker, WorkerConfig
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux-only")
 

@@ -12,8 +12,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from harness import plots as P  # noqa: E402
-from harness import tables as T  # noqa: E402
+from harness.analysis import derive as D  # noqa: E402
+from harness.analysis import figures as P  # noqa: E402
+from harness.analysis import frames as F  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 LENS = [256, 512, 1024, 2048, 4096, 8192]
@@ -86,12 +87,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def cost() -> pd.DataFrame:
-    return T.prepare_cost(pd.DataFrame(cost_rows()))
+    return F.prepare_cost(pd.DataFrame(cost_rows()))
 
 
 @pytest.fixture(scope="module")
 def acc() -> pd.DataFrame:
-    return T.prepare_accuracy(pd.DataFrame(acc_rows()))
+    return F.prepare_accuracy(pd.DataFrame(acc_rows()))
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def assert_line(line, xs, ys) -> None:
 def test_latency_lines_equal_ok_latencies_and_failures_break_the_line(latency_fig, out):
     assert (out / "latency.png").stat().st_size > 0
     for variant, params, backend, _ in SERIES:
-        label = f"{T.spec_label(variant, params)}/{backend}"
+        label = f"{F.spec_label(variant, params)}/{backend}"
         assert_line(by_gid(latency_fig, f"latency:{label}"), *expected(variant, backend))
     ax = latency_fig.axes[0]
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
@@ -177,12 +178,12 @@ def test_memory_in_mib_with_device_limit(cost, out):
 
 def test_memory_limit_line_drawn_when_on_scale():
     rows = [dict(r, mem_limit_bytes=2**30) for r in cost_rows()]
-    fig = P.plot_memory(T.prepare_cost(pd.DataFrame(rows)))
+    fig = P.plot_memory(F.prepare_cost(pd.DataFrame(rows)))
     assert by_gid(fig, "reference").get_ydata()[0] == 2**30 / 2**20
 
 
 def test_memory_without_limit_column_draws_no_limit(out):
-    fig = P.plot_memory(T.prepare_cost(pd.DataFrame(cost_rows(mem_limit=False))))
+    fig = P.plot_memory(F.prepare_cost(pd.DataFrame(cost_rows(mem_limit=False))))
     assert not [a for ax in fig.axes for a in [*ax.lines, *ax.texts] if str(a.get_gid()).startswith("reference")]
 
 
@@ -242,7 +243,7 @@ def test_accuracy_vs_length_averages_depth_and_marks_train_length(acc, out):
     assert (out / "accuracy.png").exists()
     (ax,) = [a for a in fig.axes if a.get_title() == "passkey · accuracy"]
     for pos, pp, decay in POSITIONS:
-        line = by_gid(fig, f"accuracy:{T.spec_label(pos, pp)}")
+        line = by_gid(fig, f"accuracy:{F.spec_label(pos, pp)}")
         np.testing.assert_array_equal(line.get_xdata(), ACC_LENS)
         np.testing.assert_allclose(line.get_ydata(), [np.mean([passkey_value(decay, L, d) for d in DEPTHS]) for L in ACC_LENS])
     train = [ln for ln in ax.lines if ln.get_gid() == "train_len:256"]
@@ -253,8 +254,8 @@ def test_position_heatmap_cells_equal_mean_over_depth(acc, out):
     fig = P.plot_position_heatmap(acc, out)
     assert (out / "position_heatmap.png").exists()
     mesh = by_gid(fig, "heatmap:passkey:accuracy", "collections")
-    rows = sorted(T.spec_label(p, pp) for p, pp, _ in POSITIONS)
-    decay = {T.spec_label(p, pp): d for p, pp, d in POSITIONS}
+    rows = sorted(F.spec_label(p, pp) for p, pp, _ in POSITIONS)
+    decay = {F.spec_label(p, pp): d for p, pp, d in POSITIONS}
     want = np.array([[np.mean([passkey_value(decay[r], L, d) for d in DEPTHS]) for L in ACC_LENS] for r in rows])
     np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(want.shape), want)
     ax = mesh.axes
@@ -265,7 +266,7 @@ def test_passkey_heatmap_is_length_by_depth(acc, out):
     fig = P.plot_passkey(acc, out)
     assert (out / "passkey.png").exists()
     for pos, pp, decay in POSITIONS:
-        mesh = by_gid(fig, f"passkey:{T.spec_label(pos, pp)}:accuracy", "collections")
+        mesh = by_gid(fig, f"passkey:{F.spec_label(pos, pp)}:accuracy", "collections")
         want = np.array([[passkey_value(decay, L, d) for L in ACC_LENS] for d in DEPTHS])
         np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(want.shape), want)
 
@@ -334,7 +335,7 @@ def test_block_sparse_layout_with_the_real_variant():
 
 
 def test_one_colour_per_variant_across_figures(tmp_path):
-    results = T.load_results([write_jsonl(tmp_path / "c.jsonl", cost_rows()), write_jsonl(tmp_path / "a.jsonl", acc_rows())])
+    results = F.load_results([write_jsonl(tmp_path / "c.jsonl", cost_rows()), write_jsonl(tmp_path / "a.jsonl", acc_rows())])
     figs = {name: fig for name, fig, _ in P.figures(results, None, only=("latency", "fidelity"))}
     a = by_gid(figs["latency"], "latency:sliding_window(window=256)/flex").get_color()
     b = by_gid(figs["fidelity"], "fidelity:sliding_window(window=256)/flex").get_color()
@@ -361,7 +362,7 @@ def test_plot_command_splits_mixed_devices(tmp_path, capsys):
     assert (tmp_path / "figs" / "other-gpu" / "memory.png").exists()
     assert (tmp_path / "figs" / "test-cpu-2-cores" / "memory.png").exists()
     with pytest.raises(ValueError, match="mix 2 devices"):
-        P.plot_memory(T.load_results([c]).cost)
+        P.plot_memory(F.load_results([c]).cost)
 
 
 @pytest.mark.parametrize("case, message", [
@@ -394,7 +395,7 @@ def test_failed_cells_without_a_backend_stay_on_their_series():
         if r["status"] != "ok":
             r["backend"] = None
         rows.append(r)
-    fig = P.plot_latency(T.prepare_cost(pd.DataFrame(rows)))
+    fig = P.plot_latency(F.prepare_cost(pd.DataFrame(rows)))
     np.testing.assert_array_equal(by_gid(fig, "oom:full/sdpa", "collections").get_offsets()[:, 0], [8192])
     np.testing.assert_array_equal(by_gid(fig, "timeout:full/reference", "collections").get_offsets()[:, 0], [4096])
     assert_line(by_gid(fig, "latency:full/sdpa"), *expected("full", "sdpa"))
@@ -405,15 +406,15 @@ def test_labels_leave_out_registered_defaults_but_keep_the_defining_parameter():
 
     specs = {s["name"]: s["params"] for s in attn.list_attention()}
     linear = dict(specs["linear"])
-    assert T.spec_label("linear", linear) == f"linear(feature_map={linear['feature_map']})"
-    assert T.spec_label("sliding_window", {"window": specs["sliding_window"]["window"]}) == \
+    assert F.spec_label("linear", linear) == f"linear(feature_map={linear['feature_map']})"
+    assert F.spec_label("sliding_window", {"window": specs["sliding_window"]["window"]}) == \
         f"sliding_window(window={specs['sliding_window']['window']})"
     if "block_sparse" in specs:
         params = dict(specs["block_sparse"], random_blocks=specs["block_sparse"]["random_blocks"] + 3)
         first = next(iter(specs["block_sparse"]))
-        assert T.spec_label("block_sparse", params) == \
+        assert F.spec_label("block_sparse", params) == \
             f"block_sparse({first}={params[first]}, random_blocks={params['random_blocks']})"
-    assert T.spec_label("my_plugin", {"a": 1, "b": 2.5}) == "my_plugin(a=1, b=2.5)"  # unknown: every param
+    assert F.spec_label("my_plugin", {"a": 1, "b": 2.5}) == "my_plugin(a=1, b=2.5)"  # unknown: every param
 
 
 def test_accuracy_seeds_are_averaged_with_a_t_interval_and_task_columns_split_lines():
@@ -427,7 +428,7 @@ def test_accuracy_seeds_are_averaged_with_a_t_interval_and_task_columns_split_li
                                  train_len=64, eval_len=L, metric="accuracy", value=base + noise - (L == 128) * 0.2,
                                  ci_low=None, ci_high=None, n=100, seed=seed, num_pairs=num_pairs, status="ok"))
     rows.append(dict(rows[0], seed=9, value=None, status="error"))  # a failed seed is not a zero
-    fig = P.plot_accuracy(T.prepare_accuracy(pd.DataFrame(rows)))
+    fig = P.plot_accuracy(F.prepare_accuracy(pd.DataFrame(rows)))
     for num_pairs, base in [(4, 0.9), (8, 0.6)]:
         line = by_gid(fig, f"accuracy:rope [num_pairs={num_pairs}]")
         for L, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
@@ -460,7 +461,7 @@ def _mqar_rows() -> list[dict]:
 
 
 def test_mqar_figure_has_one_panel_per_pairs_and_gap_rule_with_the_rows_values(tmp_path):
-    fig = P.plot_mqar(T.prepare_accuracy(pd.DataFrame(_mqar_rows())), tmp_path)
+    fig = P.plot_mqar(F.prepare_accuracy(pd.DataFrame(_mqar_rows())), tmp_path)
     assert (tmp_path / "mqar.png").stat().st_size > 0
     assert len([ax for ax in fig.axes if ax.get_visible() and ax.get_title()]) == 6
     for rule in ("0", "half", "max"):
@@ -481,7 +482,7 @@ def test_accuracy_figure_labels_a_position_by_the_spec_asked_for_not_its_per_len
             rows.append(dict(task="lm", variant="full", variant_params={}, position="rope_yarn", position_spec="rope_yarn",
                              position_params={"factor": L / 128, "original_max_position_embeddings": 128}, train_len=128,
                              eval_len=L, metric="bpb", value=v, ci_low=None, ci_high=None, n=1000, seed=0, stage=stage))
-    fig = P.plot_accuracy(T.prepare_accuracy(pd.DataFrame(rows)))
+    fig = P.plot_accuracy(F.prepare_accuracy(pd.DataFrame(rows)))
     zero = by_gid(fig, "accuracy:rope_yarn [stage=zero_shot]")
     tuned = by_gid(fig, "accuracy:rope_yarn [stage=finetune]")
     assert list(zero.get_ydata()) == pytest.approx([2.0 + L / 256 for L in (128, 256, 512)])
@@ -490,7 +491,7 @@ def test_accuracy_figure_labels_a_position_by_the_spec_asked_for_not_its_per_len
 
 
 def test_accuracy_figure_leaves_mqar_to_its_own_figure():
-    acc = T.prepare_accuracy(pd.DataFrame(_mqar_rows()))
+    acc = F.prepare_accuracy(pd.DataFrame(_mqar_rows()))
     with pytest.raises(P.Skip, match="mqar"):
         P.plot_accuracy(acc)
 
@@ -499,7 +500,7 @@ def test_best_positions_ranks_only_groups_with_several_methods():
     rows = [dict(task="lm", variant="full", variant_params={}, position=p, position_params={}, train_len=128, eval_len=256,
                  metric="bpb", value=v, ci_low=None, ci_high=None, n=10, seed=0) for p, v in (("rope", 3.0), ("rope_yarn", 2.5))]
     rows += [dict(r, task="mqar", metric="accuracy", position="rope", value=0.9) for r in rows[:1]]  # one method: no ranking
-    best = T.best_positions(T.prepare_accuracy(pd.DataFrame(rows)))
+    best = D.best_positions(F.prepare_accuracy(pd.DataFrame(rows)))
     assert list(best["task"]) == ["lm"] and list(best["best_position"]) == ["rope_yarn"]
     assert list(best["runner_up"]) == ["rope (3)"]
 
@@ -511,7 +512,7 @@ def test_position_colours_stay_in_tab10_when_variants_and_positions_together_exc
     variants = ["full", "sliding_window", "block_sparse", "linear"]
     rows = [dict(task="lm", variant=v, variant_params={}, position=p, position_params={}, train_len=128, eval_len=128,
                  metric="bpb", value=3.0, ci_low=None, ci_high=None, n=1, seed=0) for v in variants for p in positions]
-    pal = P.palette_for(T.Results(cost=pd.DataFrame(), accuracy=T.prepare_accuracy(pd.DataFrame(rows))))
+    pal = P.palette_for(F.Results(cost=pd.DataFrame(), accuracy=F.prepare_accuracy(pd.DataFrame(rows))))
     tab10 = {tuple(c) for c in sns.color_palette("tab10", 10)}
     assert {pal[p] for p in positions} <= tab10 and len({pal[p] for p in positions}) == len(positions)
     assert pal["full"] == P.palette(["full"])["full"]  # variants keep their own order: full first
@@ -548,7 +549,7 @@ NOISY = {"noisy": True, "noisy_reason": "peaks before/after differ by 31%", "att
     (P.plot_flops_fraction, "flops_fraction", "achieved_flops_per_s", 1e12),
 ])
 def test_a_noisy_cell_is_drawn_hollow_on_its_line(draw, name, column, scale):
-    fig = draw(T.prepare_cost(pd.DataFrame(flagged_rows({("sliding_window", "flex", 1024): NOISY}))))
+    fig = draw(F.prepare_cost(pd.DataFrame(flagged_rows({("sliding_window", "flex", 1024): NOISY}))))
     series = "sliding_window(window=256)/flex"
     value = next(r[column] for r in cost_rows() if r["variant"] == "sliding_window" and r["seq_len"] == 1024) / scale
     hollow = hollow_points(fig)
@@ -569,7 +570,7 @@ def test_a_quiet_sweep_has_no_hollow_markers(latency_fig):
     # old rows (no noisy column), and new rows that say noisy: false / null, are all quiet
     mixed = [{k: v for k, v in r.items() if k != "noisy"} if r["variant"] == "toy" else r  # old rows: NaN once mixed
              for r in flagged_rows({("full", "sdpa", 512): {"noisy": None}})]
-    quiet = T.prepare_cost(pd.DataFrame(mixed))
+    quiet = F.prepare_cost(pd.DataFrame(mixed))
     assert quiet["noisy"].isna().sum() == len(LENS) + 1
     for fig in (latency_fig, P.plot_latency(quiet), P.plot_speedup(quiet), P.plot_flops_fraction(quiet)):
         assert hollow_points(fig) == {}
@@ -579,7 +580,7 @@ def test_a_quiet_sweep_has_no_hollow_markers(latency_fig):
 
 def test_a_speedup_is_hollow_when_its_cell_or_its_full_baseline_is_untrusted():
     rows = flagged_rows({("sliding_window", "flex", 2048): NOISY, ("full", "sdpa", 512): NOISY})
-    fig = P.plot_speedup(T.prepare_cost(pd.DataFrame(rows)))
+    fig = P.plot_speedup(F.prepare_cost(pd.DataFrame(rows)))
     hollow = hollow_points(fig)
     # full/sdpa is the fastest full at every length, so its noisy 512 cell taints every ratio at 512
     assert sorted(x for x, _ in hollow["hollow:speedup:sliding_window(window=256)/flex"]) == [512, 2048]
@@ -589,8 +590,8 @@ def test_a_speedup_is_hollow_when_its_cell_or_its_full_baseline_is_untrusted():
 
 def test_a_fraction_above_the_peak_is_clipped_hollow_and_labelled():
     rows = flagged_rows({("sliding_window", "flex", 2048): {"peak_fraction": 1.5}})
-    cost = T.prepare_cost(pd.DataFrame(rows))
-    assert list(T.suspect_rows(cost)[["variant", "seq_len", "peak_fraction"]].itertuples(index=False, name=None)) == \
+    cost = F.prepare_cost(pd.DataFrame(rows))
+    assert list(D.suspect_rows(cost)[["variant", "seq_len", "peak_fraction"]].itertuples(index=False, name=None)) == \
         [("sliding_window(window=256)", 2048.0, 1.5)]
     fig = P.plot_flops_fraction(cost)
     series = "sliding_window(window=256)/flex"

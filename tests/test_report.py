@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from harness import report as R  # noqa: E402
-from harness import tables as T  # noqa: E402
+from harness.analysis import frames as F  # noqa: E402
+from harness.analysis import report as R  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 LENS = [512, 1024, 2048, 4096, 8192]
@@ -141,14 +141,14 @@ def test_crossover_is_where_latencies_cross(html):
     # 1e-3 L < 2e-6 L^2  <=>  L > 500: the first shared length after that is 512
     want = min(L for L in LENS if 1e-3 * L < 2e-6 * L**2)
     row = table(html, "crossover-table")["sliding_window(window=128)/flex"]
-    assert row["beats full from"] == T.fmt_len(want)
+    assert row["beats full from"] == F.fmt_len(want)
     longest = max(L for L in LENS if ("full", L) not in OOM)
-    assert row["speed-up at longest shared length"] == f"{2e-6 * longest**2 / (1e-3 * longest):.2f}× at {T.fmt_len(longest)}"
+    assert row["speed-up at longest shared length"] == f"{2e-6 * longest**2 / (1e-3 * longest):.2f}× at {F.fmt_len(longest)}"
 
 
 def test_longest_length_reached_and_what_stopped_it(html):
     rows = table(html, "reach-table")
-    assert rows["full/sdpa"]["longest ok length"] == T.fmt_len(4096)
+    assert rows["full/sdpa"]["longest ok length"] == F.fmt_len(4096)
     assert rows["full/sdpa"]["stopped by"] == "oom at 8k"
     assert rows["sliding_window(window=128)/flex"]["longest ok length"] == "8k"
     assert rows["sliding_window(window=128)/flex"]["stopped by"] == "—"
@@ -162,7 +162,7 @@ def test_best_position_per_eval_length(html):
     for i, L in enumerate(EVAL):
         best = max(POSITIONS, key=lambda k: POSITIONS[k][i])
         tied = [k for k in POSITIONS if np.isclose(POSITIONS[k][i], POSITIONS[best][i])]
-        assert got[T.fmt_len(L)] == " = ".join(sorted(tied)), L
+        assert got[F.fmt_len(L)] == " = ".join(sorted(tied)), L
 
 
 def test_summary_table_shows_status_not_a_number_for_failed_cells(html):
@@ -244,3 +244,23 @@ def test_suspect_and_noisy_cells_are_listed_and_suspect_ones_kept_out_of_fits(tm
     latency = section(page, "tables").split("Latency (ms) · op · forward")[1].split("</table>")[0]
     assert f"{R.fmt_num(1e-3 * 2048 * 1000)} (suspect)" in latency.split("sliding_window")[1].split("</tr>")[0]
     assert f"{R.fmt_num(2e-6 * 1024**2)} (noisy)" in latency.split("full/sdpa")[1].split("</tr>")[0]
+
+
+@pytest.mark.parametrize("old, new, names", [
+    ("harness.tables", "harness.analysis.frames", ["load_results", "prepare_cost", "spec_label", "fmt_len", "Results"]),
+    ("harness.tables", "harness.analysis.derive", ["suspect_rows", "crossovers", "accuracy_points", "best_positions"]),
+    ("harness.plots", "harness.analysis.figures", ["plot_command", "figures", "Skip", "plot_latency", "palette_for"]),
+    ("harness.report", "harness.analysis.report", ["report_command", "build_report", "fmt_num", "SECTIONS"]),
+    ("harness.compare", "harness.analysis.compare", ["compare_command", "compare_frames", "KEY", "DEFAULT_TOL"]),
+])
+def test_old_paths_still_import_and_warn(monkeypatch, old, new, names):
+    """The pre-``harness.analysis`` modules re-export the moved names for one release, with a DeprecationWarning."""
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to harness.analysis"):
+        module = importlib.import_module(old)
+    moved = importlib.import_module(new)
+    for name in names:
+        assert getattr(module, name) is getattr(moved, name)

@@ -19,10 +19,12 @@ from hypothesis import strategies as st
 from attn.registry import ATTENTION
 from harness.cli import main
 from harness.cost import KEY_FIELDS, MODES, SCOPES, Cell
+from harness.cost.presets import PRESETS, describe_presets
+from harness.cost.spec import build_spec, expand, load_spec, parse_lengths
+from harness.cost.summary import loglog_slope, summary_tables
+from harness.cost.sweep import make_row, skip_reason
 from harness.environment import environment
-from harness.presets import PRESETS, describe_presets
 from harness.results import COST_FIELDS, STATUSES, cell_key, read_rows
-from harness.sweep import build_spec, expand, load_spec, loglog_slope, make_row, parse_lengths, skip_reason, summary_tables
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = REPO / "tests" / "plugins" / "misbehaving.py"
@@ -338,7 +340,7 @@ def _workers_of(pid):
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "harness.worker" in cmd and "--parent" in cmd and cmd[cmd.index("--parent") + 1] == str(pid):
+        if "harness.cost.worker" in cmd and "--parent" in cmd and cmd[cmd.index("--parent") + 1] == str(pid):
             found.append(p)
     return found
 
@@ -425,7 +427,7 @@ def test_summary_fits_the_cost_exponent_and_keeps_every_configuration():
 
 
 def test_the_summary_says_how_many_cells_are_noisy():
-    from harness.sweep import summary_tables
+    from harness.cost.summary import summary_tables
 
     row = {"variant": "full", "variant_spec": "full", "status": "ok", "seq_len": 512, "latency_ms": 1.0,
            "peak_mem_bytes": 2**20, "mode": "forward"}

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from harness.timing import SLOW_CALL_S, TimingConfig, bare_loop, first_call, time_callable
+from harness.cost.timing import SLOW_CALL_S, TimingConfig, bare_loop, first_call, time_callable
 
 
 def sleeper(seconds):

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from harness.cost import Cell, build, linear_weights, model_config
+from harness.cost.timing import TimingConfig
+from harness.cost.worker import Worker, WorkerConfig
 from harness.memory import PeakMemory
-from harness.timing import TimingConfig
-from harness.worker import Worker, WorkerConfig
 
 PLUGIN = str(Path(__file__).resolve().parent / "plugins" / "misbehaving.py")
 

@@ -1,9 +1,6 @@
-"""Accuracy harness: what each attention variant and position method can still do as length grows.
-
-One file per task (``mqar``, ``passkey``, ``lm``, ``fidelity``, ``lengthgen``); ``train`` is the
-training loop, ``stats`` the intervals, ``runner`` turns a job into rows, ``cli`` is
-``attn-bench accuracy``, ``presets`` the named runs.
-"""
+"""Accuracy harness: tasks (mqar, passkey, lm, fidelity, lengthgen), training, intervals, jobs, runner, cli, presets.
+May import harness.results, harness.messages, harness.plugins, harness.environment, harness.memory,
+harness.executors and attn; never harness.cost, harness.analysis or harness.cli."""
 from harness.accuracy.common import Task, split_of
 from harness.accuracy.lm import LM, LMConfig
 from harness.accuracy.mqar import MQAR, MQARConfig

@@ -13,20 +13,35 @@ Errors: relative L2 ``||o - o_full|| / ||o_full||`` and the mean cosine between 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 import attn
 from harness.accuracy import build
 from harness.accuracy.build import Spec
+from harness.accuracy.jobs import Plan, resolved
 from harness.accuracy.stats import Measure
 from harness.environment import environment
 
-if TYPE_CHECKING:
-    from harness.accuracy.runner import Plan, Runner
-
 CAUSAL = True
+
+
+class Runner(Protocol):
+    """What fidelity uses of :class:`harness.accuracy.runner.Runner` (which calls :func:`run_fidelity`)."""
+
+    echo: Callable[[str], None]
+
+    def pending(self, base: dict[str, Any], metrics: tuple[str, ...]) -> bool: ...
+
+    def append(self, base: dict[str, Any], measures: dict[str, Measure]) -> None: ...
+
+    def fail(self, base: dict[str, Any], metrics: tuple[str, ...], err: BaseException) -> None: ...
+
+    def trained(self, p: Plan, run: Any) -> tuple[Any, Any]: ...
+
+    def base_row(self, p: Plan, run: Any, stage: str) -> dict[str, Any]: ...
 
 
 def output_error(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Measure]:
@@ -62,8 +77,6 @@ def attention_inputs(model: attn.Transformer, inputs: torch.Tensor) -> list[tupl
 
 
 def _row(runner: Runner, p: Plan, variant: Spec, seed: int, length: int, source: str, **extra: Any) -> dict[str, Any]:
-    from harness.accuracy.runner import resolved
-
     return {**environment(seed=seed), "task": "fidelity", "variant": variant.name, "variant_spec": variant.label,
             "backend_requested": variant.backend,
             "variant_params": resolved("attention", variant), "eval_len": length, "source": source,
@@ -106,8 +119,6 @@ def swap_metrics(p: Plan, cell: dict[str, Any], variant: Spec) -> tuple[str, ...
 
 def run_trained(runner: Runner, p: Plan, run: Any) -> None:
     """Activation and swap fidelity of one model trained with full attention, at every length."""
-    from harness.accuracy.runner import resolved
-
     job = p.job
     vp = lambda v: {"variant": v.name, "variant_params": resolved("attention", v), "variant_spec": v.label,  # noqa: E731
                     "backend_requested": v.backend}

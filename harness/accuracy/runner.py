@@ -1,6 +1,6 @@
 """Run an accuracy job: train each (variant, position, seed) once, evaluate every cell, append rows.
 
-A job is plain data (:class:`Job`); :func:`plan` validates all of it -- names, parameters,
+A job is plain data (:class:`Job`, in ``jobs``, re-exported here); :func:`plan` validates all of it -- names, parameters,
 lengths, corpus -- before anything is trained or written. Rows are appended to the results
 store one cell at a time; ``resume`` skips cells already there, and a trained model is
 reloaded from its checkpoint instead of retrained. A run that fails (a backend that cannot
@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,54 +30,22 @@ from attn.attention.base import UnsupportedBackend
 from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.common import Task
+from harness.accuracy.fidelity import run_fidelity
+from harness.accuracy.jobs import TASKS, TRAINED_TASKS, Job, Plan, Run, resolved, short_hash
 from harness.accuracy.lm import LM, LMConfig
 from harness.accuracy.mqar import MQAR, MQARConfig
 from harness.accuracy.passkey import Passkey, PasskeyConfig
 from harness.accuracy.stats import Measure
-from harness.accuracy.train import TrainConfig, TrainResult, train
+from harness.accuracy.train import TrainResult, train
 from harness.environment import environment
 from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
 
-MEMORY_FRACTION = 0.8  # of the memory available at the start, as for sweep cells (harness.sweep.default_mem_limit_gib)
+MEMORY_FRACTION = 0.8  # of the memory available at the start, as for sweep cells (harness.cost.sweep.default_mem_limit_gib)
 FLOAT_BYTES = 4  # models train in float32
 TOKEN_BYTES = 8  # int64 token ids
-TASKS = ("mqar", "passkey", "lm", "fidelity", "lengthgen")
-TRAINED_TASKS = ("mqar", "passkey", "lm")
 # Columns a cell may add to the accuracy schema; all of them are part of a row's identity.
 CELL_FIELDS = ("stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "eval_id")
 KEY_FIELDS = tuple(f for f in ACCURACY_FIELDS if f not in ("value", "ci_low", "ci_high", "n")) + CELL_FIELDS
-
-
-@dataclass
-class Job:
-    """Everything one ``attn-bench accuracy`` task run needs; presets are lists of these."""
-
-    task: str
-    variants: list[str] = field(default_factory=lambda: ["full"])
-    positions: list[str] = field(default_factory=lambda: ["none"])
-    seeds: list[int] = field(default_factory=lambda: [0])
-    train_len: int = 128
-    eval_lens: list[int] = field(default_factory=list)  # [] -> task default
-    model: str = "tiny"  # attn.model.PRESETS name
-    init_std: float | None = None  # weight init; None -> d_model^-1/2 (see build.make_model)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    task_params: dict[str, Any] = field(default_factory=dict)  # fields of the task's config dataclass
-    base_task: str = "lm"  # the trained task of fidelity / lengthgen
-    finetune_steps: int = 0  # > 0: also fine-tune at finetune_len and evaluate again (stage "finetune")
-    finetune_len: int = 0  # 0 -> 2 * train_len
-    finetune_lr: float | None = None  # peak learning rate of the fine-tune; None -> train.lr
-    fidelity_heads: int = 4  # random q, k, v for fidelity
-    fidelity_head_dim: int = 32
-
-    @property
-    def finetune(self) -> TrainConfig:
-        """The fine-tune's training config: the job's, with its own steps, warm-up and peak LR."""
-        return dataclasses.replace(self.train, steps=self.finetune_steps, warmup=max(1, self.finetune_steps // 10),
-                                   lr=self.finetune_lr or self.train.lr)
-
-    @property
-    def trained_task(self) -> str:
-        return self.base_task if self.task in ("fidelity", "lengthgen") else self.task
 
 
 def make_task(name: str, params: dict[str, Any]) -> Task:
@@ -91,43 +56,6 @@ def make_task(name: str, params: dict[str, Any]) -> Task:
     if unknown:
         raise ValueError(f"{name}: unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
     return cls(config(**params))
-
-
-def short_hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-@dataclass
-class Run:
-    """One trained model: a (variant, position, seed) of a job, and how it is identified."""
-
-    variant: Spec
-    position: Spec  # the method being evaluated
-    trained_as: Spec  # the position it is trained with (rope for the rope family at factor 1)
-    seed: int
-    train_id: str  # identity of the trained weights: names the checkpoint
-
-    @property
-    def run_id(self) -> str:
-        return f"{self.variant.label}|{self.trained_as.label}|s{self.seed}|{self.train_id}"
-
-
-@dataclass
-class Plan:
-    """A validated job: parsed specs, the task object, resolved lengths, the runs."""
-
-    job: Job
-    task: Task
-    eval_lens: list[int]
-    runs: list[Run]
-    head_dim: int
-    max_len: int
-    variants: list[Spec]
-    positions: list[Spec]
-
-    @property
-    def finetune_len(self) -> int:
-        return self.job.finetune_len or 2 * self.job.train_len
 
 
 def default_eval_lens(job: Job) -> list[int]:
@@ -272,15 +200,6 @@ def plan(job: Job) -> Plan:
     return Plan(job, task, eval_lens, runs, head_dim, max_len, variants, positions)
 
 
-def resolved(kind: str, spec: Spec, head_dim: int = 64) -> dict[str, Any]:
-    """Every field of a spec's config (defaults included, shape fields left out), as rows carry them."""
-    registry = attn.registry.ATTENTION if kind == "attention" else attn.registry.POSITIONS
-    fill = {"head_dim": head_dim} if kind == "position" and "head_dim" in build.position_fields(spec.name) else {}
-    cfg = registry.make_config(spec.name, {**fill, **spec.params})
-    skip = {"head_dim", "d_model", "max_seq_len"}
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
-
-
 class Runner:
     """Executes plans against one results store."""
 
@@ -370,8 +289,6 @@ class Runner:
 
     def run_plan(self, p: Plan) -> None:
         if p.job.task == "fidelity":
-            from harness.accuracy.fidelity import run_fidelity
-
             run_fidelity(self, p)
             return
         stages = ["zero_shot"] + (["finetune"] if p.job.finetune_steps > 0 else [])

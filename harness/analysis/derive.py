@@ -1,0 +1,300 @@
+"""Numbers derived from prepared frames: trust masks, exponents, speed-ups, crossovers, reach, accuracy points.
+
+Every number the figures, the report and ``compare`` state is computed here, from frames made by
+:mod:`harness.analysis.frames`; nothing here reads files or draws.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.frames import FAILED, MEM_LIMIT_COLUMNS, _fmt_value, cells, lower_is_better, ok_rows, prepare_cost
+
+# -- trust: noisy and suspect cells -----------------------------------------------------------------
+
+SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "source")
+NOISY_COLUMNS = ("variant", "backend", "mode", "seq_len", "status", "noisy_reason", "attempts", "other_cpu",
+                 "loadavg_1m", "peak_before_flops_per_s", "peak_after_flops_per_s", "source")
+
+
+def _truthy(v: Any) -> bool:
+    """A JSON flag as written (true/false/null, or absent = NaN); only a real true counts."""
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes")
+    try:
+        return bool(v) and not (isinstance(v, float) and math.isnan(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def peak_fraction(cost: pd.DataFrame) -> pd.Series:
+    """Achieved / measured peak FLOP/s per row: ``peak_fraction``, else derived from the two FLOP/s columns.
+
+    One definition for the figure and the suspect rule, so older rows without the column are judged too."""
+    frac = (pd.to_numeric(cost["peak_fraction"], errors="coerce").astype(float) if "peak_fraction" in cost
+            else pd.Series(np.nan, index=cost.index))
+    if {"achieved_flops_per_s", "peak_flops_per_s"} <= set(cost.columns):
+        peak = pd.to_numeric(cost["peak_flops_per_s"], errors="coerce").astype(float)
+        derived = pd.to_numeric(cost["achieved_flops_per_s"], errors="coerce").astype(float) / peak.where(peak > 0)
+        frac = frac.fillna(derived)
+    return frac
+
+
+def noisy_mask(cost: pd.DataFrame) -> pd.Series:
+    """Rows the worker flagged noisy (peaks before/after disagreed, or other processes took CPU).
+
+    Rows written before the check have no ``noisy`` column or a null: they count as quiet."""
+    if "noisy" not in cost:
+        return pd.Series(False, index=cost.index)
+    return pd.Series([_truthy(v) for v in cost["noisy"]], index=cost.index, dtype=bool)
+
+
+def suspect_mask(cost: pd.DataFrame) -> pd.Series:
+    """Ok rows faster than the hardware allows (``peak_fraction`` > 1).
+
+    Either the timing is wrong or the peak was measured under a different load; such a number
+    must never be drawn or summarised as if it were fine."""
+    if len(cost) == 0:
+        return pd.Series(False, index=cost.index, dtype=bool)
+    return ((cost["status"] == "ok") & (peak_fraction(cost) > 1.0)).astype(bool)
+
+
+def untrusted(cost: pd.DataFrame) -> pd.Series:
+    """Whether each row is untrusted: noisy or suspect. Figures draw these hollow; they stay data."""
+    return noisy_mask(cost) | suspect_mask(cost)
+
+
+def _listing(cost: pd.DataFrame, mask: pd.Series, columns: Sequence[str]) -> pd.DataFrame:
+    rows = cost[mask]
+    out = pd.DataFrame(index=rows.index)
+    for c in columns:
+        if c == "variant":
+            out[c] = rows["variant_label"] if "variant_label" in rows else rows["variant"]
+        elif c == "backend":
+            out[c] = rows["backend_label"] if "backend_label" in rows else rows["backend"]
+        elif c == "peak_fraction":
+            out[c] = peak_fraction(rows)
+        elif c in rows:
+            out[c] = rows[c]
+    return out.sort_values([c for c in ("variant", "backend", "mode", "seq_len") if c in out]).reset_index(drop=True)
+
+
+def suspect_rows(cost: pd.DataFrame) -> pd.DataFrame:
+    """The latest ok cells with ``peak_fraction`` > 1: variant, backend, mode, seq_len, peak_fraction, source."""
+    if len(cost) == 0:
+        return pd.DataFrame(columns=list(SUSPECT_COLUMNS))
+    c = cells(cost if "series" in cost else prepare_cost(cost))
+    return _listing(c, suspect_mask(c), SUSPECT_COLUMNS)
+
+
+def noisy_rows(cost: pd.DataFrame) -> pd.DataFrame:
+    """The latest cells flagged noisy, with why (``noisy_reason``), how often measured and the load seen."""
+    if len(cost) == 0:
+        return pd.DataFrame(columns=["variant", "backend", "mode", "seq_len", "status", "noisy_reason"])
+    c = cells(cost if "series" in cost else prepare_cost(cost))
+    return _listing(c, noisy_mask(c), NOISY_COLUMNS)
+
+
+def without_suspect(cost: pd.DataFrame) -> pd.DataFrame:
+    """The latest cells minus suspect ones, for fitted exponents and crossovers.
+
+    Cells are taken first, so a suspect re-run does not bring back the older row it superseded."""
+    if len(cost) == 0:
+        return cost
+    c = cells(cost if "series" in cost else prepare_cost(cost))
+    return c[~suspect_mask(c)]
+
+
+# -- derived numbers ---------------------------------------------------------------------------
+
+def scaling_exponent(lengths: Sequence[float], values: Sequence[float]) -> float:
+    """Least-squares slope of log(value) on log(length): 2 for quadratic attention, 1 for linear."""
+    x, y = np.asarray(lengths, dtype=float), np.asarray(values, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    if keep.sum() < 2 or np.unique(x[keep]).size < 2:
+        return math.nan
+    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0])
+
+
+def fit_exponents(cost: pd.DataFrame, column: str = "latency_ms", upper_half: bool = True) -> pd.DataFrame:
+    """Scaling exponent of ``column`` per series and facet.
+
+    With ``upper_half`` the fit uses the longer half of the ok lengths (at least 3 points when
+    there are), where fixed per-call overheads no longer flatten the curve.
+    """
+    out = []
+    for (series, facet), g in cells(ok_rows(cost, column)).groupby(["series", "facet"], sort=True):
+        g = g.sort_values("seq_len")
+        if upper_half and len(g) > 3:
+            g = g.iloc[max(0, min(len(g) // 2, len(g) - 3)):]
+        out.append({"series": series, "facet": facet, "exponent": scaling_exponent(g["seq_len"], g[column]),
+                    "from_len": g["seq_len"].min(), "to_len": g["seq_len"].max(), "points": len(g)})
+    return pd.DataFrame(out, columns=["series", "facet", "exponent", "from_len", "to_len", "points"])
+
+
+def speedups(cost: pd.DataFrame) -> pd.DataFrame:
+    """Every ok non-``full`` cell with the fastest ok ``full`` latency at the same length and context.
+
+    The baseline is the fastest backend of ``full`` that ran (what a user would actually use).
+    ``untrusted`` / ``full_untrusted`` say whether the cell or its baseline is noisy or suspect.
+    """
+    ok = cells(ok_rows(cost))
+    context = ["device_key", "facet", "seq_len", *[c for c in ("dtype", "batch_size", "num_heads", "head_dim", "position")
+                                                   if c in ok]]
+    ok = ok.assign(**{c: ok[c].astype(str) for c in context if c not in ("seq_len",)}, untrusted=untrusted(ok))
+    full = ok[ok["variant"] == "full"]
+    base = full.loc[full.groupby(context)["latency_ms"].idxmin().to_numpy(), [*context, "latency_ms", "untrusted"]]
+    base = base.rename(columns={"latency_ms": "full_latency_ms", "untrusted": "full_untrusted"})
+    other = ok[ok["variant"] != "full"]
+    merged = other.merge(base, on=context, how="inner")
+    merged["speedup"] = merged["full_latency_ms"] / merged["latency_ms"]
+    return merged
+
+
+def crossovers(cost: pd.DataFrame) -> pd.DataFrame:
+    """Per series and facet: the shortest measured length from which the variant beats ``full``
+    at every longer matched length (NaN if it does not win at the longest one)."""
+    sp = speedups(cost)
+    out = []
+    for (series, facet), g in sp.groupby(["series", "facet"], sort=True):
+        g = g.sort_values("seq_len")
+        wins = (g["speedup"] > 1).to_numpy()
+        cross = math.nan
+        if wins[-1]:
+            losing = np.flatnonzero(~wins)
+            first = losing[-1] + 1 if losing.size else 0
+            cross = float(g["seq_len"].iloc[first])
+        out.append({"series": series, "facet": facet, "crossover_len": cross,
+                    "speedup_at_longest": float(g["speedup"].iloc[-1]), "longest_matched": float(g["seq_len"].iloc[-1])})
+    return pd.DataFrame(out, columns=["series", "facet", "crossover_len", "speedup_at_longest", "longest_matched"])
+
+
+def longest_reached(cost: pd.DataFrame) -> pd.DataFrame:
+    """Per series and facet: the longest ok length, and the failure (oom/timeout) that stopped it, if any."""
+    out = []
+    for (series, facet), g in cells(cost).groupby(["series", "facet"], sort=True):
+        ok = g[(g["status"] == "ok") & g["latency_ms"].notna()]
+        longest = float(ok["seq_len"].max()) if len(ok) else math.nan
+        beyond = g[(g["seq_len"] > longest) if len(ok) else slice(None)]
+        failed = beyond[beyond["status"].isin(FAILED)].sort_values("seq_len")
+        out.append({
+            "series": series, "facet": facet, "longest_ok": longest,
+            "stopped_by": failed["status"].iloc[0] if len(failed) else "",
+            "stopped_at": float(failed["seq_len"].iloc[0]) if len(failed) else math.nan,
+            "tried_up_to": float(g["seq_len"].max()),
+        })
+    return pd.DataFrame(out, columns=["series", "facet", "longest_ok", "stopped_by", "stopped_at", "tried_up_to"])
+
+
+# Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
+SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap_rule", "gap", "model", "steps")
+AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
+
+
+def _dim_text(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt_value(v)
+
+
+def _seed_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Student t interval of the mean over seeds (as the accuracy harness reports it)."""
+    from scipy import stats
+
+    sem = stats.sem(values)
+    if not np.isfinite(sem) or sem == 0:
+        m = float(np.mean(values))
+        return m, m
+    lo, hi = stats.t.interval(confidence, len(values) - 1, loc=float(np.mean(values)), scale=sem)
+    return float(lo), float(hi)
+
+
+def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFrame:
+    """One value per (task, metric, variant, position, train length, eval length, task columns, *extra).
+
+    Rows that differ only in the seed are averaged, with a t interval over seeds (a single row keeps
+    its own CI). Averaged dimensions (passkey ``depth``) not named in ``extra`` are then averaged
+    too, and such points have no CI. ``extra_label`` names the task columns that vary within a
+    task/metric panel (``"num_pairs=8"``), for legends.
+    """
+    acc = acc[acc["value"].notna() & np.isfinite(acc["value"].astype(float))]
+    if "status" in acc:
+        acc = acc[acc["status"].fillna("ok") == "ok"]
+    acc = acc.copy()
+    acc["train_len"] = acc["train_len"].fillna(-1.0) if "train_len" in acc else -1.0
+    dims = [c for c in SERIES_DIMS if c in acc and c not in extra]
+    if "gap_rule" in dims:  # MQAR's gap as a rule (0, half, max): its token count grows with the length
+        dims = [c for c in dims if c != "gap"]
+    for c in dims:
+        acc[c] = acc[c].map(_dim_text)
+    kept = [c for c in extra if c in acc]
+    averaged = [c for c in AVERAGED_DIMS if c in acc and c not in kept]
+    for c in (*kept, *averaged):
+        acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(_dim_text)
+    base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
+    rows = []
+    for key, g in acc.groupby([*base, *averaged], sort=True, dropna=False):
+        vals = g["value"].to_numpy(dtype=float)
+        if len(vals) > 1:
+            lo, hi = _seed_ci(vals)
+        else:
+            lo = float(g["ci_low"].iloc[0]) if "ci_low" in g and pd.notna(g["ci_low"].iloc[0]) else np.nan
+            hi = float(g["ci_high"].iloc[0]) if "ci_high" in g and pd.notna(g["ci_high"].iloc[0]) else np.nan
+        rows.append((*key, float(vals.mean()), len(vals), lo, hi))
+    pts = pd.DataFrame(rows, columns=[*base, *averaged, "value", "rows", "ci_low", "ci_high"])
+    if averaged and len(pts):
+        pts = pts.groupby(base, as_index=False, sort=True, dropna=False).agg(
+            value=("value", "mean"), rows=("rows", "sum"), points=("value", "size"),
+            ci_low=("ci_low", "first"), ci_high=("ci_high", "first"))
+        pts.loc[pts["points"] > 1, ["ci_low", "ci_high"]] = np.nan
+        pts = pts.drop(columns="points")
+    for c in ("train_len", *kept):
+        if c in pts and pd.api.types.is_numeric_dtype(pts[c]):
+            pts[c] = pts[c].where(pts[c] >= 0)
+    labels = pd.Series("", index=pts.index)
+    for _, g in pts.groupby(["task", "metric"], sort=False):
+        varying = [c for c in dims if g[c].nunique() > 1]
+        if varying:
+            labels[g.index] = [" ".join(f"{c}={v}" for c, v in zip(varying, vals, strict=True) if v)
+                               for vals in g[varying].itertuples(index=False)]
+    pts["extra_label"] = labels
+    return pts
+
+
+def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
+    """Best position method per task, metric and evaluation length (direction from the metric name)."""
+    pts = accuracy_points(acc[acc["task"] != "fidelity"]) if len(acc) else pd.DataFrame()
+    out = []
+    if len(pts) == 0:
+        return pd.DataFrame(columns=["task", "metric", "variant", "eval_len", "best_position", "value", "runner_up"])
+    for (task, metric, variant, extra, length), g in pts.groupby(["task", "metric", "variant_label", "extra_label", "length"],
+                                                                  sort=True):
+        variant = f"{variant} [{extra}]" if extra else variant
+        per = g.groupby("position_label")["value"].mean().sort_values(ascending=lower_is_better(metric))
+        if len(per) < 2:  # one method: nothing to rank
+            continue
+        tied = per[np.isclose(per, per.iloc[0], rtol=1e-9, atol=1e-12)]
+        rest = per.iloc[len(tied):]
+        out.append({"task": task, "metric": metric, "variant": variant, "eval_len": length,
+                    "best_position": " = ".join(sorted(tied.index)), "value": float(per.iloc[0]),
+                    "runner_up": f"{rest.index[0]} ({rest.iloc[0]:.4g})" if len(rest) else ""})
+    return pd.DataFrame(out)
+
+
+def mem_limit(cost: pd.DataFrame) -> float | None:
+    """The device memory capacity in bytes, when the rows carry it."""
+    for col in MEM_LIMIT_COLUMNS:
+        if col in cost:
+            vals = pd.to_numeric(cost[col], errors="coerce").dropna()
+            if len(vals):
+                return float(vals.max())
+    return None
+
+
+__all__ = [
+    "AVERAGED_DIMS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points", "best_positions", "crossovers",
+    "fit_exponents", "longest_reached", "mem_limit", "noisy_mask", "noisy_rows", "peak_fraction", "scaling_exponent",
+    "speedups", "suspect_mask", "suspect_rows", "untrusted", "without_suspect",
+]

@@ -1,0 +1,164 @@
+"""The look shared by every figure: palettes, line styles, figure and axes helpers, the caption, saving.
+
+Lengths double along a sweep, so length axes are log2; every figure carries a caption (device,
+torch version, shape: :func:`harness.analysis.frames.caption`) drawn by :func:`_finish`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from harness.analysis import frames as F
+
+FORMATS = ("png", "svg", "pdf")
+MODE_ORDER = ("forward", "train", "backward", "decode")
+FAIL_MARKER = "x"
+_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "*", "X")
+# Known backends get a fixed dash, so ``flex`` looks the same in every figure of every run.
+_BACKEND_ORDER = ("reference", "sdpa", "flex", "xformers", "blocked", "gathered", "chunked", "recurrent", "fla")
+
+
+class Skip(ValueError):
+    """The data does not support this figure; the message says what is missing."""
+
+
+# -- look ------------------------------------------------------------------------------------
+
+def _order_key(label: str) -> tuple[int, str]:
+    base = re.split(r"[(/ ]", label, maxsplit=1)[0]
+    return (F.BUILTIN_ORDER.index(base) if base in F.BUILTIN_ORDER else len(F.BUILTIN_ORDER), label)
+
+
+def palette(keys: Iterable[str]) -> dict[str, tuple[float, float, float]]:
+    """One colour per variant (or position) label, the same in every figure drawn from one palette.
+
+    Built-in variants come first, so ``full`` keeps the first colour whatever else is in a run.
+    """
+    labels = sorted({str(k) for k in keys}, key=_order_key)
+    colours = sns.color_palette("tab10" if len(labels) <= 10 else "husl", max(len(labels), 1))
+    return {label: tuple(colours[i]) for i, label in enumerate(labels)}
+
+
+def palette_for(results: F.Results) -> dict[str, tuple[float, float, float]]:
+    """The palette of every label in a set of results: variant labels, then position labels apart.
+
+    Positions get their own colours (a panel colours lines by variant or by position, never
+    both), so ten position methods stay as distinct as four variants."""
+    variants: set[str] = set()
+    positions: set[str] = set()
+    if len(results.cost):
+        variants |= set(results.cost["variant_label"])
+    if len(results.accuracy):
+        variants |= set(results.accuracy["variant_label"])
+        positions = set(results.accuracy["position_label"])
+    return _split_palette(variants, positions)
+
+
+def _split_palette(variants: set[str], positions: set[str]) -> dict[str, tuple[float, float, float]]:
+    return palette(positions - variants) | palette(variants)
+
+
+def _styles(names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Line style and marker per backend (or position): fixed for known names, then in order."""
+    names = sorted(set(names), key=lambda n: (_BACKEND_ORDER.index(n) if n in _BACKEND_ORDER else len(_BACKEND_ORDER), n))
+    out = {}
+    for i, n in enumerate(names):
+        j = _BACKEND_ORDER.index(n) if n in _BACKEND_ORDER else i
+        out[n] = {"linestyle": _LINESTYLES[j % len(_LINESTYLES)], "marker": _MARKERS[j % len(_MARKERS)]}
+    return out
+
+
+@contextlib.contextmanager
+def _style() -> Iterator[None]:
+    """Seaborn's look for the figures drawn inside, without touching the caller's global rcParams."""
+    with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.85):
+        yield
+
+
+def _figure(n: int, width: float = 5.2, height: float = 4.0, ncols: int | None = None) -> tuple[Figure, list[Axes]]:
+    ncols = ncols or min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(width * ncols + 2.5, height * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def _length_axis(ax: Axes, lengths: Iterable[float], label: str = "sequence length (tokens)") -> None:
+    """log2 x-axis with the measured lengths as ticks (512, 1k, 2k, ...)."""
+    ticks = sorted({float(x) for x in lengths if np.isfinite(x) and x > 0})
+    ax.set_xscale("log", base=2)
+    if ticks:
+        step = max(1, math.ceil(len(ticks) / 10))
+        ax.set_xticks(ticks[::step], [F.fmt_len(t) for t in ticks[::step]])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
+
+
+def _finish(fig: Figure, title: str, caption: str, legend: Sequence[tuple[Any, str]] = ()) -> None:
+    fig.suptitle(title)
+    if legend:
+        handles, labels = zip(*legend, strict=True)
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small", frameon=False)
+    text = fig.supxlabel(caption, fontsize="x-small", color="0.35")
+    text.set_gid("caption")
+
+
+def save(fig: Figure, out: str | Path | None, name: str, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Write ``out/<name>.<fmt>`` for each format; nothing when ``out`` is None."""
+    if out is None:
+        return []
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
+        path = out / f"{name}.{fmt}"
+        with _style():
+            fig.savefig(path, dpi=150, format=fmt)
+        paths.append(path)
+    return paths
+
+
+def _legend_entries(axes: Sequence[Axes]) -> list[tuple[Any, str]]:
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if not lab.startswith("_"):
+                seen.setdefault(lab, h)
+    return [(h, lab) for lab, h in seen.items()]
+
+
+def _facets(df: pd.DataFrame) -> list[str]:
+    def key(f: str) -> tuple[int, int, str]:
+        scope, _, mode = f.partition(" · ")
+        return (scope != "op", MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), f)
+    return sorted(df["facet"].unique(), key=key)
+
+
+
+def _frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """Palette of one frame's labels (used when no run-wide palette is passed)."""
+    return _split_palette(set(df["variant_label"]) if "variant_label" in df else set(),
+                          set(df["position_label"]) if "position_label" in df else set())
+
+
+
+def mem_unit(max_bytes: float) -> tuple[float, str]:
+    """MiB below 2 GiB, GiB above: the axis reads in small numbers."""
+    return (2.0**30, "GiB") if max_bytes >= 2.0**31 else (2.0**20, "MiB")
+

@@ -1,0 +1,306 @@
+"""``attn-bench report``: one self-contained HTML page of a sweep -- environment, findings, tables, figures.
+
+Everything is recomputed from the results files (via :mod:`harness.analysis.frames` and
+:mod:`harness.analysis.derive`); the figures are the ones ``attn-bench plot`` draws, embedded as base64
+PNG so the page can be mailed or attached to a pull request as one file.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from harness.analysis import derive as D
+from harness.analysis import figures as P
+from harness.analysis import frames as F
+from harness.analysis.figures.accuracy import position_table
+from harness.analysis.figures.style import _style
+
+ENV_COLUMNS = ("device", "device_name", "cpu_capability", "num_threads", "torch_version", "cuda_version",
+               "project_version", "hostname", "seed")
+SECTIONS = ("sources", "environment", "suspect", "findings", "scaling", "crossover", "reach", "positions", "tables", "figures",
+            "skipped")
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}h3{font-size:1.05em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0 1em}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.muted{color:#666;font-size:.9em}
+figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:.9em}
+"""
+
+
+def fmt_num(x: float, digits: int = 4) -> str:
+    """Numbers at a readable precision (the JSONL keeps full precision)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    if isinstance(x, (int,)) or float(x).is_integer() and abs(x) < 1e15:
+        return f"{int(x):,}"
+    return f"{x:.{digits}g}"
+
+
+def _table(df: pd.DataFrame, table_id: str, index: bool = False) -> str:
+    if len(df) == 0:
+        return '<p class="muted">nothing to show</p>'
+    return df.to_html(index=index, table_id=table_id, border=0, na_rep="—", escape=True)
+
+
+def _section(sid: str, title: str, body: str, level: int = 2) -> str:
+    return f'<section id="{sid}"><h{level}>{html.escape(title)}</h{level}>\n{body}\n</section>\n'
+
+
+def _sources(results: F.Results) -> pd.DataFrame:
+    rows = []
+    for kind, df in (("cost", results.cost), ("accuracy", results.accuracy)):
+        if len(df) == 0:
+            continue
+        for src, g in df.groupby("source", sort=True):
+            status = F.status_counts(g) if kind == "cost" else f"{g['value'].notna().sum()} with a value"
+            rows.append({"file": src, "kind": kind, "rows": len(g), "status": status})
+    return pd.DataFrame(rows)
+
+
+def environment_table(results: F.Results) -> pd.DataFrame:
+    """Each environment column with the distinct values seen (several values = a mixed run: worth knowing)."""
+    frames = [f for f in (results.cost, results.accuracy) if len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    rows = []
+    for col in ENV_COLUMNS:
+        if col in df and df[col].notna().any():
+            rows.append({"field": col, "value": ", ".join(sorted({str(v) for v in df[col].dropna()}))})
+    if "timestamp" in df and df["timestamp"].notna().any():
+        ts = sorted(df["timestamp"].dropna().astype(str))
+        rows.append({"field": "timestamp", "value": ts[0] if ts[0] == ts[-1] else f"{ts[0]} … {ts[-1]}"})
+    return pd.DataFrame(rows)
+
+
+def suspect_section(cost: pd.DataFrame) -> str:
+    """HTML listing the suspect cells (peak_fraction > 1) and the noisy ones, or saying there are none.
+
+    A number faster than the hardware, or taken while something else ran, must be seen next to the
+    findings it could distort, not discovered later in a figure."""
+    if len(cost) == 0:
+        return '<p class="muted">no cost rows</p>'
+    suspect, noisy = D.suspect_rows(cost), D.noisy_rows(cost)
+    parts = ['<p class="muted">Suspect: an ok cell whose achieved FLOP/s exceeds the peak measured around it '
+             "(peak_fraction &gt; 1), so its timing or its peak is wrong. Noisy: the peak timed before and after the cell "
+             "disagreed, or other processes used the CPU while it was timed, on every attempt. Both are drawn with hollow "
+             "markers; suspect cells are left out of the fitted exponents and crossovers.</p>"]
+    if len(suspect):
+        shown = suspect.assign(seq_len=suspect["seq_len"].map(F.fmt_len), peak_fraction=suspect["peak_fraction"].map(fmt_num))
+        parts.append(f"<h3>Suspect cells: {len(suspect)} with peak_fraction &gt; 1</h3>" + _table(shown, "suspect-table"))
+    else:
+        parts.append('<p id="no-suspect">No suspect cells: no ok cell has peak_fraction &gt; 1.</p>')
+    if len(noisy):
+        shown = noisy.assign(seq_len=noisy["seq_len"].map(F.fmt_len),
+                             **{c: noisy[c].map(fmt_num) for c in ("other_cpu", "loadavg_1m", "peak_before_flops_per_s",
+                                                                   "peak_after_flops_per_s", "attempts") if c in noisy})
+        parts.append(f"<h3>Noisy cells: {len(noisy)}</h3>" + _table(shown, "noisy-table"))
+    else:
+        parts.append('<p id="no-noisy">No noisy cells.</p>')
+    cells = F.cells(cost)
+    unchecked = int((cells["status"] == "ok").sum() - cells.loc[cells["status"] == "ok", "noisy"].notna().sum()) \
+        if "noisy" in cells else int((cells["status"] == "ok").sum())
+    if unchecked:
+        parts.append(f'<p class="muted">{unchecked} ok cell(s) predate the noise check (no noisy column): '
+                     "only the peak_fraction rule could be applied to them.</p>")
+    return "".join(parts)
+
+
+def scaling_table(cost: pd.DataFrame) -> pd.DataFrame:
+    """Fitted exponents of latency and peak memory vs length, per series and mode (suspect cells left out)."""
+    cost = D.without_suspect(cost)
+    lat = D.fit_exponents(cost, "latency_ms")
+    mem = D.fit_exponents(cost, "peak_mem_bytes") if "peak_mem_bytes" in cost else lat.iloc[0:0]
+    table = lat.merge(mem, on=["series", "facet"], how="left", suffixes=("", "_mem"))
+    return pd.DataFrame({
+        "series": table["series"], "mode": table["facet"],
+        "latency exponent": table["exponent"].map(lambda x: f"{x:.2f}" if math.isfinite(x) else "—"),
+        "memory exponent": table.get("exponent_mem", pd.Series(math.nan, index=table.index))
+                                .map(lambda x: f"{x:.2f}" if isinstance(x, float) and math.isfinite(x) else "—"),
+        "fit over": [f"{F.fmt_len(a)}–{F.fmt_len(b)} ({n} pts)" for a, b, n in
+                     zip(table["from_len"], table["to_len"], table["points"], strict=True)],
+    })
+
+
+def crossover_table(cost: pd.DataFrame) -> pd.DataFrame:
+    """Where each variant starts beating full, from the cells that are not suspect."""
+    cr = D.crossovers(D.without_suspect(cost))
+    return pd.DataFrame({
+        "series": cr["series"], "mode": cr["facet"],
+        "beats full from": cr["crossover_len"].map(lambda x: F.fmt_len(x) if math.isfinite(x) else "not within the sweep"),
+        "speed-up at longest shared length": [f"{s:.2f}× at {F.fmt_len(L)}" for s, L in
+                                              zip(cr["speedup_at_longest"], cr["longest_matched"], strict=True)],
+    })
+
+
+def reach_table(cost: pd.DataFrame) -> pd.DataFrame:
+    lr = D.longest_reached(cost)
+    return pd.DataFrame({
+        "series": lr["series"], "mode": lr["facet"],
+        "longest ok length": lr["longest_ok"].map(lambda x: F.fmt_len(x) if math.isfinite(x) else "none"),
+        "stopped by": [f"{s} at {F.fmt_len(a)}" if s else "—" for s, a in zip(lr["stopped_by"], lr["stopped_at"], strict=True)],
+        "longest tried": lr["tried_up_to"].map(F.fmt_len),
+    })
+
+
+def positions_table(acc: pd.DataFrame) -> pd.DataFrame:
+    bp = D.best_positions(acc) if len(acc) else pd.DataFrame()
+    if len(bp) == 0:
+        return bp
+    bp = bp.assign(eval_len=bp["eval_len"].map(F.fmt_len), value=bp["value"].map(fmt_num))
+    return bp.rename(columns={"eval_len": "eval length", "best_position": "best position", "runner_up": "runner-up"})
+
+
+def pivot_cost(cost: pd.DataFrame, column: str, scale: float = 1.0) -> dict[str, pd.DataFrame]:
+    """Per mode: series × length; cells that did not run show their status, never a number.
+
+    A suspect or noisy cell keeps its number, followed by "(suspect)" or "(noisy)"."""
+    cells = F.cells(cost)
+    flag = pd.Series("", index=cells.index).mask(D.noisy_mask(cells), " (noisy)").mask(D.suspect_mask(cells), " (suspect)")
+    out = {}
+    for facet, g in cells.groupby("facet", sort=True):
+        text = [fmt_num(v / scale) + f if s == "ok" and pd.notna(v) else (s if s != "ok" else "—")
+                for s, v, f in zip(g["status"], g[column] if column in g else [math.nan] * len(g), flag[g.index],
+                                   strict=True)]
+        table = g.assign(cell=text).pivot(index="series", columns="seq_len", values="cell")
+        table.columns = [F.fmt_len(c) for c in table.columns]
+        out[facet] = table.fillna("")
+    return out
+
+
+def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    out = {}
+    pts = D.accuracy_points(acc)
+    for (task, metric), g in pts.groupby(["task", "metric"], sort=True):
+        table = position_table(g) if task != "fidelity" else \
+            g.pivot_table(index="variant_label", columns="length", values="value", aggfunc="mean").rename(columns=int)
+        out[f"{task} · {metric}"] = table.rename(columns=F.fmt_len).map(fmt_num)
+    return out
+
+
+def findings(cost: pd.DataFrame, acc: pd.DataFrame) -> list[str]:
+    """Plain sentences derived from the data: the headline numbers of the sweep.
+
+    Exponents and crossovers leave suspect cells (peak_fraction > 1) out, and a sentence says how many."""
+    lines = []
+    if len(cost) and len(F.ok_rows(cost)):
+        trusted = D.without_suspect(cost)
+        if (n := len(D.suspect_rows(cost))):
+            lines.append(f"{n} suspect cell(s) (achieved FLOP/s above the measured peak) are left out of the exponents "
+                         "and crossovers below; see Suspect and noisy cells.")
+        for _, r in D.fit_exponents(trusted).iterrows():
+            if math.isfinite(r["exponent"]):
+                lines.append(f"{r['series']} ({r['facet']}): latency grows as L^{r['exponent']:.2f} "
+                             f"(fit over {F.fmt_len(r['from_len'])}–{F.fmt_len(r['to_len'])}).")
+        for _, r in D.crossovers(trusted).iterrows():
+            if math.isfinite(r["crossover_len"]):
+                lines.append(f"{r['series']} ({r['facet']}) beats full from {F.fmt_len(r['crossover_len'])} tokens; "
+                             f"{r['speedup_at_longest']:.2f}× faster at {F.fmt_len(r['longest_matched'])}.")
+            else:
+                lines.append(f"{r['series']} ({r['facet']}) does not beat full within the sweep "
+                             f"({r['speedup_at_longest']:.2f}× at {F.fmt_len(r['longest_matched'])}).")
+        for _, r in D.longest_reached(cost).iterrows():
+            if r["stopped_by"]:
+                reached = F.fmt_len(r["longest_ok"]) if math.isfinite(r["longest_ok"]) else "no length"
+                lines.append(f"{r['series']} ({r['facet']}) reached {reached} before {r['stopped_by']} "
+                             f"at {F.fmt_len(r['stopped_at'])}.")
+    if len(acc):
+        for _, r in D.best_positions(acc).iterrows():
+            best = r["best_position"]
+            who = f"tie between {best.replace(' = ', ', ')}" if " = " in best else f"best position method {best}"
+            lines.append(f"{r['task']} {r['metric']} at {F.fmt_len(r['eval_len'])} ({r['variant']}): {who} ({r['value']:.4g}).")
+    return lines
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    with _style():
+        fig.savefig(buf, format="png", dpi=110)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def build_report(results: F.Results, device: str | None = None, title: str = "attn-bench report") -> str:
+    """The whole report as one HTML string."""
+    P.check_plottable(results)
+    cost = F.select_device(results.cost, device)
+    if len(cost):
+        F.check_single_device(cost)
+    acc = results.accuracy
+    data = F.Results(cost=cost, accuracy=acc, sources=results.sources)
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<p class="muted">{html.escape(F.caption(cost if len(cost) else None, acc if len(acc) else None))}</p>']
+    parts.append(_section("sources", "Sources", _table(_sources(data), "sources-table")))
+    parts.append(_section("environment", "Environment", _table(environment_table(data), "environment-table")))
+    parts.append(_section("suspect", "Suspect and noisy cells", suspect_section(cost)))
+
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in findings(cost, acc))
+    body = f"<ul>{items}</ul>" if items else '<p class="muted">no findings: too little data</p>'
+    has_cost = len(cost) and len(F.ok_rows(cost))
+    sub = [
+        _section("scaling", "Scaling exponents (log-log fit of latency and peak memory vs length)",
+                 _table(scaling_table(cost), "scaling-table") if has_cost else '<p class="muted">no ok cost rows</p>', 3),
+        _section("crossover", "Crossover length vs full",
+                 _table(crossover_table(cost), "crossover-table") if has_cost else '<p class="muted">no ok cost rows</p>', 3),
+        _section("reach", "Longest length reached",
+                 _table(reach_table(cost), "reach-table") if len(cost) else '<p class="muted">no cost rows</p>', 3),
+        _section("positions", "Best position method per evaluation length",
+                 _table(positions_table(acc), "positions-table"), 3),
+    ]
+    parts.append(_section("findings", "Findings", body + "".join(sub)))
+
+    tables = []
+    if len(cost):
+        for column, name, scale in (("latency_ms", "Latency (ms)", 1.0), ("tokens_per_s", "Throughput (tokens/s)", 1.0),
+                                    ("peak_mem_bytes", "Peak memory (MiB)", 2.0**20)):
+            if column in cost:
+                for facet, table in pivot_cost(cost, column, scale).items():
+                    tables.append(f"<h3>{html.escape(name)} · {html.escape(facet)}</h3>" + table.to_html(border=0, escape=True))
+    if len(acc):
+        for name, table in pivot_accuracy(acc).items():
+            tables.append(f"<h3>{html.escape(name)}</h3>" + table.to_html(border=0, escape=True))
+    parts.append(_section("tables", "Summary tables", "".join(tables) or '<p class="muted">no tables</p>'))
+
+    figs, skipped = [], []
+    for name, fig, _ in P.figures(data, None):
+        if isinstance(fig, P.Skip):
+            skipped.append({"figure": name, "reason": str(fig)})
+            continue
+        figs.append(f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(name)}" '
+                    f'src="data:image/png;base64,{_png(fig)}"><figcaption>{html.escape(name)}</figcaption></figure>')
+    parts.append(_section("figures", "Figures", "".join(figs) or '<p class="muted">no figures</p>'))
+    parts.append(_section("skipped", "Figures not drawn", _table(pd.DataFrame(skipped), "skipped-table")))
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "</body></html>\n")
+
+
+def write_report(paths: Sequence[str], out: str | Path, device: str | None = None) -> Path:
+    text = build_report(F.load_results(paths), device)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)  # never leave a half-written report behind
+    return out
+
+
+@click.command("report")
+@click.argument("results", nargs=-1, required=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
+@click.option("--device", default=None, help="Only cost rows whose device (name) contains this text.")
+def report_command(results: tuple[str, ...], out: str, device: str | None) -> None:
+    """Write one self-contained HTML report (figures embedded) of the RESULTS files."""
+    from harness.results import check_writable
+
+    check_writable(out, what="report")  # before the figures are drawn
+    path = write_report(results, out, device)
+    click.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+
+
+__all__ = ["build_report", "crossover_table", "environment_table", "findings", "reach_table", "report_command",
+           "scaling_table", "suspect_section", "write_report"]

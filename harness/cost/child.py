@@ -1,0 +1,158 @@
+"""The worker process's own side: what ``python -m harness.cost.worker`` runs (harness.cost.worker
+starts it and holds the parent's side). It reads requests on stdin, measures each cell in this process
+(:func:`run_cell`) and answers JSON lines on the pipe the parent passed (``--fd``).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from harness.cost.timing import TimingConfig
+from harness.messages import looks_like_oom, one_line
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel kills this worker when the sweep dies, even by SIGKILL."""
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _cap_address_space(limit_bytes: int) -> None:
+    import resource
+
+    from harness.memory import proc_status
+
+    size = proc_status("VmSize")
+    if size is None:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = size + limit_bytes
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: bool = True) -> dict[str, Any]:
+    """Measure one cell in this process; every failure becomes a status (never raises).
+
+    Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
+    the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
+    buffers are then handed back to the OS), the timed calls with the CPU snapshots around them,
+    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype; ``peaks=False`` skips them).
+    """
+    import torch
+
+    from attn.attention.base import UnsupportedBackend
+    from harness.cost.cells import DTYPES, Cell, build
+    from harness.cost.noise import cpu_snapshot, load_average, other_cpu, time_peak, usable_cpus
+    from harness.cost.timing import first_call, time_callable
+    from harness.memory import PeakMemory, release_freed_memory
+
+    cell = Cell.from_row(cell_row)
+    mem = PeakMemory(cell.device)
+    peak = (lambda: time_peak(cell.device, DTYPES[cell.dtype])) if peaks else (lambda: None)
+    try:
+        # Warm-up on a throwaway instance: compilation, autotuning and lazy initialisation
+        # are timed here, and whatever they leave behind is in the baseline taken next.
+        torch.manual_seed(seed)
+        measured = build(cell)
+        warmup_s = first_call(measured.fn)
+        del measured
+        peak_before = peak()
+        mem.baseline()
+        torch.manual_seed(seed)
+        measured = build(cell)
+        release_freed_memory()  # what building freed (a decode prefill's activations) is not the cell's memory
+        mem.reset_peak()
+        start = cpu_snapshot()
+        t = time_callable(measured.fn, timing)
+        end = cpu_snapshot()
+        peak_mem = mem.peak()
+        backend, flops, tokens = measured.backend(), measured.flops, measured.tokens
+        del measured
+        peak_after = peak()
+    except UnsupportedBackend as e:
+        return {"status": "unsupported", "error": one_line(e)}
+    except MemoryError as e:
+        return {"status": "oom", "error": one_line(f"MemoryError: {e}")}
+    except Exception as e:  # noqa: BLE001  (a cell's failure is data, not a crash of the sweep)
+        msg = one_line(f"{type(e).__name__}: {e}")
+        oom = isinstance(e, torch.OutOfMemoryError) or looks_like_oom(msg)
+        return {"status": "oom" if oom else "error", "error": msg}
+    median = t.median_s
+    return {
+        "status": "ok", "error": None, "backend": backend,
+        "latency_ms": median * 1e3,
+        "latency_iqr_ms": None if t.iqr_s is None else t.iqr_s * 1e3,
+        "repeats": t.repeats, "timing_samples": t.samples, "calls_per_sample": t.number_per_run,
+        "timed_calls": t.calls, "warmup_calls": 1,
+        "warmup_s": warmup_s, "compile_s": max(0.0, warmup_s - median),
+        "tokens_per_s": tokens / median,
+        "flops": flops,
+        "achieved_flops_per_s": None if flops is None else flops / median,
+        "peak_mem_bytes": peak_mem, "mem_method": mem.method,
+        "peak_before_flops_per_s": peak_before, "peak_after_flops_per_s": peak_after,
+        "peak_dtype": cell.dtype if peaks else None,
+        "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
+        "num_threads": torch.get_num_threads(), "cpus": usable_cpus(),
+    }
+
+
+def child_main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.cost.worker")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mem-limit", type=int, default=0, help="bytes; 0 = none")
+    parser.add_argument("--plugin", action="append", default=[])
+    parser.add_argument("--no-address-space-cap", action="store_true", help="leave memory to the parent's RSS watchdog")
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent)
+    faulthandler.enable()  # a crash leaves the Python stack in the log, and so in the row's error
+    out = os.fdopen(args.fd, "w", buffering=1)
+
+    def send(msg: dict[str, Any]) -> None:
+        out.write(json.dumps(msg, default=str) + "\n")
+        out.flush()
+
+    import torch
+    import torch._dynamo
+
+    import attn
+
+    # One worker compiles every shape of a sweep. Past dynamo's default of 8 recompiles per function
+    # it would silently run eager instead -- for FlexAttention the dense L x L path -- and the cell
+    # would time the wrong program; raise the limit, and fail loudly if it is ever reached.
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 8192
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    failed = {p: attn.plugin_errors().get(p) for p in args.plugin if not attn.load_plugin(p)}
+    cuda = args.device.startswith("cuda")
+    if cuda and args.mem_limit and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_limit / total), torch.device(args.device))
+    send({"event": "ready", "pid": os.getpid(), "plugin_errors": failed})
+    for line in sys.stdin:
+        req = json.loads(line)
+        timing = TimingConfig(**req.get("timing", {}))
+        if not cuda and args.mem_limit and not args.no_address_space_cap:
+            _cap_address_space(args.mem_limit)
+        if req["op"] == "cell":
+            send(run_cell(req["cell"], timing, req.get("seed", 0)))
+        elif req["op"] == "exit":
+            break
+
+
+__all__ = ["child_main", "run_cell"]

@@ -1,0 +1,96 @@
+"""``attn-bench sweep``: measure every cell of a grid of variants x lengths x shapes x modes.
+
+The options are the spec's keys (harness.cost.spec); the cells run through harness.cost.sweep and
+the summary tables come from harness.cost.summary.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.cost.spec import expand, load_spec
+from harness.cost.summary import summary_tables
+from harness.cost.sweep import check_executor, existing_rows, run_sweep
+from harness.executors import EXECUTOR_KEYS, executor_options
+from harness.results import check_writable, exclusive
+
+
+def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options the user actually gave (click passes None / () for the others)."""
+    names = {"variant", "position", "lengths", "batch", "heads", "head_dim", "dtype", "mode", "scope", "causal", "layers",
+             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "retries",
+             "plugin", *EXECUTOR_KEYS}
+    layer = {}
+    for k in names:
+        v = opts.get(k)
+        if v is None or v == ():
+            continue
+        layer[k] = list(v) if isinstance(v, tuple) else v
+    return layer
+
+
+@click.command("sweep")
+@click.option("--variant", multiple=True, help="NAME[:key=value,...]; backend=NAME picks a backend. Repeatable.")
+@click.option("--position", multiple=True, help="Position method spec (scope=model only). Repeatable.")
+@click.option("--lengths", help="Sequence lengths: 1024,2048 or 1K,4K or a doubling range 1K..1M.")
+@click.option("--batch", help="Batch sizes, comma list.")
+@click.option("--heads", help="Numbers of heads, comma list.")
+@click.option("--head-dim", help="Head dimensions, comma list.")
+@click.option("--dtype", multiple=True, help="float32, bfloat16, float16, float64 (repeatable or comma list).")
+@click.option("--mode", multiple=True, help="forward, train, decode (repeatable or comma list).")
+@click.option("--scope", multiple=True, help="op (attention alone) or model (whole backbone).")
+@click.option("--causal/--bidirectional", default=None, help="Causal (default) or bidirectional attention.")
+@click.option("--layers", type=int, help="Backbone depth for --scope model (default 2).")
+@click.option("--device", help="cpu (default), cuda or cuda:N.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Results JSONL (default: results/sweep-<preset>-<time>.jsonl).")
+@click.option("--resume", is_flag=True, help="Continue --out: cells already in it are not run again.")
+@click.option("--preset", help="quick, long or gpu (see attn-bench list).")
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML sweep file; keys are these option names.")
+@click.option("--plugin", multiple=True, help="File or module registering extra variants. Repeatable.")
+@click.option("--time-limit", type=float, help="Seconds per cell, warm-up included (default 300).")
+@click.option("--mem-limit", type=float,
+              help="GiB per cell: process memory on CPU (default 80% of what is free at start), device memory on CUDA.")
+@click.option("--skip-after-failure/--no-skip-after-failure", default=None,
+              help="After an OOM or timeout, record longer lengths of that configuration as skipped (default on).")
+@click.option("--seed", type=int, help="Seed of the random inputs (default 0).")
+@click.option("--min-run-time", type=float, help="Seconds of timed calls before the spread is checked.")
+@click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
+@click.option("--retries", type=int, help="Re-measure a cell flagged noisy up to N times (default 2; keeps the least noisy).")
+@executor_options
+@click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
+def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
+    """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
+    from harness.plugins import load_plugins, report_plugins
+
+    spec = load_spec(preset, config, _cli_layer(opts))
+    failed_plugins = load_plugins(spec.run.plugin, report=False)  # a bad spec's one error line names them
+    check_executor(spec.run)
+    cells = expand(spec, check_device_available=spec.run.executor.kind == "local")  # a login node may have no GPU
+    report_plugins(failed_plugins)
+    if out is None and spec.run.out:
+        out = Path(spec.run.out)
+    if out is None:
+        if resume:
+            raise click.UsageError("--resume needs --out (the results file to continue)")
+        out = Path("results") / f"sweep-{spec.preset or 'custom'}-{dt.datetime.now():%Y%m%d-%H%M%S}.jsonl"
+    if dry_run:
+        for c in cells:
+            click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads} D={c.head_dim}]")
+        click.echo(f"{len(cells)} cells -> {out}")
+        return
+    check_writable(out)  # before any work: a run must not measure for an hour and then fail to write
+    with exclusive(out):  # a second writer stops here, before its first line of output
+        existing_rows(out, resume)
+        where = "" if spec.run.executor.kind == "local" else f" (executor {spec.run.executor.kind})"
+        click.echo(f"{len(cells)} cells on {spec.run.device}{where} -> {out}", err=True)
+        rows = run_sweep(spec, cells, out, resume)
+    if rows or not spec.run.executor.detach:
+        click.echo(summary_tables(rows))
+    click.echo(f"results: {out}")
+
+
+__all__ = ["sweep_command"]

@@ -1,0 +1,195 @@
+"""How far to trust one measured cell: the matmul peak timed right before and right after it, and
+the CPU time other processes took while it was timed.
+
+A peak timed once per run and divided into every later cell is wrong whenever the load changes
+between them (a 2-core machine with one busy neighbour halves the peak, or not, from minute to
+minute). So the worker times the peak next to each cell, under the same threads and dtype, and the
+row carries both. A cell is ``noisy`` (its status stays ``ok``) when
+
+- the two peaks disagree by more than ``peak_spread`` (the machine changed during the cell), or
+- other processes took more CPU while it was timed than the cores its threads left free, plus
+  ``other_cpu`` (Linux: ``/proc/stat`` busy time minus the worker's and its parent's own
+  ``/proc/<pid>/stat`` time). On 2 cores with 2 OpenMP threads any neighbour stalls every parallel
+  region, and sub-millisecond calls show it first; on 16 cores shared by 8 two-thread hosts (Ray)
+  the siblings use cores of their own and do not count against each other.
+
+The load average is recorded too, but not judged: it counts the measuring process's own threads.
+A ``peak_fraction`` above 1 is not "noisy" (re-measuring does not fix a wrong count): plots and the
+report treat it as *suspect* (harness.tables).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NoiseConfig:
+    """Thresholds of the ``noisy`` flag; the defaults are what a quiet 2-core machine stays within."""
+
+    peak_spread: float = 0.15  # |before - after| / max(before, after)
+    other_cpu: float = 0.25  # cores' worth of CPU other processes may use beyond the cores left free
+
+
+def _clock_ticks() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _machine_busy_ticks() -> int | None:
+    """CPU ticks spent busy by every core since boot (user, nice, system, irq, softirq, steal)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return user + nice + system + irq + softirq + steal
+
+
+def _process_ticks(pid: int | str) -> int | None:
+    """CPU ticks a process (all its threads) has used: utime + stime of ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces; fields resume after ')'
+    return int(rest[11]) + int(rest[12])  # fields 14 and 15 of proc(5), counted from 3 here
+
+
+def _own_ticks() -> int | None:
+    """Ticks of the harness itself: this process and its parent (the sweep that polls it)."""
+    own = _process_ticks("self")
+    parent = _process_ticks(os.getppid()) if os.getppid() > 1 else 0
+    return None if own is None else own + (parent or 0)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a Slurm or container limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    wall: float
+    machine: int | None
+    own: int | None
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    return CpuSnapshot(time.monotonic(), _machine_busy_ticks(), _own_ticks())
+
+
+def other_cpu(start: CpuSnapshot, end: CpuSnapshot) -> float | None:
+    """Cores' worth of CPU that other processes used between two snapshots; None off Linux."""
+    if None in (start.machine, start.own, end.machine, end.own) or end.wall <= start.wall:
+        return None
+    others = (end.machine - start.machine) - (end.own - start.own)
+    return max(0.0, others / _clock_ticks() / (end.wall - start.wall))
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def peak_spread(before: float | None, after: float | None) -> float | None:
+    if not before or not after:
+        return None
+    return abs(before - after) / max(before, after)
+
+
+def noisy_reason(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> str | None:
+    """Why a measured row should not be trusted as it stands, or None. Reads the row's own columns."""
+    reasons = []
+    spread = peak_spread(row.get("peak_before_flops_per_s"), row.get("peak_after_flops_per_s"))
+    if spread is not None and spread > config.peak_spread:
+        reasons.append(f"matmul peak changed by {spread:.0%} across the cell (limit {config.peak_spread:.0%})")
+    other = row.get("other_cpu")
+    spare = max(0, (row.get("cpus") or 0) - (row.get("num_threads") or 0))
+    if other is not None and other > spare + config.other_cpu:
+        reasons.append(f"other processes used {other:.2f} cores while it was timed ({spare} left free by its "
+                       f"threads, limit {spare + config.other_cpu:g})")
+    return "; ".join(reasons) or None
+
+
+PEAK_SIZE = {"cpu": 2048, "cuda": 8192}  # square matmuls big enough to reach each device's practical peak
+
+
+def peak_matmul(device: str, dtype: Any) -> tuple[Callable[[], Any], int]:
+    """An ``n x n`` matmul in ``dtype`` (a torch dtype) on ``device`` and its FLOPs (2 n^3)."""
+    import torch
+
+    n = PEAK_SIZE["cuda" if device.startswith("cuda") else "cpu"]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    return (lambda: torch.mm(a, b, out=out)), 2 * n**3
+
+
+def time_peak(device: str, dtype: Any) -> float | None:
+    """The device's matmul FLOP/s in the cell's dtype, with the threads the process uses; None if it failed.
+
+    The operands live only for this timing (freed before the cell's memory baseline and after its
+    peak is read), so they never count as a cell's memory nor eat into a device memory cap; one
+    untimed call first touches the output's pages. Timed short (0.3-1 s): it runs twice per cell.
+    """
+    from harness.cost.timing import TimingConfig, first_call, time_callable
+
+    try:
+        fn, flops = peak_matmul(device, dtype)
+        first_call(fn)
+        return flops / time_callable(fn, TimingConfig(min_run_time=0.3, max_run_time=1.0, threshold=0.05)).median_s
+    except Exception:  # noqa: BLE001  (a failed peak leaves the cell's own measurement standing)
+        return None
+
+
+
+
+def assess(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> dict[str, Any]:
+    """Fill an ``ok`` row's trust columns from its own measurements (idempotent).
+
+    ``peak_flops_per_s`` is the larger of the two peaks timed next to the cell (the conservative
+    denominator), ``peak_fraction`` = achieved / that, and ``noisy`` / ``noisy_reason`` by
+    :func:`noisy_reason`. Rows that measured nothing keep ``noisy`` None.
+    """
+    if row.get("status") != "ok":
+        row.setdefault("noisy", None)
+        row.setdefault("noisy_reason", None)
+        return row
+    peaks = [p for p in (row.get("peak_before_flops_per_s"), row.get("peak_after_flops_per_s")) if p]
+    if peaks:
+        row["peak_flops_per_s"] = max(peaks)
+    peak, achieved = row.get("peak_flops_per_s"), row.get("achieved_flops_per_s")
+    row["peak_fraction"] = achieved / peak if achieved and peak else None
+    row["peak_spread"] = peak_spread(row.get("peak_before_flops_per_s"), row.get("peak_after_flops_per_s"))
+    reason = noisy_reason(row, config)
+    row["noisy"], row["noisy_reason"] = reason is not None, reason
+    return row
+
+
+def least_noisy(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of several attempts at one cell, the one to keep: a quiet one, else the one with the least other load."""
+    quiet = [r for r in results if r.get("noisy") is False]
+    if quiet:
+        return quiet[-1]
+    return min(results, key=lambda r: (r.get("status") != "ok", r.get("other_cpu") or 0.0, r.get("peak_spread") or 0.0))
+
+
+__all__ = [
+    "CpuSnapshot", "NoiseConfig", "PEAK_SIZE", "assess", "cpu_snapshot", "least_noisy", "load_average", "noisy_reason",
+    "other_cpu", "peak_matmul", "peak_spread", "time_peak", "usable_cpus",
+]

@@ -1,0 +1,278 @@
+"""Running a cost sweep: each cell in a worker process (harness.cost.worker), its row appended and
+flushed as soon as it finishes.
+
+Where the workers run is the executor's business (harness.executors: this machine, a Ray cluster or
+Slurm jobs): each runs a :class:`CellMeasurer` per slot and sends back what it measured; only
+:func:`run_sweep` writes rows, so resume and dedup do not depend on where a cell ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harness.cost.cells import KEY_FIELDS, Cell
+from harness.cost.noise import assess
+from harness.cost.spec import RunSettings, SweepSpec
+from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, exclusive, read_rows
+
+FAILURES_THAT_SKIP = ("oom", "timeout")  # a longer length of the same configuration would fail too
+
+
+def _failure_index(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """Configuration key -> (status, shortest length) of its oom/timeout rows."""
+    out: dict[str, tuple[str, int]] = {}
+    for r in rows:
+        if r.get("status") in FAILURES_THAT_SKIP and isinstance(r.get("seq_len"), int):
+            key = cell_key(r, tuple(f for f in KEY_FIELDS if f != "seq_len"))
+            if key not in out or r["seq_len"] < out[key][1]:
+                out[key] = (r["status"], r["seq_len"])
+    return out
+
+
+def skip_reason(cell: Cell, failures: dict[str, tuple[str, int]]) -> str | None:
+    """Why ``cell`` is not worth running: its configuration already failed at a shorter length."""
+    failed = failures.get(cell.config_key())
+    if failed is None or cell.seq_len <= failed[1]:
+        return None
+    return f"not run: {failed[0]} at seq_len {failed[1]} in this configuration (--no-skip-after-failure runs it anyway)"
+
+
+def default_mem_limit_gib() -> float:
+    import psutil
+
+    return 0.8 * psutil.virtual_memory().available / 2**30
+
+
+def memory_limits(run: RunSettings) -> tuple[int | None, int | None]:
+    """(limit on the measuring device, resident-memory watchdog) in bytes, from what is free on this machine now.
+
+    CPU: the limit covers the process's memory (default 80% of what is free). CUDA: it covers device
+    memory (default none: the whole GPU) and the host side keeps the 80% watchdog."""
+    host_bytes = int(default_mem_limit_gib() * 2**30)
+    if run.device.startswith("cuda"):
+        return (None if run.mem_limit is None else int(run.mem_limit * 2**30)), host_bytes
+    return (host_bytes if run.mem_limit is None else int(run.mem_limit * 2**30)), None
+
+
+class CellMeasurer:
+    """Measures cells on the machine it is built on, in one isolated worker process (harness.cost.worker).
+
+    Every executor runs one of these per slot (in this process, in a Ray actor, in a Slurm job), so a
+    cell is measured the same way everywhere. Its payloads carry this machine's environment, memory
+    limit, and each cell's result carries the matmul peaks and load timed next to it (harness.cost.noise), so
+    each row describes where and under what load it was measured.
+    """
+
+    def __init__(self, run: RunSettings, run_id: str):
+        from harness.cost.worker import Worker, WorkerConfig
+        from harness.environment import environment
+
+        self.settings, self.run_id = run, run_id
+        mem_bytes, host_bytes = memory_limits(run)
+        self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
+                                          plugins=tuple(run.plugin)))
+        self.env = environment(run.device, run.seed)
+        self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes}
+
+    def run(self, cell: Cell) -> dict[str, Any]:
+        """Measure ``cell``; while the result is ``noisy``, measure it again (``retries`` times at most)."""
+        from harness.cost.noise import least_noisy
+
+        s = self.settings
+        attempts, walls = [], []
+        for _ in range(1 + s.retries):
+            start, startup = time.monotonic(), self.worker.startup_s
+            result = assess(self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit))
+            walls.append(time.monotonic() - start - (self.worker.startup_s - startup))  # a worker's start is not the cell's
+            attempts.append(result)
+            if not result.get("noisy"):
+                break
+        # Later attempts run with compiled kernels cached: the first one's warm-up is the cell's.
+        first = {k: attempts[0][k] for k in ("warmup_s", "compile_s") if k in attempts[0]}
+        result = {**least_noisy(attempts), **first, "attempts": len(attempts)}
+        return {"result": result, "env": self.env, "run_id": self.run_id,
+                "extra": {**self.extra, "cell_wall_s": sum(walls), "worker_starts": self.worker.starts}}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def lost_cell(cell: Cell, why: str) -> dict[str, Any]:
+    """The payload of a cell whose host was lost (Ray worker or node died, Slurm job ended early)."""
+    return {"result": {"status": "error", "error": why}, "env": None, "run_id": None, "extra": {"cell_wall_s": None}}
+
+
+class CostChain:
+    """One configuration's cells, lengths ascending: after an oom or timeout at one length the longer
+    ones are recorded as skipped instead of run (``skip_after_failure``), wherever the chain runs."""
+
+    def __init__(self, cells: Sequence[Cell], failure: tuple[str, int] | None = None, skip: bool = True):
+        self.tasks = sorted(cells, key=lambda c: c.seq_len)
+        self._todo = list(reversed(self.tasks))
+        self.failure, self.skip = failure, skip
+        self.last: dict[str, Any] | None = None  # the latest measured payload: a skipped row says where
+
+    def next(self) -> tuple[Cell, dict[str, Any] | None] | None:
+        if not self._todo:
+            return None
+        cell = self._todo.pop()
+        reason = skip_reason(cell, {cell.config_key(): self.failure}) if self.skip and self.failure else None
+        if reason is None:
+            return cell, None
+        last = self.last or {"env": None, "run_id": None, "extra": {}}
+        return cell, {"result": {"status": "skipped", "error": reason}, "env": last["env"], "run_id": last["run_id"],
+                      "extra": {**last["extra"], "cell_wall_s": 0.0}}
+
+    def finish(self, cell: Cell, payload: dict[str, Any]) -> None:
+        status = payload["result"].get("status")
+        if status in FAILURES_THAT_SKIP and (self.failure is None or cell.seq_len < self.failure[1]):
+            self.failure = (status, cell.seq_len)
+        if payload.get("env") is not None:
+            self.last = payload
+
+
+def make_chains(cells: Sequence[Cell], failures: dict[str, tuple[str, int]], skip: bool) -> list[CostChain]:
+    """Skipping after a failure orders a configuration's lengths, so each configuration is one chain;
+    without it every cell is independent."""
+    if not skip:
+        return [CostChain([c], skip=False) for c in cells]
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.config_key(), []).append(c)
+    return [CostChain(g, failures.get(k), skip=True) for k, g in groups.items()]
+
+
+def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """A results row: DESIGN.md's cost columns first, then the cell, the environment and the extras."""
+    row: dict[str, Any] = {f: None for f in COST_FIELDS}
+    row.update(cell.as_row())
+    row.update(env)
+    row.update({"run_id": run_id, "device": cell.device})
+    row.update(extra)
+    row.update(result)
+    assess(row)
+    row["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return row
+
+
+def existing_rows(out: Path, resume: bool) -> list[dict[str, Any]]:
+    """Rows already in ``out``; refuses to mix a new sweep into a file (or its uncollected Slurm jobs) unless resuming it,
+    and to append to a file that is not a cost results file at all (the store would cut its last line)."""
+    from harness.executors import pending_jobs, sidecar_path
+
+    rows = check_rows(out, "cost")
+    if rows and not resume:
+        raise ValueError(f"{out} already holds {len(rows)} rows; pass --resume to continue it, or choose another --out")
+    if not resume and pending_jobs(out):
+        raise ValueError(f"{sidecar_path(out)} lists {pending_jobs(out)} Slurm jobs of an earlier run of {out}; "
+                         f"pass --resume to collect them, or choose another --out")
+    return rows
+
+
+def check_executor(run: RunSettings) -> None:
+    """The executor's engine is installed and can place this device's cells (ValueError if not)."""
+    from harness.executors import require
+
+    kind = run.executor.kind
+    require(kind)
+    if kind == "slurm" and run.executor.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
+        raise ValueError("--executor slurm: no Slurm on this machine (sbatch not found); run from a login node, "
+                         "or --slurm-cluster local to run the jobs here")
+    if kind != "local" and re.fullmatch(r"cuda:\d+", run.device):
+        raise ValueError(f"--executor {kind} gives each cell a GPU of its own: use --device cuda, not {run.device}")
+
+
+def _absolute_plugins(run: RunSettings) -> RunSettings:
+    """Plugin files by absolute path, so hosts started elsewhere (another directory, another node) find them."""
+    paths = tuple(str(Path(p).resolve()) if p.endswith(".py") and Path(p).exists() else p for p in run.plugin)
+    return dataclasses.replace(run, plugin=paths)
+
+
+def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
+              echo: Callable[[str], None] = click.echo) -> list[dict[str, Any]]:
+    """Measure the cells not yet in ``out`` with the spec's executor; returns the rows of ``out`` that belong to ``cells``.
+
+    Hosts return payloads; only this function writes rows, so resume and dedup work the same for every executor.
+    ``out`` is locked for the whole run (before its rows are read), so a second writer stops before measuring.
+    """
+    with exclusive(out):
+        return _run_sweep(spec, cells, out, resume, echo)
+
+
+def _run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
+               echo: Callable[[str], None]) -> list[dict[str, Any]]:
+    from functools import partial
+
+    from tqdm import tqdm
+
+    from harness.cost.worker import WorkerConfig
+    from harness.environment import environment
+    from harness.executors import Workload, job_minutes, make_executor, pending_jobs, sidecar_path
+
+    existing = existing_rows(out, resume)
+    run = _absolute_plugins(spec.run)
+    kind = run.executor.kind
+    if kind != "slurm" and pending_jobs(out):
+        echo(f"warning: {sidecar_path(out)} lists Slurm jobs not yet collected; --executor slurm --resume collects them")
+    done = {cell_key(r, KEY_FIELDS) for r in existing}
+    failures = _failure_index(existing)
+    run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    env = environment(run.device, run.seed)  # the driver's: only rows no host measured (lost, or skipped at once)
+    store = ResultsStore(out, KEY_FIELDS)
+    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "cell_wall_s": None,
+                "worker_starts": 0, "attempts": 1}
+    todo_at_start = sum(c.key() not in done for c in cells)
+
+    with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
+        def record(cell: Cell, payload: dict[str, Any]) -> None:
+            key = cell.key()
+            if key in done:  # e.g. a Slurm job's row collected twice
+                return
+            done.add(key)
+            extra = {**defaults, **payload["extra"], "executor": kind}
+            row = make_row(cell, payload["result"], payload.get("env") or env, payload.get("run_id") or run_id, extra)
+            store.append(row)
+            status = row["status"]
+            if status in FAILURES_THAT_SKIP:
+                prev = failures.get(cell.config_key())
+                if prev is None or cell.seq_len < prev[1]:
+                    failures[cell.config_key()] = (status, cell.seq_len)
+            if status not in ("ok", "skipped"):
+                bar.write(f"{cell.label}: {status}: {row['error']}")
+            bar.set_postfix_str(status, refresh=False)
+            bar.update()
+
+        executor = make_executor(run.executor, out, echo=lambda s: bar.write(s, file=sys.stderr))
+        elsewhere = executor.recover({c.key(): c for c in cells}, record)  # Slurm jobs of an earlier run
+        todo = [c for c in cells if c.key() not in done and c.key() not in elsewhere]
+        if resume and existing:
+            echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured or being measured")
+        chains = make_chains(todo, failures, run.skip_after_failure)
+        startup = WorkerConfig().startup_timeout_s
+        work = Workload(
+            chains=chains, make_host=partial(CellMeasurer, run, run_id), key=Cell.key, lost=lost_cell,
+            gpus=1 if run.device.startswith("cuda") else 0,
+            # every attempt of a cell (1 + retries), each with a worker restart and its two peak timings
+            task_timeout_s=(1 + run.retries) * (run.time_limit + 2 * startup + 120),
+            job_minutes=job_minutes([len(c.tasks) for c in chains], (1 + run.retries) * (run.time_limit + 30)),
+        )
+        executor.run(work, record, started=lambda cell: bar.set_description_str(cell.label))
+    keys = {c.key() for c in cells}
+    return [r for r in read_rows(out) if cell_key(r, KEY_FIELDS) in keys]
+
+
+
+__all__ = [
+    "FAILURES_THAT_SKIP", "CellMeasurer", "CostChain", "check_executor", "default_mem_limit_gib", "existing_rows",
+    "lost_cell", "make_chains", "make_row", "memory_limits", "run_sweep", "skip_reason",
+]

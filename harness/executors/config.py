@@ -1,0 +1,88 @@
+"""Which executor a sweep uses and how it is configured: :class:`ExecutorConfig`, the ``--executor`` click options,
+and :func:`require`, which imports an optional engine (ray, submitit) or says how to install it."""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+EXECUTORS = ("local", "ray", "slurm")
+EXTRAS = {"ray": ("ray", "ray"), "slurm": ("submitit", "slurm")}  # executor -> (module, pip extra)
+SLURM_CLUSTERS = ("slurm", "local")  # local: submitit's LocalExecutor, the same code path on this machine
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Where the work runs; ``None`` fields take the defaults described on each option."""
+
+    kind: str = "local"
+    ray_address: str | None = None  # None: $RAY_ADDRESS if set, else start a Ray instance on this machine
+    max_concurrency: int | None = None  # hosts at once; None: ray, one per GPU (CUDA) or CPU of the cluster; slurm, all
+    slurm_partition: str | None = None
+    slurm_time: int | None = None  # minutes per job; None: enough for the longest chain at its time limit
+    slurm_gpus: int | None = None  # GPUs per job; None: 1 for CUDA work, else 0
+    slurm_folder: str | None = None  # submitit's folder (shared with the nodes); None: OUT.slurm/ next to the results
+    slurm_cluster: str = "slurm"
+    detach: bool = False  # slurm: submit, record the jobs, return; --resume collects them
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise ValueError(f"unknown executor {self.kind!r}; valid: {', '.join(EXECUTORS)}")
+        if self.slurm_cluster not in SLURM_CLUSTERS:
+            raise ValueError(f"unknown slurm_cluster {self.slurm_cluster!r}; valid: {', '.join(SLURM_CLUSTERS)}")
+        if self.kind == "local" and (self.max_concurrency or 1) > 1:
+            raise ValueError("--max-concurrency needs --executor ray or slurm: the local executor measures one cell "
+                             "at a time so that cells do not contend for the machine")
+        if self.detach and self.kind != "slurm":
+            raise ValueError("--detach needs --executor slurm (Ray and local sweeps end with the command)")
+
+
+EXECUTOR_KEYS = ("executor", "ray_address", "max_concurrency", "slurm_partition", "slurm_time", "slurm_gpus",
+                 "slurm_folder", "slurm_cluster", "detach")  # option / sweep-file names; "executor" is ``kind``
+
+
+def config_from(options: dict[str, Any]) -> ExecutorConfig:
+    """An ExecutorConfig from option names (EXECUTOR_KEYS); absent or None values keep their defaults."""
+    given = {("kind" if k == "executor" else k): v for k, v in options.items() if k in EXECUTOR_KEYS and v is not None}
+    return ExecutorConfig(**given)
+
+
+def executor_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--executor`` family of click options (values reach the command as keyword arguments named as EXECUTOR_KEYS)."""
+    import click
+
+    options = [
+        click.option("--executor", type=click.Choice(EXECUTORS),
+                     help="Where the work runs: local (default: this machine, one cell at a time), ray or slurm "
+                          "(docs/scaling.md)."),
+        click.option("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local instance)."),
+        click.option("--max-concurrency", type=int,
+                     help="Hosts at once: Ray actors (default one per GPU, or CPU, of the cluster) or Slurm jobs."),
+        click.option("--slurm-partition", help="Slurm partition of the jobs."),
+        click.option("--slurm-time", type=int, help="Minutes per Slurm job (default: enough for the longest chain)."),
+        click.option("--slurm-gpus", type=int, help="GPUs per Slurm job (default 1 for --device cuda, else 0)."),
+        click.option("--slurm-folder", help="submitit folder, shared with the nodes (default: OUT.slurm/ next to --out)."),
+        click.option("--slurm-cluster", type=click.Choice(SLURM_CLUSTERS),
+                     help="slurm (default) or local: submitit's local executor, the same jobs on this machine."),
+        click.option("--detach", is_flag=True, default=None,
+                     help="Slurm: submit, note the jobs in OUT.jobs.json and return; --resume collects the results."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def require(kind: str) -> Any:
+    """The engine module of ``kind``, or ValueError with the one line that says how to install it."""
+    if kind not in EXTRAS:
+        return None
+    module, extra = EXTRAS[kind]
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"--executor {kind} needs {module}: pip install 'attn-bench[{extra}]'") from None
+
+
+__all__ = ["EXECUTORS", "EXECUTOR_KEYS", "EXTRAS", "SLURM_CLUSTERS", "ExecutorConfig", "config_from", "executor_options",
+           "require"]
