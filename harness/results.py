@@ -86,6 +86,11 @@ def _parse(text: str) -> Any:
 _BAD = object()
 
 
+def numbered_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) for every line that is a JSON object, so a message can name the line."""
+    return [(n, v) for n, text, _ in _lines(Path(path)) if text.strip() and isinstance(v := _parse(text), dict)]
+
+
 def scan_rows(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
     """Rows of a JSONL file and the numbers of the lines that are not JSON objects.
 
@@ -311,5 +316,5 @@ class ResultsStore:
 
 __all__ = [
     "ACCURACY_FIELDS", "COST_FIELDS", "ROW_KEYS", "STATUSES", "ResultsStore", "cell_key", "check_rows", "check_writable",
-    "exclusive", "read_rows", "scan_rows", "warn_skipped",
+    "exclusive", "numbered_rows", "read_rows", "scan_rows", "warn_skipped",
 ]

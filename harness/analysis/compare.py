@@ -135,16 +135,14 @@ def _not_a_number(v: Any) -> bool:
 def _check_numbers(path: str, role: str) -> None:
     """Name the first cost row whose number is not a number (file, line, field): dropped silently, such a
     row would only surface later as "no ok cost rows" or a cell missing from the table."""
+    from harness.results import numbered_rows
+
     try:
-        lines = Path(path).read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError, ValueError):
+        rows = numbered_rows(path) if Path(path).is_file() else []
+    except ValueError:
         return  # unreadable: loading says why
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line) if line.strip() else None
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(row, dict) or "task" in row or "metric" in row or "seq_len" not in row:
+    for number, row in rows:
+        if "task" in row or "metric" in row or "seq_len" not in row:
             continue
         for field in NUMERIC:
             if _not_a_number(row.get(field)):

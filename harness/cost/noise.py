@@ -15,7 +15,7 @@ row carries both. A cell is ``noisy`` (its status stays ``ok``) when
 
 The load average is recorded too, but not judged: it counts the measuring process's own threads.
 A ``peak_fraction`` above 1 is not "noisy" (re-measuring does not fix a wrong count): plots and the
-report treat it as *suspect* (harness.tables).
+report treat it as *suspect* (harness.analysis.derive).
 """
 from __future__ import annotations
 
