@@ -1,9 +1,23 @@
 """Every backend, on every device it claims, against its variant's reference.
 
 On this CPU-only CI the CUDA half is skipped and the other half checks that every CUDA-only
-backend refuses with a reason (which the harness records as `unsupported`), never a crash.
-`scripts/gpu_check.sh` runs this same file on a GPU machine, where the CUDA half runs.
+backend refuses with a reason (which the harness records as `unsupported`), never a crash, and that
+the tolerance rule rejects a planted off-by-one window. `scripts/gpu_check.sh` runs this same file on
+a GPU machine, where the CUDA half runs: each fast backend with gradients, without them (the graphs
+and kernels a timed forward cell runs), and decoding, in fp32 and bf16.
+
+Tolerance: a fast backend in a low precision is compared with the fp64 reference, and may be off by
+at most 4x what the reference itself is off when run in that precision at that length (or a floor
+of 2 unit roundoffs; 1e-3 in fp32, so TF32-level kernels pass). The error of the dtype and the
+length is measured, not guessed: a bf16 window off by one (3.7e-2 at L=1000) is 8x the 4.6e-3 a bf16
+reference makes, where the old fixed bf16 tolerance of 3e-2 let it through.
+
+``ATTN_BENCH_REQUIRE_BACKENDS=xformers,fla`` (set by gpu_check.sh for the wheels it carried) turns
+"skipped: cannot run here" into a failure for those backends, so a carried wheel that does not work
+cannot pass silently.
 """
+import os
+
 import pytest
 import torch
 
@@ -17,7 +31,52 @@ PARAMS = {
     "linear": {},
 }
 CUDA = torch.cuda.is_available()
-TOL = {torch.float32: 2e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}  # rel. L2 error vs fp32 reference
+FLOOR = {torch.float32: 1e-3, torch.bfloat16: 2 * 2.0**-8, torch.float16: 2 * 2.0**-11}
+LENGTH, DECODE_QUERIES = 1000, 7
+
+
+def required_backends() -> set[str]:
+    return {b.strip() for b in os.environ.get("ATTN_BENCH_REQUIRE_BACKENDS", "").split(",") if b.strip()}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12))
+
+
+def tolerance(dtype: torch.dtype, baseline: float) -> float:
+    """What a fast backend may be off from the fp64 reference, given the low-precision reference's error."""
+    return max(4 * baseline, FLOOR[dtype])
+
+
+def mismatches(fast, ref, q, k, v, causal: bool, grad: bool, decode: bool = False) -> list[str]:
+    """Compare ``fast`` (inputs in q's dtype) with ``ref`` in fp64; return what is off, with the figures.
+
+    The reference also runs in q's dtype: its error at this dtype and length sets the tolerance.
+    ``decode``: the last few queries against every key (bottom-right aligned), without gradients.
+    """
+    dtype = q.dtype
+    g = torch.Generator(device=q.device).manual_seed(1)
+    if decode:
+        q = q[:, :, -DECODE_QUERIES:]
+    exact, low, mine = ([t.detach().to(dt).requires_grad_(grad) for t in (q, k, v)]
+                        for dt in (torch.float64, dtype, dtype))
+    with torch.set_grad_enabled(grad):
+        expected, baseline, out = ref(*exact, causal=causal), ref(*low, causal=causal), fast(*mine, causal=causal)
+    what = "decode" if decode else "forward" if grad else "no-grad forward"
+    found = []
+    tol = tolerance(dtype, rel_err(baseline, expected))
+    if not rel_err(out, expected) <= tol:  # NaN fails too
+        found.append(f"{what}: rel. error {rel_err(out, expected):.2e} > {tol:.2e}")
+    if grad:
+        dout = torch.randn(expected.shape, device=q.device, generator=g, dtype=torch.float64)
+        expected.backward(dout)
+        baseline.backward(dout.to(dtype))
+        out.backward(dout.to(dtype))
+        for name, e, b, a in zip("qkv", exact, low, mine, strict=True):
+            tol = tolerance(dtype, rel_err(b.grad, e.grad))
+            if not rel_err(a.grad, e.grad) <= tol:
+                found.append(f"d{name}: rel. error {rel_err(a.grad, e.grad):.2e} > {tol:.2e}")
+    return found
 
 
 def backend_cases(device: str):
@@ -43,40 +102,66 @@ def test_cuda_only_backends_refuse_on_cpu_with_a_reason(name, backend):
         m(q, q, q)
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+def qkv(device: str, length: int = LENGTH):
+    g = torch.Generator(device=device).manual_seed(0)
+    return [torch.randn(2, 4, length, 64, device=device, generator=g) for _ in range(3)]
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs CUDA"))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("window", [255, 257])
+def test_the_tolerance_rejects_a_window_off_by_one(device, dtype, window):
+    """A planted bug the check must catch: a window of 255 or 257 posing as a fast backend for 256.
+    The same rule accepts a real fast backend (`blocked`) in that dtype."""
+    q, k, v = qkv(device)
+    ref = attn.build_attention("sliding_window", backend="reference", window=256).to(device)
+    planted = attn.build_attention("sliding_window", backend="reference", window=window).to(device)
+    blocked = attn.build_attention("sliding_window", backend="blocked", window=256).to(device)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    for causal in (True, False):
+        assert mismatches(planted, ref, q, k, v, causal, grad=False), "an off-by-one window passed"
+        assert not mismatches(blocked, ref, q, k, v, causal, grad=False)
+
+
+def device_cases():
+    for device in ["cpu", "cuda"] if CUDA else ["cpu"]:
+        for case in backend_cases(device):
+            yield pytest.param(device, *case.values, id=f"{device}-{case.id}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
-@pytest.mark.parametrize("name, backend, modes", list(backend_cases("cuda")))
-def test_cuda_backend_matches_reference(name, backend, modes, dtype, causal):
-    params = PARAMS.get(name, {})
-    fast = attn.build_attention(name, backend=backend, **params).cuda()
-    ref = attn.build_attention(name, backend="reference", **params).cuda()
+@pytest.mark.parametrize("device, name, backend, modes", list(device_cases()))
+def test_backend_matches_reference(device, name, backend, modes, dtype, causal):
+    """The same body on every device: CI runs it on CPU, gpu_check.sh on CUDA."""
     spec = next(s for s in attn.list_attention() if s["name"] == name)
     if not spec["causal" if causal else "bidirectional"]:
         pytest.skip("mode not supported by the variant")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 1000, 64, device="cuda", generator=g) for _ in range(3))
-    try:
-        q_, k_, v_ = (t.to(dtype).requires_grad_("backward" in modes) for t in (q, k, v))
-        out = fast(q_, k_, v_, causal=causal)
-    except UnsupportedBackend as e:
-        pytest.skip(str(e))
-    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q_, k_, v_))
-    expected = ref(q32, k32, v32, causal=causal)
-    assert fast.last_backend == backend
-    assert rel_err(out, expected) < TOL[dtype]
+    params = PARAMS.get(name, {})
+    fast = attn.build_attention(name, backend=backend, **params).to(device)
+    ref = attn.build_attention(name, backend="reference", **params).to(device)
+    b = next(b for b in fast.backends if b.name == backend)
+    required = backend in required_backends()
+    if dtype not in b.dtypes:
+        pytest.skip(f"{backend} declares no {dtype}")
+    why = b.requires() if b.requires else None
+    if why:
+        (pytest.fail if required else pytest.skip)(f"{backend}: {why}")
+    q, k, v = (t.to(dtype) for t in qkv(device))
+    runs = [("forward", False, False)]
     if "backward" in modes:
-        grad = torch.randn_like(expected)
-        out.backward(grad.to(dtype))
-        expected.backward(grad)
-        for a, b in [(q_, q32), (k_, k32), (v_, v32)]:
-            assert rel_err(a.grad, b.grad) < 2 * TOL[dtype]
+        runs.append(("backward", True, False))
     if "decode" in modes and causal:
-        with torch.no_grad():
-            out = fast(q_[:, :, -7:].detach(), k_.detach(), v_.detach(), causal=True)
-            exp = ref(q32[:, :, -7:].detach(), k32.detach(), v32.detach(), causal=True)
-        assert rel_err(out, exp) < TOL[dtype]
+        runs.append(("decode", False, True))
+    found = []
+    for mode, grad, decode in runs:
+        try:
+            found += mismatches(fast, ref, q, k, v, causal, grad, decode)
+        except UnsupportedBackend as e:
+            if required:
+                found.append(f"{mode}: refused although its wheel was carried: {e}")
+            else:
+                pytest.skip(f"{mode}: {e}")
+        else:
+            assert fast.last_backend == backend, mode
+    assert not found, "; ".join(found)

@@ -245,18 +245,23 @@ def test_flex_matches_reference(lq, lk, causal, params):
             out = m(q, k, v, causal=causal)
         assert m.last_backend == "flex"
     else:  # Lq < Lk is decode mode, where auto runs `gathered`; check the bottom-right BlockMask directly
-        out = flex.run_flex(q, k, v, bsp._flex_block_mask(cfg, lq, lk, causal, "cpu"))
+        fb = bsp.flex_block_size(cfg.block_size, "cpu")
+        out = flex.run_flex(q, k, v, bsp._flex_block_mask(cfg, lq, lk, causal, "cpu", fb))
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("lq, lk, causal, params", [*FLEX_CASES, (1, 129, True, dict(block_size=64)),
                                                     (100, 333, False, dict(block_size=16, local_blocks=3, stride=5)),
                                                     (70, 333, True, dict(block_size=7, random_blocks=2, stride=4))])
-def test_flex_block_mask_covers_every_visible_pair_and_full_blocks_need_no_mask(lq, lk, causal, params):
+@pytest.mark.parametrize("tile", ["cpu", "cuda-forward", "cuda-backward", 16])
+def test_flex_block_mask_covers_every_visible_pair_and_full_blocks_need_no_mask(lq, lk, causal, params, tile):
+    """At every tile a device would use: the CPU's (>= 64), a CUDA forward's (the layout block, down to
+    16, so a tile can be narrower than a block) and a CUDA backward's (128); and a tile of 16 asked for."""
     cfg = bsp.BlockSparseConfig(**params)
-    bm = bsp._flex_block_mask(cfg, lq, lk, causal, "cpu")
+    device, _, mode = str(tile).partition("-")
+    fb = 16 if tile == 16 else bsp.flex_block_size(cfg.block_size, device, grad=mode == "backward")
+    bm = bsp._flex_block_mask(cfg, lq, lk, causal, "cpu", fb)
     mask = definition_mask(cfg, lq, lk, causal)
-    fb = bsp.flex_block_size(cfg.block_size)
     nq, nk = math.ceil(lq / fb), math.ceil(lk / fb)
     padded = torch.nn.functional.pad(mask, (0, nk * fb - lk, 0, nq * fb - lq)).view(nq, fb, nk, fb)
     dense = bm.to_dense()[0, 0].bool()  # partial | full
@@ -271,6 +276,17 @@ def test_flex_block_mask_covers_every_visible_pair_and_full_blocks_need_no_mask(
     on_tiles = bm.mask_mod(0, 0, i, j).expand(nq * fb, nk * fb)
     assert torch.equal(on_tiles[:lq, :lk], mask)
     assert not on_tiles[:, lk:].any()
+
+
+def test_flex_tile_follows_the_layout_block_where_flex_allows_it():
+    assert bsp.flex_block_size(64, "cuda") == 64 and bsp.flex_kernel_options(64, "cuda") == {"BLOCK_M": 64, "BLOCK_N": 64}
+    assert bsp.flex_block_size(64, "cuda", grad=True) == 128  # Flex's sm90 backward tiles are 64 x 128
+    assert bsp.flex_block_size(64, "cpu") == 64 and bsp.flex_kernel_options(64, "cpu") is None
+    assert bsp.flex_block_size(32, "cpu") == 64 and bsp.flex_block_size(8, "cuda") == 16
+    assert bsp.flex_block_size(48, "cuda") == 128  # not a power of two
+    assert bsp.flex_block_size(64, "cuda", tile=128) == 128 and bsp.flex_kernel_options(128, "cuda") is None
+    with pytest.raises(ValueError, match="flex_tile"):
+        bsp.BlockSparseConfig(flex_tile=48)
 
 
 def test_auto_picks_flex_for_cpu_forward_and_gathered_for_backward_and_decode():
@@ -322,5 +338,6 @@ def test_bad_params_raise_value_error_naming_the_field(params, field):
 
 def test_listed_with_params_and_backends():
     spec = next(s for s in attn.list_attention() if s["name"] == "block_sparse")
-    assert spec["params"] == dict(block_size=64, local_blocks=2, global_blocks=1, random_blocks=0, stride=0, seed=0)
+    assert spec["params"] == dict(block_size=64, local_blocks=2, global_blocks=1, random_blocks=0, stride=0, seed=0,
+                                 flex_tile=0)
     assert [b["name"] for b in spec["backends"]] == ["reference", "flex", "gathered"]

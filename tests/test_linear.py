@@ -89,20 +89,22 @@ def test_reference_equals_the_papers_formula(fmap, causal, lq, lk):
     torch.testing.assert_close(out, paper_formula(q, k, v, causal, phi), atol=1e-10, rtol=1e-10)
 
 
-def test_favor_is_causal_even_next_to_an_outlier_future_key():
+def test_favor_is_causal_even_next_to_an_outlier_future_key(fla_stand_in):
     """Key scales are a running max. A later key lying on a random feature w has logit |w|^2 / 2 ~ D / 2,
     e^-40 above the others: under one global max (the paper's, fine bidirectionally) it would push every
-    earlier normaliser below eps; here earlier outputs do not change at all."""
+    earlier normaliser below eps; here earlier outputs do not change at all. fla's kernel takes one key
+    scale, so its glue rescales queries by their running max instead (run here on the stand-in kernel)."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (0.1 * torch.randn(1, 2, 40, 64, generator=g) for _ in range(3))
-    for backend in ("reference", "chunked", "recurrent"):
+    for backend in ("reference", "chunked", "recurrent", "fla"):
         m = lin(backend, feature_map="favor", num_features=64, chunk_size=16)
-        a = m(q, k, v)
+        run = m.backend_fla if backend == "fla" else m.forward
+        a = run(q, k, v, True)
         w = m.projection[m.projection.norm(dim=1).argmax()]
         k2 = k.clone()
         k2[:, :, -1] = w * 64**0.25  # x' = k D^-1/4 = w: the largest logit a key can have
-        b = m(q, k2, v)
-        torch.testing.assert_close(a[:, :, :-1], b[:, :, :-1], atol=1e-6, rtol=1e-6)
+        b = run(q, k2, v, True)
+        torch.testing.assert_close(a[:, :, :-1], b[:, :, :-1], atol=1e-6, rtol=1e-6, msg=backend)
         assert torch.isfinite(b).all()
 
 
@@ -235,30 +237,53 @@ def test_fla_backend_on_cpu_says_why():
         lin("fla")(q, q, q)
 
 
-@pytest.mark.parametrize("fmap", FEATURE_MAPS)
-@pytest.mark.parametrize("lq", [37, 5])
-def test_fla_glue_with_a_stand_in_kernel_equals_reference(monkeypatch, fmap, lq):
-    """The fla backend's layout, prefix state and normaliser, run on CPU through a stand-in for
-    fla.ops.linear_attn.chunk_linear_attn that follows its documented contract
-    ((B, T, H, K) inputs, o_t = scale q_t (S0 + sum_{s<=t} k_s^T v_s), no normalisation)."""
+@pytest.fixture
+def fla_stand_in(monkeypatch):
+    """A stand-in for fla.ops.linear_attn.chunk_linear_attn that follows its documented contract
+    ((B, T, H, K) inputs in the kernel dtype, fp32 initial state, o_t = scale q_t (S0 + sum_{s<=t} k_s^T v_s),
+    no normalisation, output in the inputs' dtype), so the fla backend's glue runs on CPU."""
     import sys
     import types
 
     def chunk_linear_attn(q, k, v, scale, initial_state, output_final_state, normalize):
         assert q.shape[:3] == k.shape[:3] and not normalize and not output_final_state
-        S = initial_state[:, None] + torch.cumsum(k[..., :, None] * v[..., None, :], dim=1)  # (B, T, H, K, V)
-        return scale * (q[..., None, :] @ S).squeeze(-2), None
+        assert q.dtype == k.dtype == v.dtype and initial_state.dtype == torch.float32
+        S = initial_state[:, None] + torch.cumsum(k.float()[..., :, None] * v.float()[..., None, :], dim=1)  # (B, T, H, K, V)
+        return (scale * (q.float()[..., None, :] @ S).squeeze(-2)).to(q.dtype), None
 
     ops = types.ModuleType("fla.ops.linear_attn")
     ops.chunk_linear_attn = chunk_linear_attn
     for name in ("fla", "fla.ops"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "fla.ops.linear_attn", ops)
+    return chunk_linear_attn
+
+
+@pytest.mark.parametrize("fmap", FEATURE_MAPS)
+@pytest.mark.parametrize("lq", [37, 5])
+def test_fla_glue_with_a_stand_in_kernel_equals_reference(fla_stand_in, fmap, lq):
+    """The fla backend's layout, prefix state, favor scales and normaliser, against the reference."""
     g = torch.Generator().manual_seed(6)
     q, (k, v) = torch.randn(2, 3, lq, 8, generator=g), (torch.randn(2, 3, 37, 8, generator=g) for _ in range(2))
     m = lin(feature_map=fmap, num_features=16)
     for causal in (True, False):
         torch.testing.assert_close(m.backend_fla(q, k, v, causal), m.backend_reference(q, k, v, causal), atol=1e-5, rtol=1e-5)
+
+
+def test_fla_is_fed_the_inputs_dtype(fla_stand_in, monkeypatch):
+    """A bf16 row is a bf16 kernel (as fla's benchmarks run it), not fp32 features under a bf16 label."""
+    import sys
+
+    seen = []
+    ops = sys.modules["fla.ops.linear_attn"]
+    monkeypatch.setattr(ops, "chunk_linear_attn", lambda q, *a, **kw: (seen.append(q.dtype), fla_stand_in(q, *a, **kw))[1])
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
+    m = lin()
+    out = m.backend_fla(q.bfloat16(), k.bfloat16(), v.bfloat16(), True)
+    assert seen == [torch.bfloat16] and out.dtype == torch.bfloat16
+    rel = float((out.float() - m.backend_reference(q, k, v, True)).norm() / m.backend_reference(q, k, v, True).norm())
+    assert rel < 2e-2
 
 
 def test_flops_count_the_linear_form():

@@ -81,3 +81,14 @@ def test_rss_watchdog_kills_a_worker_past_the_limit():
         result = w.run_cell(hog.as_row(), TimingConfig(0.01, 0.05), seed=0, time_limit_s=120)
         assert result["status"] == "oom" and "watchdog" in result["error"]
         assert w.proc is None  # killed: the next cell gets a fresh process
+
+
+@pytest.mark.parametrize("device, restarted", [("cpu", False), ("cuda", True)])
+def test_an_error_restarts_the_worker_only_on_cuda(device, restarted):
+    """A CUDA error can be sticky (one illegal address fails every later call in that context), so on
+    CUDA the next cell gets a fresh process; on CPU a raised error leaves the worker usable."""
+    bad = cell(variant="test_raises")
+    with Worker(WorkerConfig(device=device, plugins=(PLUGIN,), address_space_cap=False)) as w:
+        result = w.run_cell(bad.as_row(), TimingConfig(0.01, 0.05), seed=0, time_limit_s=120)
+        assert result["status"] == "error" and "deliberate failure" in result["error"]
+        assert (w.proc is None) == restarted

@@ -11,6 +11,7 @@ device, dtype and mode wins. The dense ``reference`` is chosen only when nothing
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -63,16 +64,32 @@ def modes(*names: str) -> frozenset[str]:
 
 
 def have_module(module: str, why: str = "") -> Callable[[], str | None]:
-    """An availability probe: None if ``module`` imports, else the reason."""
+    """An availability probe: None if ``module`` really imports, else the reason (the import's own error).
 
+    It imports rather than looks the name up: an installed package whose submodule, C extension or
+    dependency fails (fla without fla-core's ``fla.ops``, or without einops) must say so, not claim to be
+    available and fail inside a measured cell. The answer is cached per process.
+    """
+
+    @functools.cache
     def probe() -> str | None:
-        import importlib.util
+        import importlib
 
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed{why}"
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 -- ImportError, or whatever the package raises at import
+            missing = isinstance(e, ModuleNotFoundError) and e.name is not None and module.startswith(e.name)
+            if missing:
+                return f"{e.name} is not installed{why}"
+            return f"{module} does not import: {type(e).__name__}: {_first_line(e)}{why}"
         return None
 
     return probe
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
 
 
 def needs_cuda() -> str | None:

@@ -38,8 +38,11 @@ class BlockSparseConfig:
     random_blocks: int = 0  # extra blocks per query block, drawn from `seed` (causal: earlier blocks only)
     stride: int = 0  # 0 = off; else Sparse Transformer strided pattern at block level: (b - c) % stride == 0
     seed: int = 0
+    flex_tile: int = 0  # flex backend only: its tile; 0 = the layout's block where Flex allows it (see flex_block_size)
 
     def __post_init__(self) -> None:
+        check(self.flex_tile == 0 or (self.flex_tile >= 16 and self.flex_tile & (self.flex_tile - 1) == 0),
+              f"flex_tile must be 0 (the layout's block) or a power of two >= 16, got {self.flex_tile}")
         check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
         check(self.local_blocks >= 0, f"local_blocks must be >= 0, got {self.local_blocks}")
         check(self.global_blocks >= 0, f"global_blocks must be >= 0, got {self.global_blocks}")
@@ -244,29 +247,41 @@ def _range_reduce(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dim: int,
     return out
 
 
-def flex_block_size(block_size: int, device_type: str = "cpu") -> int:
-    """Flex tile for a layout block: the block itself when it is a power of two >= the device minimum, else 128.
+def flex_block_size(block_size: int, device_type: str = "cpu", grad: bool = False, tile: int = 0) -> int:
+    """Flex tile for a layout block: ``tile`` (else the block itself) when a power of two at or above the
+    device's minimum, else that minimum (non-powers of two: 128).
 
-    CUDA: the default Triton tiles on H100-class GPUs are 128 wide (forward and backward) and must
-    divide the BlockMask's block. CPU: 64, since the CPU kernel gave wrong results at BLOCK_SIZE=8
-    (the AVX2 vector width; torch 2.13). A coarser tile stays exact: the mask_mod looks the layout
-    up per element.
+    A tile wider than the block wastes work: block 64 on 128 tiles computes ~49K pairs per query tile
+    for ~20.5K useful ones (two local blocks). CUDA forward: the tile follows the block down to 16, with
+    Flex's kernel block sizes set to match (:func:`flex_kernel_options`). CUDA backward: 128, because
+    Flex's default backward tiles on H100-class GPUs are 64 x 128 and its backward takes no
+    ``kernel_options`` override of them (torch 2.11-2.13 skip a config whose tiles do not divide the
+    BlockMask's block). CPU: at least 64, since the CPU kernel gave wrong results at BLOCK_SIZE=8 (the
+    AVX2 vector width; torch 2.13). A coarser tile stays exact: the mask_mod looks the layout up per element.
     """
-    minimum = 128 if device_type == "cuda" else 64
-    if block_size & (block_size - 1) == 0:
-        return max(block_size, minimum)
-    return 128
+    want = tile or block_size
+    if want & (want - 1):
+        return 128
+    minimum = 64 if device_type == "cpu" else 128 if grad else 16
+    return max(want, minimum)
+
+
+def flex_kernel_options(tile: int, device_type: str) -> dict[str, int] | None:
+    """Triton block sizes for a CUDA forward at ``tile`` below Flex's default 128 (which must divide the tile)."""
+    if device_type != "cuda" or tile >= 128:
+        return None
+    return {"BLOCK_M": tile, "BLOCK_N": tile}
 
 
 @functools.lru_cache(maxsize=8)
-def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool, device: str):
+def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: bool, device: str, fb: int):
     """BlockMask for the element rule at tile :func:`flex_block_size`; cached per shape.
 
     Flex tiles count query indices 0..Lq-1 while layout rows are absolute, so a tile may straddle
     layout blocks: partial/full are reduced over every layout block a tile touches (partial may
     over-cover, which only costs time; full is exact).
     """
-    bs, fb, off = cfg.block_size, flex_block_size(cfg.block_size, torch.device(device).type), k_len - q_len
+    bs, off = cfg.block_size, k_len - q_len
     lay = _query_layout(cfg, q_len, k_len, causal)  # (R, n)
     r, s = torch.arange(-(-q_len // fb)), torch.arange(-(-k_len // fb))
     q_lo, q_hi = off + r * fb, off + ((r + 1) * fb).clamp(max=q_len) - 1  # absolute query span per tile row
@@ -325,7 +340,10 @@ class BlockSparseAttention(Attention):
         return dense_attention(q, k, v, element_mask(self.config, q.shape[2], k.shape[2], causal, q.device))
 
     def backend_flex(self, q, k, v, causal):
-        return run_flex(q, k, v, _flex_block_mask(self.config, q.shape[2], k.shape[2], causal, str(q.device)))
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        fb = flex_block_size(self.config.block_size, q.device.type, grad, self.config.flex_tile)
+        block_mask = _flex_block_mask(self.config, q.shape[2], k.shape[2], causal, str(q.device), fb)
+        return run_flex(q, k, v, block_mask, flex_kernel_options(fb, q.device.type))
 
     def backend_gathered(self, q, k, v, causal):
         lay = _query_layout(self.config, q.shape[2], k.shape[2], causal).to(q.device)
@@ -333,6 +351,7 @@ class BlockSparseAttention(Attention):
 
 
 __all__ = [
-    "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "flex_block_size", "gathered_attention",
+    "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "flex_block_size", "flex_kernel_options",
+    "gathered_attention",
     "visible_pairs",
 ]

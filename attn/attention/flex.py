@@ -71,8 +71,11 @@ def block_mask_from_layout(
     )
 
 
-def run_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
-    """q: (B, H, Lq, D) -> (B, H, Lq, D), through the cached compiled kernel."""
+def run_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask,
+             kernel_options: dict[str, int] | None = None) -> torch.Tensor:
+    """q: (B, H, Lq, D) -> (B, H, Lq, D), through the cached compiled kernel (``kernel_options``: Triton tiles)."""
+    if kernel_options:
+        return compiled_flex()(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
     return compiled_flex()(q, k, v, block_mask=block_mask)
 
 

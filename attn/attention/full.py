@@ -1,13 +1,14 @@
 """Full softmax attention (Vaswani et al. 2017): the exact baseline every variant is compared to."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from attn.attention.base import ALL_MODES, Attention, Backend, have_module
+from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module
 from attn.registry import register_attention
 
 
@@ -51,19 +52,51 @@ def _xformers_bias(causal: bool, q_len: int, k_len: int, window: int | None = No
 
 def xformers_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                        window: int | None = None) -> torch.Tensor:
-    """xformers memory_efficient_attention; it takes (B, L, H, D), we keep (B, H, L, D)."""
+    """xformers memory_efficient_attention; it takes (B, L, H, D), we keep (B, H, L, D).
+
+    xformers picks its kernels per call (and, when gradients are needed, the backward kernel during
+    the forward); when none fits the inputs it raises NotImplementedError listing each kernel's
+    reasons. That is a refusal, not a bug: it becomes :class:`UnsupportedBackend` with the reasons.
+    """
     from xformers.ops import memory_efficient_attention
 
     bias = _xformers_bias(causal, q.shape[2], k.shape[2], window)
-    out = memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+    try:
+        out = memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+    except NotImplementedError as e:
+        reasons = " ".join(str(e).split())
+        raise UnsupportedBackend(f"xformers has no kernel for these inputs: {reasons[:400]}") from e
     return out.transpose(1, 2)
+
+
+_XFORMERS_WHY = " (pip install 'attn-bench[gpu]')"
+
+
+@functools.cache
+def xformers_unavailable() -> str | None:
+    """Import xformers, then run one tiny causal bf16 call on the current CUDA device.
+
+    Importing is not enough: the 0.0.35 wheel is built against CUDA 12 / torch 2.10, and beside
+    another torch its C extension may not load (xformers then only warns) or its kernels may refuse.
+    The tiny call shows what a measured cell would meet, with xformers' own reason.
+    """
+    why = have_module("xformers.ops", _XFORMERS_WHY)()
+    if why is not None or not torch.cuda.is_available():
+        return why
+    try:
+        q = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
+        xformers_attention(q, q, q, causal=True)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 -- whatever it is, it is the reason the backend cannot run
+        return f"xformers cannot run on {torch.cuda.get_device_name()}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return None
 
 
 XFORMERS = Backend(
     "xformers",
     {"cuda": ALL_MODES},
-    dtypes=(torch.float32, torch.bfloat16, torch.float16),
-    requires=have_module("xformers", " (pip install 'attn-bench[gpu]')"),
+    dtypes=(torch.float32, torch.bfloat16, torch.float16),  # fp32: the CUTLASS kernels (causal or none)
+    requires=xformers_unavailable,
     note="xformers.ops.memory_efficient_attention",
 )
 
@@ -98,4 +131,4 @@ class FullAttention(Attention):
         return xformers_attention(q, k, v, causal)
 
 
-__all__ = ["FullAttention", "FullConfig", "causal_mask", "dense_attention", "xformers_attention"]
+__all__ = ["FullAttention", "FullConfig", "causal_mask", "dense_attention", "xformers_attention", "xformers_unavailable"]

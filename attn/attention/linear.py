@@ -110,7 +110,7 @@ class LinearAttention(Attention):
             "fla",
             {"cuda": modes("forward", "backward")},
             dtypes=(torch.float32, torch.bfloat16, torch.float16),
-            requires=have_module("fla", " (pip install 'attn-bench[gpu]')"),
+            requires=have_module("fla.ops.linear_attn", " (the kernels ship in fla-core: pip install 'attn-bench[gpu]')"),
             note="flash-linear-attention chunk_linear_attn (Triton) on the features",
         ),
     )
@@ -255,26 +255,38 @@ class LinearAttention(Attention):
         return self._state_form(q, k, v, causal, self._recurrent)
 
     def backend_fla(self, q, k, v, causal):
-        """fla's chunk kernel computes phi(q) S; the clamped normaliser is computed here (fla adds 1e-10)."""
+        """fla's chunk kernel computes phi(q) S; the clamped normaliser is computed here in fp32 (fla adds 1e-10).
+
+        The kernel is fed features in the inputs' dtype, as fla's own benchmarks do (it accumulates in
+        fp32), so a bf16 row is a bf16 kernel. It takes one scale for all keys, so favor's causal
+        stabiliser is split: keys are scaled to the global max logit c (exp(M_j - c) <= 1) and each query
+        by exp(c - R_i), R_i its running max, which is exactly the other backends' exp(M_j - R_i) -- no
+        output depends on a later key. Exact while key logits span less than ~80 (exp's range in fp32
+        and bf16); past that the scaled keys underflow.
+        """
         if not causal:  # no causal sum to fuse: the bidirectional form is two matmuls
             return self._state_form(q, k, v, causal, None)
         from fla.ops.linear_attn import chunk_linear_attn
 
-        dtype = q.dtype
-        q, k, v = (x.to(self.compute_dtype(dtype)) for x in (q, k, v))
+        dtype, cdt = q.dtype, self.compute_dtype(q.dtype)
+        kernel_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+        q, k, v = (x.to(cdt) for x in (q, k, v))
         phi_q, (phi_k, log_k) = self.phi_query(q), self.phi_key(k)
-        if log_k is not None:  # the kernel takes one scale for all keys: the paper's max over keys
-            phi_k = phi_k * torch.exp(log_k - log_k.amax(-1, keepdim=True))[..., None]
         p = k.shape[2] - q.shape[2]
+        if log_k is not None:
+            c = log_k.amax(-1, keepdim=True)  # (B, H, 1)
+            running = log_k.cummax(-1).values[..., p:]  # (B, H, Lq): R_i over keys 0..p+i
+            phi_k = phi_k * torch.exp(log_k - c)[..., None]
+            phi_q = phi_q * torch.exp(c - running)[..., None]
         kv = phi_k[:, :, :p].transpose(-1, -2) @ _ones_column(v[:, :, :p])  # (B, H, d, D + 1) prefix state, 0 if p == 0
-        kwargs = dict(scale=1.0, initial_state=kv[..., :-1].contiguous(), output_final_state=False, normalize=False)
-        if "head_first" in inspect.signature(chunk_linear_attn).parameters:
+        bthd = lambda x: x.transpose(1, 2).to(kernel_dtype).contiguous()  # fla takes (B, T, H, K)
+        kwargs = dict(scale=1.0, initial_state=kv[..., :-1].float().contiguous(), output_final_state=False, normalize=False)
+        if "head_first" in inspect.signature(chunk_linear_attn).parameters:  # fla < 0.4 took (B, H, T, K) by default
             kwargs["head_first"] = False
-        bthd = lambda x: x.transpose(1, 2).contiguous()  # fla takes (B, T, H, K)
         num, _ = chunk_linear_attn(bthd(phi_q), bthd(phi_k[:, :, p:]), bthd(v[:, :, p:]), **kwargs)
         z = kv[..., -1].unsqueeze(2) + phi_k[:, :, p:].cumsum(2)  # (B, H, Lq, d) running key sums
         den = (phi_q * z).sum(-1, keepdim=True)
-        return (num.transpose(1, 2) / den.clamp(min=self.config.eps)).to(dtype)
+        return (num.transpose(1, 2).to(cdt) / den.clamp(min=self.config.eps)).to(dtype)
 
     # -- cost -----------------------------------------------------------------------------------
     def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:

@@ -9,6 +9,7 @@ bottom-right aligned when Lq < Lk); bidirectional, ``|i - j| < w``.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -178,6 +179,13 @@ class RollingKVCache:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
+# xformers' local masks run only on its FlashAttention kernels, which take bf16/fp16: the fp32
+# CUTLASS forward has no bidirectional local mask, and its backward has the causal one disabled
+# upstream ("infs/nans"). Declaring the dtypes makes an fp32 request a recorded refusal.
+XFORMERS_LOCAL = dataclasses.replace(XFORMERS, dtypes=(torch.bfloat16, torch.float16),
+                                     note="xformers.ops.memory_efficient_attention, local mask (FlashAttention kernels)")
+
+
 # -- the variant --------------------------------------------------------------------------------
 
 @register_attention("sliding_window", config=SlidingWindowConfig)
@@ -194,7 +202,7 @@ class SlidingWindowAttention(Attention):
             note="compiled FlexAttention, BlockMask from the band's block layout",
         ),
         Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, SDPA per chunk"),
-        XFORMERS,
+        XFORMERS_LOCAL,
     )
     # Forward on the 2-core development CPU (AMD EPYC, quiet): compiled flex 1.5-1.9x faster than
     # blocked at 4K-32K (16K: 83 vs 141 ms). Command: attn-bench sweep --config results/targets-cpu.toml

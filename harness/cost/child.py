@@ -140,6 +140,9 @@ def child_main(argv: list[str] | None = None) -> None:
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     failed = {p: attn.plugin_errors().get(p) for p in args.plugin if not attn.load_plugin(p)}
     cuda = args.device.startswith("cuda")
+    if cuda and torch.cuda.is_available():
+        # The timer synchronises the *current* device: without this a cell on cuda:1 would time launches.
+        torch.cuda.set_device(torch.device(args.device))
     if cuda and args.mem_limit and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_limit / total), torch.device(args.device))

@@ -237,8 +237,10 @@ class Worker:
                                time_limit_s=time_limit_s)
         if self.proc is not None and self.proc.poll() is None:
             self._track()  # what the cell started, while the worker still holds it
-        if result.get("status") not in ("ok", "unsupported", "error") or result.get("crashed"):
-            self.kill()  # a fresh process for the next cell after oom, timeout or a crash
+        fresh = result.get("status") not in ("ok", "unsupported", "error") or result.get("crashed")
+        # On CUDA any error may be sticky (an illegal address poisons the context for every later call).
+        if fresh or (result.get("status") == "error" and self.config.device.startswith("cuda")):
+            self.kill()  # a fresh process for the next cell after oom, timeout, a crash, or a CUDA error
         result.pop("crashed", None)
         return result
 
