@@ -8,7 +8,7 @@ and kernels a timed forward cell runs), and decoding, in fp32 and bf16.
 
 Tolerance: a fast backend in a low precision is compared with the fp64 reference, and may be off by
 at most 4x what the reference itself is off when run in that precision at that length (or a floor
-of 2 unit roundoffs; 1e-3 in fp32, so TF32-level kernels pass). The error of the dtype and the
+of 2 unit roundoffs; in fp32 4 of TF32's, 2e-3, so TF32 kernels pass). The error of the dtype and the
 length is measured, not guessed: a bf16 window off by one (3.7e-2 at L=1000) is 8x the 4.6e-3 a bf16
 reference makes, where the old fixed bf16 tolerance of 3e-2 let it through.
 
@@ -31,7 +31,8 @@ PARAMS = {
     "linear": {},
 }
 CUDA = torch.cuda.is_available()
-FLOOR = {torch.float32: 1e-3, torch.bfloat16: 2 * 2.0**-8, torch.float16: 2 * 2.0**-11}
+# 4 unit roundoffs of TF32 in fp32 (Triton's default for fp32 dots, which fla's kernels use); 2 of bf16/fp16.
+FLOOR = {torch.float32: 4 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8, torch.float16: 2 * 2.0**-11}
 LENGTH, DECODE_QUERIES = 1000, 7
 
 
@@ -40,7 +41,8 @@ def required_backends() -> set[str]:
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
 def tolerance(dtype: torch.dtype, baseline: float) -> float:
@@ -123,9 +125,13 @@ def test_the_tolerance_rejects_a_window_off_by_one(device, dtype, window):
         assert not mismatches(blocked, ref, q, k, v, causal, grad=False)
 
 
+# Least likely to work first (carried wheels, then compiled Flex), so a cut-short GPU run shows their failures.
+RISK = {"xformers": 0, "fla": 1, "flex": 2}
+
+
 def device_cases():
     for device in ["cpu", "cuda"] if CUDA else ["cpu"]:
-        for case in backend_cases(device):
+        for case in sorted(backend_cases(device), key=lambda c: RISK.get(c.values[1], len(RISK))):
             yield pytest.param(device, *case.values, id=f"{device}-{case.id}")
 
 

@@ -92,3 +92,27 @@ def test_an_error_restarts_the_worker_only_on_cuda(device, restarted):
         result = w.run_cell(bad.as_row(), TimingConfig(0.01, 0.05), seed=0, time_limit_s=120)
         assert result["status"] == "error" and "deliberate failure" in result["error"]
         assert (w.proc is None) == restarted
+
+
+@pytest.mark.parametrize("device, index", [("cuda", 0), ("cuda:1", 1)])
+def test_the_worker_makes_its_cuda_device_current_with_an_index(monkeypatch, device, index):
+    """torch refuses a bare "cuda" in set_device and set_per_process_memory_fraction; the worker passes
+    an index, and makes the cell's device current so the timer synchronises the device that runs it."""
+    from types import SimpleNamespace
+
+    from harness.cost import child
+
+    calls = []
+
+    def needs_index(name):
+        def call(*args):
+            assert all(isinstance(a, (int, float)) for a in args), f"{name}{args}: torch needs an index"
+            calls.append((name, *args))
+        return call
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", needs_index("set_device"))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", needs_index("fraction"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=8 * 2**30))
+    assert child.claim_cuda_device(device, 2 * 2**30) == index
+    assert calls == [("set_device", index), ("fraction", 0.25, index)]

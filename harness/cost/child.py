@@ -110,6 +110,24 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: b
     }
 
 
+def claim_cuda_device(device: str, mem_limit: int | None) -> int:
+    """Make ``device`` ("cuda" or "cuda:N") current and cap this process's share of it; returns N.
+
+    Current, because the timer synchronises the current device: a cell on cuda:1 with cuda:0 current
+    would time kernel launches. An index, because torch's set_device and memory-fraction calls refuse
+    a bare "cuda" (ValueError: expected a device with an index).
+    """
+    import torch
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    torch.cuda.set_device(index)
+    if mem_limit:
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, mem_limit / total), index)
+    return index
+
+
 def child_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m harness.cost.worker")
     parser.add_argument("--fd", type=int, required=True)
@@ -141,11 +159,7 @@ def child_main(argv: list[str] | None = None) -> None:
     failed = {p: attn.plugin_errors().get(p) for p in args.plugin if not attn.load_plugin(p)}
     cuda = args.device.startswith("cuda")
     if cuda and torch.cuda.is_available():
-        # The timer synchronises the *current* device: without this a cell on cuda:1 would time launches.
-        torch.cuda.set_device(torch.device(args.device))
-    if cuda and args.mem_limit and torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_limit / total), torch.device(args.device))
+        claim_cuda_device(args.device, args.mem_limit)
     send({"event": "ready", "pid": os.getpid(), "plugin_errors": failed})
     for line in sys.stdin:
         req = json.loads(line)
@@ -158,4 +172,4 @@ def child_main(argv: list[str] | None = None) -> None:
             break
 
 
-__all__ = ["child_main", "run_cell"]
+__all__ = ["child_main", "claim_cuda_device", "run_cell"]

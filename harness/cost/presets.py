@@ -15,6 +15,17 @@ BUILTIN_VARIANTS = [
 ]
 
 
+GPU_VARIANTS = [
+    "full:backend=xformers",
+    "sliding_window:window=256,backend=xformers",
+    "linear:backend=fla",
+    "sliding_window:window=256",
+    "block_sparse:block_size=64,local_blocks=2,global_blocks=1",
+    "full",
+    "linear",
+]
+
+
 @dataclass(frozen=True)
 class Preset:
     about: str
@@ -53,16 +64,20 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "gpu": Preset(
-        "one CUDA GPU in bf16: forward and train, every variant and fast backend",
+        "one CUDA GPU in bf16, sized for scripts/gpu_check.sh's ~4-minute sweep stage: forward at 1K/4K/16K/128K, "
+        "train at 4K/16K, every variant and fast backend (the least likely to work first)",
         {
-            "device": "cuda", "dtype": "bfloat16", "scope": "op", "mode": ["forward", "train"], "batch": 1,
-            "heads": 16, "head_dim": 64, "lengths": "1K..128K", "time_limit": 300,
-            "min_run_time": 0.2, "max_run_time": 2.0,
-            "variant": [
-                "full", "full:backend=xformers",
-                "sliding_window:window=256", "sliding_window:window=256,backend=xformers",
-                "block_sparse:block_size=64,local_blocks=2,global_blocks=1",
-                "linear", "linear:backend=fla",
+            "device": "cuda", "dtype": "bfloat16", "scope": "op", "batch": 1, "heads": 16, "head_dim": 64,
+            "time_limit": 60, "min_run_time": 0.2, "max_run_time": 1.0,
+            # Order = the order chains run: wheels that may not load beside this torch first (their
+            # failures show even if the stage is cut), then the compiled Flex paths, then the baselines.
+            "variant": GPU_VARIANTS,
+            "grid": [
+                {"mode": "forward", "lengths": "1K,4K,16K,128K"},
+                # block_sparse's Flex tile at Flex's default 128 instead of the layout's 64: what the tile costs
+                {"mode": "forward", "lengths": "4K,16K,128K",
+                 "variant": ["block_sparse:block_size=64,local_blocks=2,global_blocks=1,flex_tile=128"]},
+                {"mode": "train", "lengths": "4K,16K"},
             ],
         },
     ),
@@ -98,4 +113,4 @@ def describe_presets() -> dict[str, str]:
     return out
 
 
-__all__ = ["BUILTIN_VARIANTS", "PRESETS", "Preset", "describe_presets", "get_preset"]
+__all__ = ["BUILTIN_VARIANTS", "GPU_VARIANTS", "PRESETS", "Preset", "describe_presets", "get_preset"]
