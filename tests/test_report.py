@@ -239,7 +239,8 @@ def test_suspect_and_noisy_cells_are_listed_and_suspect_ones_kept_out_of_fits(tm
     findings = section(page, "findings").split('<section id="scaling">')[0]
     assert "1 suspect cell(s)" in findings
     assert "sliding_window(window=128)/flex (op · forward): latency grows as L^1.00" in findings
-    assert "sliding_window(window=128)/flex (op · forward) beats full from 512 tokens" in findings
+    # it wins at the shortest length too: "from 512" would claim a crossover nobody measured
+    assert "sliding_window(window=128)/flex (op · forward) faster than full at every length measured (" in findings
     # the summary tables keep the numbers but say which ones not to trust
     latency = section(page, "tables").split("Latency (ms) · op · forward")[1].split("</table>")[0]
     assert f"{R.fmt_num(1e-3 * 2048 * 1000)} (suspect)" in latency.split("sliding_window")[1].split("</tr>")[0]
@@ -264,3 +265,36 @@ def test_old_paths_still_import_and_warn(monkeypatch, old, new, names):
     moved = importlib.import_module(new)
     for name in names:
         assert getattr(module, name) is getattr(moved, name)
+
+
+def test_findings_state_only_what_enough_lengths_support():
+    """Fits need 3 lengths (a line through 2 always fits); a negative exponent is flagged, not stated;
+    a crossover needs 2 matched lengths; a variant that ran nowhere says why; at most MAX_FINDINGS lines."""
+    import pandas as pd
+
+    from harness.analysis import derive as D
+
+    def row(variant, L, ms, status="ok", error=None, backend="sdpa"):
+        return dict(ENV, run_id="r", variant=variant, variant_params={}, backend=backend, mode="forward", seq_len=L,
+                    status=status, error=error, latency_ms=ms if status == "ok" else None, latency_iqr_ms=None,
+                    tokens_per_s=None, peak_mem_bytes=None, flops=None, achieved_flops_per_s=None)
+
+    rows = [row("full", L, 1e-6 * L**2) for L in (1024, 2048, 4096)]
+    rows += [row("sliding_window", 2048, 1.0, backend="flex")]  # one shared length: no crossover claimed
+    rows += [row("linear", L, 5.0 / L, backend="chunked") for L in (1024, 2048, 4096)]  # cost falling with length
+    rows += [row("block_sparse", L, 1e-3 * L, backend="flex") for L in (1024, 2048)]  # two points: no exponent
+    rows += [row("test_raises", L, None, "error", "RuntimeError: boom", backend="reference") for L in (1024, 2048)]
+    cost = F.prepare_cost(pd.DataFrame(rows))
+    text = "\n".join(R.findings(cost, pd.DataFrame()))
+    assert "full/sdpa (op · forward): latency grows as L^2.00 (R² 1.00, 3 lengths" in text
+    assert "L^-1" not in text and "1 latency fit(s) are not stated: negative" in text
+    assert "block_sparse/flex (op · forward): latency grows" not in text  # two lengths: no exponent
+    assert "sliding_window/flex" not in text  # a crossover from one length would be made up
+    assert text.splitlines()[0] == "test_raises/reference (op · forward) ran at no length: error at 1k (RuntimeError: boom)."
+    fits = D.fit_exponents(cost).set_index("series")
+    assert np.isnan(fits.loc["block_sparse/flex", "exponent"]) and fits.loc["block_sparse/flex", "points"] == 2
+    reach = R.reach_table(cost).set_index("series")
+    assert reach.loc["test_raises/reference", "why"] == "RuntimeError: boom"
+    many = [row(f"v{i}", L, 1.0, backend="b") for i in range(20) for L in (1024, 2048, 4096)]
+    lines = R.findings(F.prepare_cost(pd.DataFrame(rows + many)), pd.DataFrame())
+    assert len(lines) == R.MAX_FINDINGS and lines[-1].endswith("more finding(s) in the tables below.")

@@ -275,7 +275,7 @@ def failing_sweep(tmp_path_factory):
     out, stdout = d / "rows.jsonl", io.StringIO()
     with registry_restored(), contextlib.redirect_stdout(stdout):
         rc = main(["sweep", "--config", str(d / "sweep.toml"), "--out", str(out)])
-    assert rc == 0
+    assert rc == 1  # every cell of test_raises (and test_segfault) ended in `error`
     assert "test_hang" not in ATTENTION.names()
     return read_rows(out), stdout.getvalue()
 
@@ -332,6 +332,24 @@ def test_summary_marks_every_failure(failing_sweep):
     for mark in ("OOM", "T/O", "skip", "n/a", "ERR"):
         assert mark in stdout
     assert "median latency" in stdout and "peak memory" in stdout
+
+
+def test_summary_names_each_reason_once_with_its_cell(failing_sweep):
+    _, stdout = failing_sweep
+    reasons = stdout[stdout.index("why cells did not finish"):]
+    assert reasons.count("deliberate failure from test_raises") == 1  # two cells, one reason
+    assert "error x2 at test_raises forward L=32: RuntimeError: deliberate failure" in reasons
+    assert "timeout x1 at test_hang" in reasons and "SIGSEGV" in reasons and "unsupported x2 at full:backend=xformers" in reasons
+    assert "skipped" not in reasons  # a skip's reason is the failure listed above it
+
+
+def test_exit_status_rule():
+    from harness.cost.summary import failed_variants
+
+    row = lambda v, status: {"variant_spec": v, "status": status, "seq_len": 32}
+    rows = [row("a", "ok"), row("a", "error"), row("b", "error"), row("b", "oom"), row("c", "unsupported"),
+            row("d", "oom"), row("d", "skipped")]
+    assert failed_variants(rows) == ["b"]  # no ok cell and an error; limits (oom, unsupported) are results
 
 
 # -- resume after a kill -------------------------------------------------------------------------

@@ -111,29 +111,50 @@ def without_suspect(cost: pd.DataFrame) -> pd.DataFrame:
 
 # -- derived numbers ---------------------------------------------------------------------------
 
-def scaling_exponent(lengths: Sequence[float], values: Sequence[float]) -> float:
-    """Least-squares slope of log(value) on log(length): 2 for quadratic attention, 1 for linear."""
+MIN_FIT_POINTS = 3  # a line through two points always fits: an exponent needs at least three lengths
+
+
+def scaling_fit(lengths: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
+    """(slope, R²) of the least-squares line of log(value) on log(length); NaNs under 3 distinct lengths."""
     x, y = np.asarray(lengths, dtype=float), np.asarray(values, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    if keep.sum() < 2 or np.unique(x[keep]).size < 2:
-        return math.nan
-    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0])
+    if np.unique(x[keep]).size < MIN_FIT_POINTS:
+        return math.nan, math.nan
+    lx, ly = np.log(x[keep]), np.log(y[keep])
+    slope, intercept = np.polyfit(lx, ly, 1)
+    ss_res, ss_tot = float(((ly - (slope * lx + intercept)) ** 2).sum()), float(((ly - ly.mean()) ** 2).sum())
+    return float(slope), (1.0 - ss_res / ss_tot) if ss_tot > 0 else 1.0
+
+
+def scaling_exponent(lengths: Sequence[float], values: Sequence[float]) -> float:
+    """Least-squares slope of log(value) on log(length): 2 for quadratic attention, 1 for linear (NaN under 3 lengths)."""
+    return scaling_fit(lengths, values)[0]
+
+
+def plausible_exponent(exponent: float, r2: float) -> bool:
+    """A latency or memory exponent worth stating: a good fit (R² >= 0.9) between 0 and 3.
+
+    Below 0 (cost falling with length) or with a poor fit, fixed per-call costs or noise dominate the
+    range; attention's cost is at most quadratic in length, so above 3 something else is measured.
+    """
+    return math.isfinite(exponent) and math.isfinite(r2) and r2 >= 0.9 and 0.0 <= exponent <= 3.0
 
 
 def fit_exponents(cost: pd.DataFrame, column: str = "latency_ms", upper_half: bool = True) -> pd.DataFrame:
-    """Scaling exponent of ``column`` per series and facet.
+    """Scaling exponent of ``column`` per series and facet, with the fit's R² and its number of lengths.
 
     With ``upper_half`` the fit uses the longer half of the ok lengths (at least 3 points when
-    there are), where fixed per-call overheads no longer flatten the curve.
+    there are), where fixed per-call overheads no longer flatten the curve. Under 3 lengths: NaN.
     """
     out = []
     for (series, facet), g in cells(ok_rows(cost, column)).groupby(["series", "facet"], sort=True):
         g = g.sort_values("seq_len")
         if upper_half and len(g) > 3:
             g = g.iloc[max(0, min(len(g) // 2, len(g) - 3)):]
-        out.append({"series": series, "facet": facet, "exponent": scaling_exponent(g["seq_len"], g[column]),
-                    "from_len": g["seq_len"].min(), "to_len": g["seq_len"].max(), "points": len(g)})
-    return pd.DataFrame(out, columns=["series", "facet", "exponent", "from_len", "to_len", "points"])
+        exponent, r2 = scaling_fit(g["seq_len"], g[column])
+        out.append({"series": series, "facet": facet, "exponent": exponent, "r2": r2,
+                    "from_len": g["seq_len"].min(), "to_len": g["seq_len"].max(), "points": g["seq_len"].nunique()})
+    return pd.DataFrame(out, columns=["series", "facet", "exponent", "r2", "from_len", "to_len", "points"])
 
 
 def speedups(cost: pd.DataFrame) -> pd.DataFrame:
@@ -169,25 +190,38 @@ def crossovers(cost: pd.DataFrame) -> pd.DataFrame:
             first = losing[-1] + 1 if losing.size else 0
             cross = float(g["seq_len"].iloc[first])
         out.append({"series": series, "facet": facet, "crossover_len": cross,
-                    "speedup_at_longest": float(g["speedup"].iloc[-1]), "longest_matched": float(g["seq_len"].iloc[-1])})
-    return pd.DataFrame(out, columns=["series", "facet", "crossover_len", "speedup_at_longest", "longest_matched"])
+                    "speedup_at_longest": float(g["speedup"].iloc[-1]), "longest_matched": float(g["seq_len"].iloc[-1]),
+                    "matched_lengths": int(g["seq_len"].nunique()), "wins_everywhere": bool(wins.all())})
+    return pd.DataFrame(out, columns=["series", "facet", "crossover_len", "speedup_at_longest", "longest_matched",
+                                      "matched_lengths", "wins_everywhere"])
 
 
 def longest_reached(cost: pd.DataFrame) -> pd.DataFrame:
-    """Per series and facet: the longest ok length, and the failure (oom/timeout) that stopped it, if any."""
+    """Per series and facet: the longest ok length, and the failure (oom, timeout or error) that stopped it,
+    if any, with its reason (the row's ``error``, shortened)."""
     out = []
     for (series, facet), g in cells(cost).groupby(["series", "facet"], sort=True):
         ok = g[(g["status"] == "ok") & g["latency_ms"].notna()]
         longest = float(ok["seq_len"].max()) if len(ok) else math.nan
         beyond = g[(g["seq_len"] > longest) if len(ok) else slice(None)]
-        failed = beyond[beyond["status"].isin(FAILED)].sort_values("seq_len")
+        failed = beyond[beyond["status"].isin((*FAILED, "error"))].sort_values("seq_len")
+        why = failed["error"].iloc[0] if len(failed) and "error" in failed else None
         out.append({
             "series": series, "facet": facet, "longest_ok": longest,
             "stopped_by": failed["status"].iloc[0] if len(failed) else "",
             "stopped_at": float(failed["seq_len"].iloc[0]) if len(failed) else math.nan,
+            "why": short_reason(why),
             "tried_up_to": float(g["seq_len"].max()),
         })
-    return pd.DataFrame(out, columns=["series", "facet", "longest_ok", "stopped_by", "stopped_at", "tried_up_to"])
+    return pd.DataFrame(out, columns=["series", "facet", "longest_ok", "stopped_by", "stopped_at", "why", "tried_up_to"])
+
+
+def short_reason(text: Any, width: int = 120) -> str:
+    """A row's error text on one line, cut to ``width`` characters ("" for none)."""
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return ""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
@@ -294,7 +328,8 @@ def mem_limit(cost: pd.DataFrame) -> float | None:
 
 
 __all__ = [
-    "AVERAGED_DIMS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points", "best_positions", "crossovers",
-    "fit_exponents", "longest_reached", "mem_limit", "noisy_mask", "noisy_rows", "peak_fraction", "scaling_exponent",
-    "speedups", "suspect_mask", "suspect_rows", "untrusted", "without_suspect",
+    "AVERAGED_DIMS", "MIN_FIT_POINTS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points", "best_positions",
+    "crossovers", "fit_exponents", "longest_reached", "mem_limit", "noisy_mask", "noisy_rows", "peak_fraction",
+    "plausible_exponent", "scaling_exponent", "scaling_fit", "short_reason", "speedups", "suspect_mask", "suspect_rows",
+    "untrusted", "without_suspect",
 ]

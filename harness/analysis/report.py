@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
+import numpy as np
 import pandas as pd
 
 from harness.analysis import derive as D
@@ -112,19 +113,33 @@ def suspect_section(cost: pd.DataFrame) -> str:
     return "".join(parts)
 
 
+def _num_or_dash(x: float) -> str:
+    return f"{x:.2f}" if isinstance(x, float) and math.isfinite(x) else "—"
+
+
+def _fit_note(x: float, r2: float, points: int) -> str:
+    if not math.isfinite(x):
+        return f"{points} length{'s' if points != 1 else ''}: a fit needs {D.MIN_FIT_POINTS}"
+    return "" if D.plausible_exponent(x, r2) else "not stated as a scaling law: negative, above 3 or R² < 0.9"
+
+
 def scaling_table(cost: pd.DataFrame) -> pd.DataFrame:
-    """Fitted exponents of latency and peak memory vs length, per series and mode (suspect cells left out)."""
+    """Fitted exponents of latency and peak memory vs length, per series and mode (suspect cells left out).
+
+    Fits need 3 lengths; each shows its R², and one that is negative, above 3 or a poor fit is noted."""
     cost = D.without_suspect(cost)
     lat = D.fit_exponents(cost, "latency_ms")
     mem = D.fit_exponents(cost, "peak_mem_bytes") if "peak_mem_bytes" in cost else lat.iloc[0:0]
     table = lat.merge(mem, on=["series", "facet"], how="left", suffixes=("", "_mem"))
+    nan = pd.Series(math.nan, index=table.index)
     return pd.DataFrame({
         "series": table["series"], "mode": table["facet"],
-        "latency exponent": table["exponent"].map(lambda x: f"{x:.2f}" if math.isfinite(x) else "—"),
-        "memory exponent": table.get("exponent_mem", pd.Series(math.nan, index=table.index))
-                                .map(lambda x: f"{x:.2f}" if isinstance(x, float) and math.isfinite(x) else "—"),
+        "latency exponent": table["exponent"].map(_num_or_dash),
+        "R²": table["r2"].map(_num_or_dash),
+        "memory exponent": table.get("exponent_mem", nan).map(_num_or_dash),
         "fit over": [f"{F.fmt_len(a)}–{F.fmt_len(b)} ({n} pts)" for a, b, n in
                      zip(table["from_len"], table["to_len"], table["points"], strict=True)],
+        "note": [_fit_note(x, r, int(n)) for x, r, n in zip(table["exponent"], table["r2"], table["points"], strict=True)],
     })
 
 
@@ -145,6 +160,7 @@ def reach_table(cost: pd.DataFrame) -> pd.DataFrame:
         "series": lr["series"], "mode": lr["facet"],
         "longest ok length": lr["longest_ok"].map(lambda x: F.fmt_len(x) if math.isfinite(x) else "none"),
         "stopped by": [f"{s} at {F.fmt_len(a)}" if s else "—" for s, a in zip(lr["stopped_by"], lr["stopped_at"], strict=True)],
+        "why": [w or "" for w in lr["why"]],
         "longest tried": lr["tried_up_to"].map(F.fmt_len),
     })
 
@@ -184,37 +200,63 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def findings(cost: pd.DataFrame, acc: pd.DataFrame) -> list[str]:
-    """Plain sentences derived from the data: the headline numbers of the sweep.
+MAX_FINDINGS = 12
 
-    Exponents and crossovers leave suspect cells (peak_fraction > 1) out, and a sentence says how many."""
-    lines = []
+
+def findings(cost: pd.DataFrame, acc: pd.DataFrame, limit: int = MAX_FINDINGS) -> list[str]:
+    """The few sentences that matter, ranked: what failed outright, who beats full and by how much
+    (largest first), where variants stopped, then the scaling exponents worth stating.
+
+    Exponents need 3 lengths, R² >= 0.9 and a value in [0, 3]; crossovers need 2 matched lengths.
+    Suspect cells (peak_fraction > 1) are left out of both, and a sentence says how many. The tables
+    below hold everything; a last sentence says how many findings were cut."""
+    ranked: list[tuple[int, float, str]] = []  # (rank, -weight, sentence)
     if len(cost) and len(F.ok_rows(cost)):
         trusted = D.without_suspect(cost)
-        if (n := len(D.suspect_rows(cost))):
-            lines.append(f"{n} suspect cell(s) (achieved FLOP/s above the measured peak) are left out of the exponents "
-                         "and crossovers below; see Suspect and noisy cells.")
-        for _, r in D.fit_exponents(trusted).iterrows():
-            if math.isfinite(r["exponent"]):
-                lines.append(f"{r['series']} ({r['facet']}): latency grows as L^{r['exponent']:.2f} "
-                             f"(fit over {F.fmt_len(r['from_len'])}–{F.fmt_len(r['to_len'])}).")
-        for _, r in D.crossovers(trusted).iterrows():
-            if math.isfinite(r["crossover_len"]):
-                lines.append(f"{r['series']} ({r['facet']}) beats full from {F.fmt_len(r['crossover_len'])} tokens; "
-                             f"{r['speedup_at_longest']:.2f}× faster at {F.fmt_len(r['longest_matched'])}.")
-            else:
-                lines.append(f"{r['series']} ({r['facet']}) does not beat full within the sweep "
-                             f"({r['speedup_at_longest']:.2f}× at {F.fmt_len(r['longest_matched'])}).")
         for _, r in D.longest_reached(cost).iterrows():
-            if r["stopped_by"]:
-                reached = F.fmt_len(r["longest_ok"]) if math.isfinite(r["longest_ok"]) else "no length"
-                lines.append(f"{r['series']} ({r['facet']}) reached {reached} before {r['stopped_by']} "
-                             f"at {F.fmt_len(r['stopped_at'])}.")
+            where = f"({r['facet']})"
+            if not math.isfinite(r["longest_ok"]) and r["stopped_by"]:
+                ranked.append((0, 0.0, f"{r['series']} {where} ran at no length: {r['stopped_by']} at "
+                                        f"{F.fmt_len(r['stopped_at'])}" + (f" ({r['why']})." if r["why"] else ".")))
+            elif r["stopped_by"]:
+                ranked.append((2, -r["longest_ok"], f"{r['series']} {where} reached {F.fmt_len(r['longest_ok'])} before "
+                                                    f"{r['stopped_by']} at {F.fmt_len(r['stopped_at'])}."))
+        for _, r in D.crossovers(trusted).iterrows():
+            if r["matched_lengths"] < 2:
+                continue  # one shared length says nothing about where a curve crosses
+            at = f"{r['speedup_at_longest']:.2f}× at {F.fmt_len(r['longest_matched'])}"
+            if r["wins_everywhere"]:
+                text = f"faster than full at every length measured ({at})"
+            elif math.isfinite(r["crossover_len"]):
+                text = f"beats full from {F.fmt_len(r['crossover_len'])} tokens ({at})"
+            else:
+                text = f"does not beat full within the sweep ({at})"
+            ranked.append((1, -r["speedup_at_longest"], f"{r['series']} ({r['facet']}) {text}."))
+        fits = D.fit_exponents(trusted)
+        fits = fits[np.isfinite(fits["exponent"].astype(float))]
+        shaky = 0
+        for _, r in fits.iterrows():
+            if not D.plausible_exponent(r["exponent"], r["r2"]):
+                shaky += 1
+                continue
+            ranked.append((3, -r["to_len"], f"{r['series']} ({r['facet']}): latency grows as L^{r['exponent']:.2f} "
+                                            f"(R² {r['r2']:.2f}, {int(r['points'])} lengths, "
+                                            f"{F.fmt_len(r['from_len'])}–{F.fmt_len(r['to_len'])})."))
+        if shaky:
+            ranked.append((4, 0.0, f"{shaky} latency fit(s) are not stated: negative, above 3 or R² below 0.9, where "
+                                   "fixed per-call costs or noise dominate (see the scaling table)."))
+    lines = [text for _, _, text in sorted(ranked, key=lambda t: (t[0], t[1]))]
+    if len(cost) and (n := len(D.suspect_rows(cost))):
+        lines.insert(0, f"{n} suspect cell(s) (achieved FLOP/s above the measured peak) are left out of the "
+                        "exponents and crossovers; see Suspect and noisy cells.")
     if len(acc):
         for _, r in D.best_positions(acc).iterrows():
             best = r["best_position"]
             who = f"tie between {best.replace(' = ', ', ')}" if " = " in best else f"best position method {best}"
             lines.append(f"{r['task']} {r['metric']} at {F.fmt_len(r['eval_len'])} ({r['variant']}): {who} ({r['value']:.4g}).")
+    if len(lines) > limit:
+        cut = len(lines) - (limit - 1)
+        lines = [*lines[: limit - 1], f"{cut} more finding(s) in the tables below."]
     return lines
 
 

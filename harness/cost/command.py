@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from harness.cost.spec import expand, load_spec
-from harness.cost.summary import summary_tables
+from harness.cost.summary import failed_variants, summary_tables
 from harness.cost.sweep import check_executor, existing_rows, run_sweep
 from harness.executors import EXECUTOR_KEYS, executor_options
 from harness.results import check_writable, exclusive
@@ -91,6 +91,10 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
     if rows or not spec.run.executor.detach:
         click.echo(summary_tables(rows))
     click.echo(f"results: {out}")
+    failed = failed_variants(rows)
+    if failed:
+        click.echo(f"every cell of {', '.join(failed)} failed with an error (reasons above): exit status 1", err=True)
+        raise click.exceptions.Exit(1)
 
 
 __all__ = ["sweep_command"]

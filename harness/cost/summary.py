@@ -76,6 +76,10 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
         LEGEND,
         f"{len(df)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()),
     ]
+    reasons = error_reasons(rows)
+    if reasons:
+        parts += ["", "why cells did not finish (each reason once; its first cell and how many share it):"]
+        parts += [f"  {status} x{n} at {label}: {why}" for status, why, label, n in reasons]
     noisy = int(df["noisy"].fillna(False).astype(bool).sum()) if "noisy" in df else 0
     if noisy:
         parts.append(f"{noisy} ok cells are noisy (ran under load or beside a changing matmul peak after every retry): "
@@ -83,4 +87,35 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["LEGEND", "MARKS", "loglog_slope", "summary_tables"]
+def _label(r: dict[str, Any]) -> str:
+    return f"{r.get('variant_spec') or r.get('variant')} {r.get('mode', '')} L={_fmt_len(int(r.get('seq_len') or 0))}"
+
+
+def error_reasons(rows: Sequence[dict[str, Any]], width: int = 160) -> list[tuple[str, str, str, int]]:
+    """(status, reason, first cell, count) per distinct reason of error/oom/timeout/unsupported rows, in order seen.
+
+    ``skipped`` rows are left out: their reason is another cell's failure, which is listed itself.
+    """
+    seen: dict[tuple[str, str], list] = {}
+    for r in rows:
+        if r.get("status") in ("error", "oom", "timeout", "unsupported"):
+            why = " ".join(str(r.get("error") or "(no reason recorded)").split())
+            why = why if len(why) <= width else why[: width - 3] + "..."
+            entry = seen.setdefault((r["status"], why), [_label(r), 0])
+            entry[1] += 1
+    return [(status, why, label, n) for (status, why), (label, n) in seen.items()]
+
+
+def failed_variants(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Variants (as specified) none of whose cells is ok and at least one of which ended in ``error``.
+
+    The sweep exits with status 1 when there is one: every cell of it failed for a reason that is a
+    bug, not a measured limit. Out of memory, over the time limit, skipped and unsupported are results.
+    """
+    by_variant: dict[str, set[str]] = {}
+    for r in rows:
+        by_variant.setdefault(str(r.get("variant_spec") or r.get("variant")), set()).add(str(r.get("status")))
+    return [v for v, statuses in by_variant.items() if "ok" not in statuses and "error" in statuses]
+
+
+__all__ = ["LEGEND", "MARKS", "error_reasons", "failed_variants", "loglog_slope", "summary_tables"]
