@@ -278,6 +278,8 @@ class Registry:
                 msg += "; plugins that failed to load: " + "; ".join(
                     f"{shorten(k, quote=False)} ({v})" for k, v in self.plugin_errors.items()
                 )
+            else:
+                msg += " (a variant of your own? load its file with --plugin my_attn.py)"
             raise ValueError(msg)
         return self._entries[name]
 

@@ -68,7 +68,13 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
     presets = _presets()
     if as_json:
         click.echo(json.dumps({"attention": variants, "positions": positions, "presets": presets}, default=str, indent=1))
-        return
+    else:
+        _print_listing(variants, positions, presets)
+    if reported:  # the listing lacks the variants asked for: the exit status says so too
+        raise click.exceptions.Exit(1)
+
+
+def _print_listing(variants: list[dict[str, Any]], positions: list[dict[str, Any]], presets: dict[str, str]) -> None:
     click.secho("Attention variants", bold=True)
     for v in variants:
         caps = [c for c in ("causal", "bidirectional", "decode") if v.get(c)] + ["exact" if v.get("exact") else "approximate"]

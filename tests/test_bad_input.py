@@ -68,7 +68,7 @@ def test_registering_a_non_attention_class_is_refused_saying_what_to_subclass():
 
 def test_list_reports_a_non_attention_plugin_as_failed(tmp_path):
     r = cli("list", "--plugin", str(PLUGINS / "not_attention.py"), cwd=tmp_path)
-    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr  # the listing lacks what was asked for
     lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
     assert "not_attention.py failed to load" in lines[0] and "subclass of attn.Attention" in lines[0]
@@ -93,7 +93,7 @@ def test_sweep_and_accuracy_refuse_the_variant_of_a_non_attention_plugin(tmp_pat
 
 def test_list_survives_a_plugin_calling_sys_exit(tmp_path):
     r = cli("list", "--plugin", str(PLUGINS / "exits.py"), cwd=tmp_path)
-    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "Attention variants" in r.stdout and "sliding_window" in r.stdout
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and "exits.py failed to load" in lines[0] and "sys.exit(0)" in lines[0], r.stderr
@@ -104,13 +104,18 @@ def test_each_broken_plugin_is_reported_exactly_once(tmp_path):
     boom.write_text("raise RuntimeError('kaboom\\nsecond line')\n")
     exits = str(PLUGINS / "exits.py")
     r = cli("list", "--plugin", str(boom), "--plugin", exits, "--plugin", str(boom), cwd=tmp_path)
-    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 2, r.stderr
     assert sum("boom.py" in ln and "RuntimeError: kaboom" in ln for ln in lines) == 1
     assert sum("exits.py" in ln for ln in lines) == 1
     r = cli("list", "--json", "--plugin", str(boom), cwd=tmp_path)
-    assert r.returncode == 0 and len(r.stderr.splitlines()) == 1 and json.loads(r.stdout)["attention"]
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and json.loads(r.stdout)["attention"]
+
+
+def test_an_unknown_variant_hints_at_a_missing_plugin(tmp_path):
+    line = refused(cli("sweep", "--variant", "attn_sinks", *TINY_SWEEP, cwd=tmp_path))
+    assert "unknown attention variant 'attn_sinks'" in line and "--plugin" in line
 
 
 def test_broken_entry_point_is_reported_exactly_once(tmp_path):
