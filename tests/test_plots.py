@@ -505,17 +505,14 @@ def test_best_positions_ranks_only_groups_with_several_methods():
     assert list(best["runner_up"]) == ["rope (3)"]
 
 
-def test_position_colours_stay_in_tab10_when_variants_and_positions_together_exceed_ten():
-    import seaborn as sns
-
+def test_position_colours_are_distinct_and_stable_beside_many_variants():
     positions = ["none", "rope", "rope_linear", "rope_ntk", "rope_dynamic", "rope_yarn", "rope_llama3"]
     variants = ["full", "sliding_window", "block_sparse", "linear"]
     rows = [dict(task="lm", variant=v, variant_params={}, position=p, position_params={}, train_len=128, eval_len=128,
                  metric="bpb", value=3.0, ci_low=None, ci_high=None, n=1, seed=0) for v in variants for p in positions]
     pal = P.palette_for(F.Results(cost=pd.DataFrame(), accuracy=F.prepare_accuracy(pd.DataFrame(rows))))
-    tab10 = {tuple(c) for c in sns.color_palette("tab10", 10)}
-    assert {pal[p] for p in positions} <= tab10 and len({pal[p] for p in positions}) == len(positions)
-    assert pal["full"] == P.palette(["full"])["full"]  # variants keep their own order: full first
+    assert len({pal[p] for p in positions}) == len(positions)
+    assert pal["full"] == P.palette(["full"])["full"]  # the same blue wherever full is drawn
 
 
 # -- noisy and suspect cells ------------------------------------------------------------------------
@@ -602,3 +599,19 @@ def test_a_fraction_above_the_peak_is_clipped_hollow_and_labelled():
     assert "hollow markers: noisy or suspect cells (1)" in caption and "1 above the measured peak, drawn at 1" in caption
     # the other figures draw that cell hollow too: it is suspect, whatever the column
     assert list(hollow_points(P.plot_latency(cost))) == [f"hollow:latency:{series}"]
+
+
+def test_colours_are_stable_across_figure_sets_with_different_variants():
+    """`block_sparse` is the same green whether or not `full` or a plugin is drawn beside it; a plugin
+    does not take a built-in's colour; two backends of one variant get two shades of its colour."""
+    from harness.analysis.figures import style as S
+
+    one = S.palette(["block_sparse(block_size=64)", "linear(feature_map=elu1)"])
+    two = S.palette(["full", "attn_sinks(sinks=4)", "block_sparse(block_size=64)", "sliding_window(window=256)"])
+    assert one["block_sparse(block_size=64)"] == two["block_sparse(block_size=64)"]
+    builtin = {S.stable_colour(v) for v in ("full", "sliding_window", "block_sparse", "linear")}
+    assert len(builtin) == 4 and two["attn_sinks(sinks=4)"] not in builtin
+    assert S.palette(["full"])["full"] == S.palette(["linear", "full", "x"])["full"]
+    sdpa, xformers = (S.backend_shade(two["full"], b) for b in ("sdpa", "xformers"))
+    assert sdpa != xformers
+    assert len(set(S.palette([f"p{i}" for i in range(12)]).values())) == 12  # collisions resolved within a figure

@@ -28,6 +28,7 @@ from harness.analysis.figures.style import (
     _order_key,
     _style,
     _styles,
+    backend_shade,
     mem_unit,
     palette_for,
     save,
@@ -72,6 +73,8 @@ def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
             for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
                 g = g.sort_values("length")
                 colour = pal[g["variant_label"].iloc[0]]
+                if "backend" in g and isinstance(g["backend"].iloc[0], str) and g["backend"].iloc[0]:
+                    colour = backend_shade(colour, g["backend"].iloc[0])  # as the cost figures draw this backend
                 ax.plot(g["length"], g["value"], color=colour, marker="o", markersize=4, label=series,
                         gid=f"fidelity:{series}")
                 _band(ax, g, colour, f"band:{series}")

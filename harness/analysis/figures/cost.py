@@ -33,6 +33,7 @@ from harness.analysis.figures.style import (
     _order_key,
     _style,
     _styles,
+    backend_shade,
     mem_unit,
     save,
 )
@@ -111,7 +112,7 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
                 g = g.sort_values("seq_len")
                 ok = (g["status"] == "ok") & g[column].notna()
                 y = np.where(ok, g[column].astype(float) / scale, np.nan)
-                colour = pal[g["variant_label"].iloc[0]]
+                colour = backend_shade(pal[g["variant_label"].iloc[0]], g["backend_label"].iloc[0])
                 over = ok.to_numpy() & (y > clip_above) if clip_above is not None else np.zeros(len(g), dtype=bool)
                 hollow = (ok & g["_untrusted"]).to_numpy() | over
                 n_hollow += _series_line(ax, g["seq_len"], np.where(over, clip_above, y), hollow, colour=colour,
@@ -232,7 +233,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
             sub = sp[sp["facet"] == facet]
             for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
                 g = g.sort_values("seq_len")
-                colour = pal[g["variant_label"].iloc[0]]
+                colour = backend_shade(pal[g["variant_label"].iloc[0]], g["backend_label"].iloc[0])
                 # a ratio is only as trustworthy as both of its cells
                 hollow = (g["untrusted"].astype(bool) | g["full_untrusted"].astype(bool)).to_numpy()
                 n_hollow += _series_line(ax, g["seq_len"], g["speedup"], hollow, colour=colour,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,14 +42,76 @@ def _order_key(label: str) -> tuple[int, str]:
     return (F.BUILTIN_ORDER.index(base) if base in F.BUILTIN_ORDER else len(F.BUILTIN_ORDER), label)
 
 
-def palette(keys: Iterable[str]) -> dict[str, tuple[float, float, float]]:
-    """One colour per variant (or position) label, the same in every figure drawn from one palette.
+# Colour families of four shades (matplotlib's tab20c, then tab20b), dark to light. The built-in
+# variants own the first four, so `full` is the same blue in every figure of every run; any other
+# name (a plugin, a position method) is hashed onto the rest (crc32: the same in every process).
+_FAMILY_MAPS = ("tab20c", "tab20b")
+_SHADES = 3  # the lightest of the four is too pale on white
 
-    Built-in variants come first, so ``full`` keeps the first colour whatever else is in a run.
-    """
+
+def _families() -> list[list[tuple[float, float, float]]]:
+    out = []
+    for name in _FAMILY_MAPS:
+        colours = sns.color_palette(name, 20)
+        out += [[tuple(colours[4 * f + s]) for s in range(4)] for f in range(5)]
+    grey = next(i for i, fam in enumerate(out) if abs(fam[0][0] - fam[0][1]) < 0.02 and abs(fam[0][1] - fam[0][2]) < 0.02)
+    return [fam for i, fam in enumerate(out) if i != grey]  # grey is kept for notes and failure marks
+
+
+_FAMILY = _families()
+
+
+def _family_of(name: str) -> int:
+    if name in F.BUILTIN_ORDER:
+        return F.BUILTIN_ORDER.index(name)
+    n = len(F.BUILTIN_ORDER)
+    return n + zlib.crc32(name.encode()) % (len(_FAMILY) - n)
+
+
+def stable_colour(label: str, backend: str | None = None) -> tuple[float, float, float]:
+    """The colour of a variant (or position) label, optionally one of its backends, in every figure.
+
+    Hue = the variant's name; shade = its parameters and backend (``full/sdpa`` and ``full/xformers``
+    are two blues; ``sliding_window(window=128)`` and ``(window=256)`` two oranges, most of the time:
+    the shade is hashed, and line styles tell backends apart anyway)."""
+    base, _, rest = label.partition("(")
+    colour = _FAMILY[_family_of(base)][(zlib.crc32(rest.encode()) if rest else 0) % _SHADES]
+    return colour if backend is None else backend_shade(colour, backend)
+
+
+# Backends of one variant get different shades of its colour (and their own dash and marker). The
+# backends a variant lists side by side differ here: full sdpa/xformers, sliding_window flex/blocked
+# (xformers on CUDA shares the darkest shade with the rarely drawn reference), linear chunked/recurrent/fla.
+_BACKEND_SHADE = {"reference": 0, "xformers": 0, "fla": 0, "sdpa": 1, "flex": 1, "chunked": 1,
+                  "blocked": 2, "gathered": 2, "recurrent": 2}
+
+
+def backend_shade(colour: tuple[float, float, float], backend: str) -> tuple[float, float, float]:
+    """``colour`` (a palette colour) moved within its family by the backend's shade step."""
+    for fam in _FAMILY:
+        if colour in fam[:_SHADES]:
+            step = _BACKEND_SHADE.get(backend, zlib.crc32(backend.encode()))
+            return fam[(fam.index(colour) + step) % _SHADES]
+    return colour
+
+
+def palette(keys: Iterable[str]) -> dict[str, tuple[float, float, float]]:
+    """One colour per variant (or position) label, from :func:`stable_colour`: the same label has the same
+    colour in every figure and report, whatever else is drawn. Two labels that hash onto one colour in
+    one figure are told apart by moving the later one to its next shade (then family)."""
     labels = sorted({str(k) for k in keys}, key=_order_key)
-    colours = sns.color_palette("tab10" if len(labels) <= 10 else "husl", max(len(labels), 1))
-    return {label: tuple(colours[i]) for i, label in enumerate(labels)}
+    out: dict[str, tuple[float, float, float]] = {}  # label -> colour
+    used: set[tuple[float, float, float]] = set()
+    flat = [c for fam in _FAMILY for c in fam[:_SHADES]]
+    for label in labels:
+        colour = stable_colour(label)
+        i = flat.index(colour)
+        while colour in used and len(used) < len(flat):
+            i = (i + 1) % len(flat)
+            colour = flat[i]
+        used.add(colour)
+        out[label] = colour
+    return out
 
 
 def palette_for(results: F.Results) -> dict[str, tuple[float, float, float]]:
