@@ -615,3 +615,9 @@ def test_colours_are_stable_across_figure_sets_with_different_variants():
     sdpa, xformers = (S.backend_shade(two["full"], b) for b in ("sdpa", "xformers"))
     assert sdpa != xformers
     assert len(set(S.palette([f"p{i}" for i in range(12)]).values())) == 12  # collisions resolved within a figure
+
+
+def test_speedup_ticks_read_as_fractions_not_long_decimals():
+    from harness.analysis.figures.cost import speedup_tick
+
+    assert [speedup_tick(v) for v in (0.015625, 0.5, 1, 2, 64, 1.5, 0.3)] == ["1/64×", "1/2×", "1×", "2×", "64×", "1.5×", "0.3×"]

@@ -122,7 +122,9 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
                     ax.annotate(f"{v:.3g}× peak", xy=(x, clip_above), xytext=(0, 6), textcoords="offset points", ha="center",
                                 fontsize="x-small", color=colour, gid=f"over:{series}:{int(x)}")
                 if band and band in g:
-                    b = ok & g[band].notna()
+                    # a spread wider than the value (a noisy cell) would stretch a log axis over decades
+                    # and swamp the panel: such points get no band (they are drawn hollow when flagged)
+                    b = ok & g[band].notna() & (g[band] / 2 < g[column])
                     mid, half = g.loc[b, column] / scale, g.loc[b, band] / scale / 2
                     if b.any():
                         ax.fill_between(g.loc[b, "seq_len"], mid - half, mid + half, color=colour, alpha=0.2,
@@ -254,7 +256,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
                         fontsize="x-small", color="0.3", ha="right")
             ax.axhline(1.0, color="0.3", linewidth=1, gid="parity")
             ax.set_yscale("log", base=2)
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: speedup_tick(v)))
             _length_axis(ax, df[df["facet"] == facet]["seq_len"])
             ax.set_ylabel("speed-up over full (×)")
             ax.set_title(facet)
@@ -268,4 +270,14 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
 
 
 
-__all__ = ["plot_flops_fraction", "plot_latency", "plot_memory", "plot_speedup", "plot_throughput"]
+def speedup_tick(v: float) -> str:
+    """A speed-up axis tick people read: 4×, 1.5×, 1/64× -- never 0.015625×."""
+    if v <= 0 or not math.isfinite(v):
+        return ""
+    if v >= 1:
+        return f"{v:.3g}×"
+    inverse = 1 / v
+    return f"1/{inverse:.3g}×" if abs(inverse - round(inverse)) < 1e-6 else f"{v:.2g}×"
+
+
+__all__ = ["plot_flops_fraction", "plot_latency", "plot_memory", "plot_speedup", "plot_throughput", "speedup_tick"]
