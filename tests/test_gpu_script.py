@@ -91,6 +91,25 @@ def test_gpu_check_installs_offline_and_runs_end_to_end_on_cpu(image_python, whe
         assert variant in dry
     assert not (out / "gpu.jsonl").exists(), "a dry run measures nothing and writes no results"
     assert git_status() == before, "the install stage must not build inside the checkout"
+    # what the backends do on first use there, run here against the installed wheels: fla's autotuners are
+    # cut to 2 configs each; xformers' dispatcher is told its torch-kernel operators need no C extension
+    probe = """
+import torch, fla.ops.linear_attn, xformers.ops
+from attn.attention.linear import limit_fla_autotune
+from fla.ops.common import chunk_h
+assert limit_fla_autotune() > 10
+k = chunk_h.chunk_fwd_kernel_h
+while not hasattr(k, "configs"):
+    k = k.fn
+assert len(k.configs) == 2, len(k.configs)
+torch.cuda.is_available = lambda: True  # after the imports: what a CUDA machine would answer
+from attn.attention.full import xformers_extension_note
+from xformers.ops.fmha import common
+assert "C extension did not load" in xformers_extension_note() and common._built_with_cuda is True
+"""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run([image_python, "-c", probe], cwd="/", env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rehearsal")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,7 @@ def xformers_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     """
     from xformers.ops import memory_efficient_attention
 
+    xformers_extension_note()
     bias = _xformers_bias(causal, q.shape[2], k.shape[2], window)
     try:
         out = memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
@@ -70,6 +72,28 @@ def xformers_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 
 
 _XFORMERS_WHY = " (pip install 'attn-bench[gpu]')"
+
+
+@functools.cache
+def xformers_extension_note() -> str | None:
+    """When xformers' C extension did not load, let its dispatcher use the operators that need none of it.
+
+    The 0.0.35 wheel's extension needs libcudart.so.12 (CUDA 12); beside a CUDA 13 torch it does not
+    load, and xformers then refuses *every* CUDA operator ("xFormers wasn't build with CUDA support"),
+    although the ones this project calls -- FlashAttention-2 ``fa2F/B@...-pt`` and CUTLASS
+    ``cutlassF/B-pt`` -- run torch's own kernels (aten._flash_attention_* / _efficient_attention_*).
+    So that flag is set, and this returns the note saying so (None when the extension loaded).
+    """
+    import xformers.ops  # noqa: F401
+    from xformers import _cpp_lib
+    from xformers.ops.fmha import common
+
+    err = getattr(_cpp_lib, "_cpp_library_load_exception", None)
+    if err is None or not torch.cuda.is_available() or torch.version.hip is not None:
+        return None
+    common._built_with_cuda = True
+    return (f"xformers' C extension did not load ({type(err).__name__}); its dispatcher runs torch's own "
+            "FlashAttention / memory-efficient kernels")
 
 
 @functools.cache
@@ -84,6 +108,9 @@ def xformers_unavailable() -> str | None:
     if why is not None or not torch.cuda.is_available():
         return why
     try:
+        note = xformers_extension_note()
+        if note:
+            warnings.warn(note, stacklevel=2)
         q = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
         xformers_attention(q, q, q, causal=True)
         torch.cuda.synchronize()
@@ -131,4 +158,5 @@ class FullAttention(Attention):
         return xformers_attention(q, k, v, causal)
 
 
-__all__ = ["FullAttention", "FullConfig", "causal_mask", "dense_attention", "xformers_attention", "xformers_unavailable"]
+__all__ = ["FullAttention", "FullConfig", "causal_mask", "dense_attention", "xformers_attention", "xformers_extension_note",
+           "xformers_unavailable"]

@@ -21,8 +21,10 @@ even through rounding, and the decoder's state stays constant-size (S, z, R).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import os
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -95,6 +97,48 @@ class LinearState:
 def _ones_column(v: torch.Tensor) -> torch.Tensor:
     """(..., T, D) -> [v | 1] (..., T, D + 1): the last column of phi(k)^T [v | 1] accumulates z."""
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
+
+
+FLA_AUTOTUNE_ENV = "ATTN_BENCH_FLA_AUTOTUNE_CONFIGS"
+
+
+@functools.cache
+def limit_fla_autotune(default: int = 2) -> int:
+    """Cut each of fla's Triton autotuners to a few configs (``ATTN_BENCH_FLA_AUTOTUNE_CONFIGS``, default 2;
+    0 keeps fla's own search). Returns how many autotuners were cut.
+
+    fla tunes e.g. ``chunk_fwd_kernel_h`` over 48 configs, compiling and timing each, per dtype and
+    head count, forward and backward: minutes of a first call, which a GPU check with ~8 minutes in all
+    cannot spend. Kept: the configs with 4 warps first, then 3 stages, then the largest tiles -- the
+    shapes fla's own tuning picks most on Hopper. The fastest config may be among those cut: fla's
+    numbers are then a lower bound, and the README says so.
+    """
+    keep = int(os.environ.get(FLA_AUTOTUNE_ENV, default))
+    if keep <= 0:
+        return 0
+    import sys
+
+    from triton.runtime.autotuner import Autotuner
+
+    def rank(cfg) -> tuple:
+        tiles = 1
+        for v in cfg.kwargs.values():
+            tiles *= v if isinstance(v, int) else 1
+        return (cfg.num_warps != 4, cfg.num_stages != 3, -tiles)
+
+    cut = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.ops") or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            for _ in range(4):  # @triton.heuristics wraps the Autotuner: follow .fn down to it
+                if isinstance(obj, Autotuner) or not hasattr(obj, "fn"):
+                    break
+                obj = obj.fn
+            if isinstance(obj, Autotuner) and len(obj.configs) > keep:
+                obj.configs = sorted(obj.configs, key=rank)[:keep]
+                cut += 1
+    return cut
 
 
 @register_attention("linear", config=LinearConfig)
@@ -268,6 +312,7 @@ class LinearAttention(Attention):
             return self._state_form(q, k, v, causal, None)
         from fla.ops.linear_attn import chunk_linear_attn
 
+        limit_fla_autotune()
         dtype, cdt = q.dtype, self.compute_dtype(q.dtype)
         kernel_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
         q, k, v = (x.to(cdt) for x in (q, k, v))
