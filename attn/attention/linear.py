@@ -118,7 +118,10 @@ def limit_fla_autotune(default: int = 2) -> int:
         return 0
     import sys
 
-    from triton.runtime.autotuner import Autotuner
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:  # no triton: no real fla kernels to tune (a test's stand-in)
+        return 0
 
     def rank(cfg) -> tuple:
         tiles = 1
