@@ -165,6 +165,48 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, params
 
 
+def _matches(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` has type ``hint``; None when the hint is not one this check understands."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        results = [_matches(value, h) for h in typing.get_args(hint)]
+        return True if any(r is True for r in results) else (None if None in results else False)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def check_config_defaults(what: str, config: type) -> None:
+    """TypeError when a config field's default is not of its declared type (``window: int = "256"``):
+    ``list`` would show it and a sweep would carry it until some arithmetic failed deep in a cell."""
+    try:
+        hints = typing.get_type_hints(config)
+    except Exception:  # noqa: BLE001 -- unresolvable annotations: nothing to check against
+        return
+    for f in dataclasses.fields(config):
+        if f.default is dataclasses.MISSING or f.name not in hints:
+            continue
+        if _matches(f.default, hints[f.name]) is False:
+            raise TypeError(f"{what}: config field {f.name!r} is declared {typing_name(hints[f.name])} but its default is "
+                            f"{f.default!r} ({type(f.default).__name__})")
+
+
+def typing_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
 class Registry:
     """Name -> (class, config dataclass). Entry-point plugins load lazily on first lookup."""
 
@@ -185,6 +227,7 @@ class Registry:
 
         def decorator(cls: type) -> type:
             self._check_class(name, cls)
+            check_config_defaults(f"{self.kind} {shorten(name)}", config)
             if name in self._entries:
                 raise ValueError(
                     f"{self.kind} {shorten(name)} is already registered "

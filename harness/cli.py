@@ -85,6 +85,8 @@ def _print_listing(variants: list[dict[str, Any]], positions: list[dict[str, Any
             where = "; ".join(f"{d}: {'/'.join(m)}" for d, m in b["devices"].items())
             avail = f"  [unavailable: {b['available']}]" if b["available"] else ""
             click.echo(f"    backend {b['name']:<11} {where}{avail}")
+        for line in _auto_lines(v.get("auto_order", {})):
+            click.echo(f"    auto tries   {line}")
         if v["source"] != "builtin":
             click.echo(f"    from {v['source']}")
     click.secho("Position methods", bold=True)
@@ -95,6 +97,15 @@ def _print_listing(variants: list[dict[str, Any]], positions: list[dict[str, Any
         click.secho("Sweep presets", bold=True)
         for name, text in presets.items():
             click.echo(f"  {name:<8} {text}")
+
+
+def _auto_lines(orders: dict[str, list[str]]) -> list[str]:
+    """One line per device: modes that try the same backends share it ("cpu forward/decode: a > b")."""
+    by_device: dict[str, dict[str, list[str]]] = {}
+    for key, order in orders.items():
+        device, _, mode = key.partition("/")
+        by_device.setdefault(device, {}).setdefault(" > ".join(order), []).append("train" if mode == "backward" else mode)
+    return [f"{device} {'/'.join(modes)}: {order}" for device, groups in by_device.items() for order, modes in groups.items()]
 
 
 def _presets() -> dict[str, str]:

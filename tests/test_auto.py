@@ -89,3 +89,74 @@ def test_a_bad_auto_order_is_refused_at_registration(order, why):
 
     with pytest.raises(TypeError, match=why):
         Registry("attention variant", base="attn.attention.base:Attention").register("bad", Cfg)(Bad)
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("mode", ["forward", "backward", "decode"])
+def test_list_shows_the_order_auto_tries(name, mode):
+    """`attn-bench list`'s "auto tries" line is the order select_backend follows: its first runnable entry runs."""
+    m = attn.build_attention(name)
+    order = type(m).auto_orders()[f"cpu/{mode}"]
+    runnable = [n for n in order if m.backend_info(n).why_not("cpu", torch.float32, mode) is None]
+    assert order[-1] == "reference"
+    assert m.select_backend("cpu", torch.float32, mode) == runnable[0]
+
+
+def test_auto_falls_back_to_the_reference_wherever_it_is_listed():
+    """A plugin listing a CUDA-only fast backend first, and its reference second, still runs on CPU."""
+    from dataclasses import dataclass
+
+    from attn.attention.base import ALL_MODES, Backend
+
+    @dataclass(frozen=True)
+    class Cfg:
+        pass
+
+    class CudaFirst(attn.Attention):
+        backends = (Backend("fast", {"cuda": ALL_MODES}), Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}))
+
+        def backend_fast(self, q, k, v, causal):
+            raise AssertionError("not on CPU")
+
+        def backend_reference(self, q, k, v, causal):
+            return v
+
+    try:
+        attn.register_attention("test_cuda_first", config=Cfg)(CudaFirst)
+        m = attn.build_attention("test_cuda_first")
+        q = torch.randn(1, 2, 8, 4)
+        m(q, q, q)
+        assert m.last_backend == "reference"
+        assert CudaFirst.auto_orders()["cpu/forward"] == ["reference"]
+    finally:
+        ATTENTION.unregister("test_cuda_first")
+
+
+def test_declarations_are_checked_when_registered():
+    from dataclasses import dataclass
+
+    from attn.attention.base import ALL_MODES, Backend
+
+    @dataclass(frozen=True)
+    class Cfg:
+        window: int = 256
+
+    @dataclass(frozen=True)
+    class BadDefault:
+        window: int = "256"  # what a user wrote, and list and the sweep used to accept
+
+    class NoMethod(attn.Attention):
+        backends = (Backend("reference", {"cpu": ALL_MODES}), Backend("fast", {"cpu": ALL_MODES}))
+
+        def backend_reference(self, q, k, v, causal):
+            return v
+
+    class Fine(NoMethod):
+        def backend_fast(self, q, k, v, causal):
+            return v
+
+    with pytest.raises(TypeError, match=r"backend\(s\) fast without a method: write def backend_fast"):
+        attn.register_attention("test_no_method", config=Cfg)(NoMethod)
+    with pytest.raises(TypeError, match=r"'window' is declared int but its default is '256' \(str\)"):
+        attn.register_attention("test_bad_default", config=BadDefault)(Fine)
+    assert "test_no_method" not in ATTENTION.names() and "test_bad_default" not in ATTENTION.names()

@@ -189,7 +189,7 @@ class Attention(nn.Module):
             if why is None:
                 return b.name
             reasons.append(why)
-        ref = self.backends[0] if self.backends[0].name == "reference" else None
+        ref = next((b for b in self.backends if b.name == "reference"), None)  # wherever it is listed
         if ref is not None and ref.why_not(device, dtype, mode) is None:
             return "reference"
         raise UnsupportedBackend(f"{self.name}: no backend can run ({'; '.join(reasons)})")
@@ -208,6 +208,10 @@ class Attention(nn.Module):
             if unknown:
                 raise TypeError(f"{cls.__qualname__}.auto_order[{key!r}] names unknown backends {unknown}; "
                                 f"declared: {', '.join(names)}")
+        missing = [n for n in names if not callable(getattr(cls, f"backend_{n}", None))]
+        if missing:
+            raise TypeError(f"{cls.__qualname__} declares backend(s) {', '.join(missing)} without a method: write "
+                            + ", ".join(f"def backend_{n}(self, q, k, v, causal)" for n in missing))
 
     def auto_candidates(self, device: str, mode: str) -> list[Backend]:
         """Backends in the order ``auto`` tries them on ``device`` (a device type: cpu, cuda) in ``mode``."""
@@ -287,6 +291,25 @@ class Attention(nn.Module):
         return self(q, keys, values, causal=True)
 
     @classmethod
+    def auto_orders(cls) -> dict[str, list[str]]:
+        """``"<device>/<mode>"`` -> the backends ``auto`` tries there, in order (the dense reference last:
+        it runs only when nothing else can), for every device and mode some backend declares."""
+        out = {}
+        devices = dict.fromkeys(d for b in cls.backends for d in b.devices)
+        for device in devices:
+            for mode in MODES:
+                able = [b for b in cls.backends if mode in b.devices.get(device, ())]
+                if not able:
+                    continue
+                measured = cls.auto_order.get(f"{device}/{mode}", ())
+                order = [n for n in measured if any(b.name == n for b in able)]
+                order += [b.name for b in able if b.name not in order and b.name != "reference"]
+                if any(b.name == "reference" for b in able):
+                    order.append("reference")
+                out[f"{device}/{mode}"] = order
+        return out
+
+    @classmethod
     def describe(cls) -> dict[str, Any]:
         return {
             "causal": cls.supports_causal,
@@ -294,6 +317,7 @@ class Attention(nn.Module):
             "exact": cls.exact,
             "decode": cls.supports_decode,
             "backends": [b.describe() for b in cls.backends],
+            "auto_order": cls.auto_orders(),
             "doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
         }
 
