@@ -451,3 +451,13 @@ def test_the_summary_says_how_many_cells_are_noisy():
            "peak_mem_bytes": 2**20, "mode": "forward"}
     assert "noisy" not in summary_tables([row, {**row, "seq_len": 1024, "noisy": False}])
     assert "1 ok cells are noisy" in summary_tables([row, {**row, "seq_len": 1024, "noisy": True}])
+
+
+def test_threads_reach_the_worker_and_the_rows(tmp_path):
+    out = tmp_path / "t.jsonl"
+    rc = main(["sweep", "--variant", "full", "--lengths", "64", "--heads", "2", "--head-dim", "8", "--threads", "1",
+               "--min-run-time", "0.02", "--max-run-time", "0.05", "--out", str(out)])
+    assert rc == 0
+    assert [r["num_threads"] for r in read_rows(out)] == [1]
+    assert main(["sweep", "--variant", "full", "--lengths", "64", "--threads", "0", "--out", str(tmp_path / "u.jsonl")]) == 2
+    assert not (tmp_path / "u.jsonl").exists()

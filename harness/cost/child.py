@@ -136,6 +136,7 @@ def child_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mem-limit", type=int, default=0, help="bytes; 0 = none")
     parser.add_argument("--plugin", action="append", default=[])
     parser.add_argument("--no-address-space-cap", action="store_true", help="leave memory to the parent's RSS watchdog")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch's default")
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     faulthandler.enable()  # a crash leaves the Python stack in the log, and so in the row's error
@@ -157,6 +158,8 @@ def child_main(argv: list[str] | None = None) -> None:
     torch._dynamo.config.accumulated_recompile_limit = 8192
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     failed = {p: attn.plugin_errors().get(p) for p in args.plugin if not attn.load_plugin(p)}
+    if args.threads:
+        torch.set_num_threads(args.threads)  # before any cell: the peak matmul and the cell run with these
     cuda = args.device.startswith("cuda")
     if cuda and torch.cuda.is_available():
         claim_cuda_device(args.device, args.mem_limit)

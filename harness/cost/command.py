@@ -22,7 +22,7 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
     """The options the user actually gave (click passes None / () for the others)."""
     names = {"variant", "position", "lengths", "batch", "heads", "head_dim", "dtype", "mode", "scope", "causal", "layers",
              "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "retries",
-             "plugin", *EXECUTOR_KEYS}
+             "threads", "plugin", *EXECUTOR_KEYS}
     layer = {}
     for k in names:
         v = opts.get(k)
@@ -60,6 +60,7 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--min-run-time", type=float, help="Seconds of timed calls before the spread is checked.")
 @click.option("--max-run-time", type=float, help="Seconds of timed calls after which a cell stops repeating.")
 @click.option("--retries", type=int, help="Re-measure a cell flagged noisy up to N times (default 2; keeps the least noisy).")
+@click.option("--threads", type=int, help="torch CPU threads per cell (default: torch's choice); rows record num_threads.")
 @executor_options
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:

@@ -167,6 +167,7 @@ RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "max_run_time": _positive,
     "threshold": _positive,
     "retries": _count(0),
+    "threads": _count(1),
     "plugin": _strs(split=False),
     "out": _str,
     # where the cells run (harness.executors)
@@ -213,6 +214,7 @@ class RunSettings:
     max_run_time: float = 2.0
     threshold: float = 0.1
     retries: int = 2  # re-measurements of a cell flagged noisy (harness.cost.noise)
+    threads: int | None = None  # torch CPU threads in the worker; None: torch's choice (rows carry num_threads)
     plugin: tuple[str, ...] = ()
     out: str | None = None
     executor: ExecutorConfig = ExecutorConfig()

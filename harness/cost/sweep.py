@@ -80,7 +80,7 @@ class CellMeasurer:
         self.settings, self.run_id = run, run_id
         mem_bytes, host_bytes = memory_limits(run)
         self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
-                                          plugins=tuple(run.plugin)))
+                                          plugins=tuple(run.plugin), threads=run.threads))
         self.env = environment(run.device, run.seed)
         self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes}
 

@@ -98,6 +98,7 @@ class WorkerConfig:
     plugins: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     address_space_cap: bool = True  # CPU: RLIMIT_AS per cell; off leaves only the RSS watchdog
+    threads: int | None = None  # torch.set_num_threads in the worker; None: torch's default
 
 
 class Worker:
@@ -132,6 +133,8 @@ class Worker:
             args += ["--plugin", p]
         if not self.config.address_space_cap:
             args.append("--no-address-space-cap")
+        if self.config.threads:
+            args += ["--threads", str(self.config.threads)]
         cmd = child_command(args)
         try:
             self.proc = subprocess.Popen(
