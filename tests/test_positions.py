@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import warnings
 
@@ -269,11 +270,11 @@ CHUNKS = (5, 1, 1, 3, 1, 2)
 CLOSE = {"rtol": 1e-6, "atol": 1e-6}
 
 
-def tiny_model(attention: str, position: str) -> attn.Transformer:
+def tiny_model(attention: str, position: str, backend: str = "reference") -> attn.Transformer:
     torch.manual_seed(0)
     config = attn.TransformerConfig.preset(
         "tiny", d_model=32, attention=attention, attention_params=ATTENTION_PARAMS.get(attention, {}),
-        position=position, position_params=POSITION_PARAMS.get(position, {}), backend="reference", max_seq_len=16,
+        position=position, position_params=POSITION_PARAMS.get(position, {}), backend=backend, max_seq_len=16,
     )
     return attn.Transformer(config).double().eval()
 
@@ -301,6 +302,12 @@ def test_backbone_runs_every_attention_with_every_position(attention, position):
         assert full.shape == (2, T, 256) and torch.isfinite(full).all()
         if model.blocks[0].attn.attn.supports_decode:
             torch.testing.assert_close(decode(model, idx, max_len=T), full, **CLOSE)
+        # the fast backends `auto` picks (same weights), through the positions, forward and decoding
+        fast = tiny_model(attention, position, backend="auto")
+        torch.testing.assert_close(fast(idx), full, **CLOSE)
+        assert fast.blocks[0].attn.attn.last_backend != "reference" or len(fast.blocks[0].attn.attn.backends) == 1
+        if fast.blocks[0].attn.attn.supports_decode:
+            torch.testing.assert_close(decode(fast, idx, max_len=T), full, **CLOSE)
 
 
 def test_dynamic_decode_with_announced_length_equals_forward_and_warns_when_it_runs_past():
@@ -314,3 +321,69 @@ def test_dynamic_decode_with_announced_length_equals_forward_and_warns_when_it_r
     with torch.no_grad(), pytest.warns(UserWarning, match="init_state"):
         unannounced = decode(model, idx, max_len=0)  # the base grows under the cached keys
     assert (unannounced - full).abs().max() > 1e-5
+
+
+# -- against transformers' own RoPE initialisers, over a grid (the ramp's transition zone included) ---------
+
+def _hf_config(rope_type: str, head_dim: int, theta: float, prf: float, max_pos: int, **params):
+    from transformers import LlamaConfig
+
+    rp = {"rope_type": rope_type, "rope_theta": theta, **params}
+    if prf != 1.0:
+        rp["partial_rotary_factor"] = prf
+    return LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, rope_parameters=rp,
+                       max_position_embeddings=max_pos)
+
+
+HF_GRID = list(itertools.product([64, 128], [10_000.0, 500_000.0], [1.0, 0.5], [256, 4096, 32_768], [2.0, 4.0, 16.0, 40.0]))
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+@pytest.mark.parametrize("betas", [(32.0, 1.0), (16.0, 2.0), (64.0, 0.5)])
+def test_yarn_matches_transformers_over_a_grid(truncate, betas):
+    """Every frequency and the attention factor, as transformers computes them (its find_correction_range with
+    floor/ceil, truncate, the clamped ramp): a swapped floor/ceil or an inverted truncate changes 3-70% of them."""
+    R = pytest.importorskip("transformers.modeling_rope_utils")
+    from attn.positions.rope_scaling import YarnConfig, yarn_parameters
+
+    fast, slow = betas
+    for head_dim, theta, prf, L0, s in HF_GRID:
+        hf = _hf_config("yarn", head_dim, theta, prf, int(L0 * s), factor=s, original_max_position_embeddings=L0,
+                        beta_fast=fast, beta_slow=slow, truncate=truncate)
+        expected, factor = R._compute_yarn_parameters(hf)
+        ours, our_factor = yarn_parameters(YarnConfig(head_dim=head_dim, rope_theta=theta, partial_rotary_factor=prf,
+                                                      factor=s, original_max_position_embeddings=L0, beta_fast=fast,
+                                                      beta_slow=slow, truncate=truncate))
+        where = (head_dim, theta, prf, L0, s)
+        # transformers works in fp32 (ours in fp64): 2e-6 apart at worst where the ramp is fractional
+        torch.testing.assert_close(ours.float(), expected, rtol=1e-5, atol=0, msg=f"inv_freq at {where}")
+        assert math.isclose(our_factor, factor, rel_tol=1e-12), where
+
+
+def test_llama3_linear_and_dynamic_match_transformers_over_a_grid():
+    R = pytest.importorskip("transformers.modeling_rope_utils")
+    from attn.positions.rope_scaling import (
+        DynamicConfig,
+        Llama3Config,
+        ScaledConfig,
+        dynamic_parameters,
+        linear_parameters,
+        llama3_parameters,
+    )
+
+    for head_dim, theta, prf, L0, s in HF_GRID:
+        common = dict(head_dim=head_dim, rope_theta=theta, partial_rotary_factor=prf, factor=s)
+        for low, high in ((1.0, 4.0), (0.5, 2.0)):
+            hf = _hf_config("llama3", head_dim, theta, prf, int(L0 * s), factor=s, original_max_position_embeddings=L0,
+                            low_freq_factor=low, high_freq_factor=high)
+            ours = llama3_parameters(Llama3Config(**common, original_max_position_embeddings=L0, low_freq_factor=low,
+                                                  high_freq_factor=high))[0]
+            torch.testing.assert_close(ours.float(), R._compute_llama3_parameters(hf)[0], rtol=1e-6, atol=0)
+        hf = _hf_config("linear", head_dim, theta, prf, L0, factor=s)
+        torch.testing.assert_close(linear_parameters(ScaledConfig(**common))[0].float(),
+                                   R._compute_linear_scaling_rope_parameters(hf)[0], rtol=1e-6, atol=0)
+        for seq_len in (L0 // 2, L0, 3 * L0):  # unchanged within L0, growing past it
+            hf = _hf_config("dynamic", head_dim, theta, prf, L0, factor=s)
+            expected = R._compute_dynamic_ntk_parameters(hf, seq_len=seq_len)[0]
+            ours = dynamic_parameters(DynamicConfig(**common, original_max_position_embeddings=L0), seq_len)[0]
+            torch.testing.assert_close(ours.float(), expected, rtol=1e-5, atol=0, msg=f"dynamic at {seq_len}")
