@@ -16,6 +16,7 @@ from harness.plugins import load_plugins, warn_plugin
 
 COMMANDS = {
     "list": "harness.cli:list_command",
+    "check": "harness.check:check_command",
     "sweep": "harness.cost.command:sweep_command",
     "accuracy": "harness.accuracy.cli:accuracy_command",
     "plot": "harness.analysis.figures:plot_command",

@@ -6,11 +6,11 @@ the tolerance rule rejects a planted off-by-one window. `scripts/gpu_check.sh` r
 a GPU machine, where the CUDA half runs: each fast backend with gradients, without them (the graphs
 and kernels a timed forward cell runs), and decoding, in fp32 and bf16.
 
-Tolerance: a fast backend in a low precision is compared with the fp64 reference, and may be off by
-at most 4x what the reference itself is off when run in that precision at that length (or a floor
-of 2 unit roundoffs; in fp32 4 of TF32's, 2e-3, so TF32 kernels pass). The error of the dtype and the
-length is measured, not guessed: a bf16 window off by one (3.7e-2 at L=1000) is 8x the 4.6e-3 a bf16
-reference makes, where the old fixed bf16 tolerance of 3e-2 let it through.
+Tolerance: attn.checks' (the one `attn-bench check` and the built-ins' tests use): a fast backend in a
+low precision may be off from the fp64 reference by at most 4x what the reference itself is off when
+run in that precision at that length (or a floor of 2 unit roundoffs; in fp32 4 of TF32's). The error
+of the dtype and the length is measured, not guessed: a bf16 window off by one (3.7e-2 at L=1000) is
+8x the 4.6e-3 a bf16 reference makes, where the old fixed bf16 tolerance of 3e-2 let it through.
 
 ``ATTN_BENCH_REQUIRE_BACKENDS=xformers,fla`` (set by gpu_check.sh for the wheels it carried) turns
 "skipped: cannot run here" into a failure for those backends, so a carried wheel that does not work
@@ -23,6 +23,7 @@ import torch
 
 import attn
 from attn.attention.base import UnsupportedBackend
+from attn.checks import mismatches  # the one definition of "close enough" (tolerance and figures)
 
 # Parameters at which each built-in variant has structure at the test lengths.
 PARAMS = {
@@ -31,8 +32,6 @@ PARAMS = {
     "linear": {},
 }
 CUDA = torch.cuda.is_available()
-# 4 unit roundoffs of TF32 in fp32 (Triton's default for fp32 dots, which fla's kernels use); 2 of bf16/fp16.
-FLOOR = {torch.float32: 4 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8, torch.float16: 2 * 2.0**-11}
 LENGTH, DECODE_QUERIES = 1000, 7
 
 
@@ -40,45 +39,9 @@ def required_backends() -> set[str]:
     return {b.strip() for b in os.environ.get("ATTN_BENCH_REQUIRE_BACKENDS", "").split(",") if b.strip()}
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def tolerance(dtype: torch.dtype, baseline: float) -> float:
-    """What a fast backend may be off from the fp64 reference, given the low-precision reference's error."""
-    return max(4 * baseline, FLOOR[dtype])
-
-
-def mismatches(fast, ref, q, k, v, causal: bool, grad: bool, decode: bool = False) -> list[str]:
-    """Compare ``fast`` (inputs in q's dtype) with ``ref`` in fp64; return what is off, with the figures.
-
-    The reference also runs in q's dtype: its error at this dtype and length sets the tolerance.
-    ``decode``: the last few queries against every key (bottom-right aligned), without gradients.
-    """
-    dtype = q.dtype
-    g = torch.Generator(device=q.device).manual_seed(1)
-    if decode:
-        q = q[:, :, -DECODE_QUERIES:]
-    exact, low, mine = ([t.detach().to(dt).requires_grad_(grad) for t in (q, k, v)]
-                        for dt in (torch.float64, dtype, dtype))
-    with torch.set_grad_enabled(grad):
-        expected, baseline, out = ref(*exact, causal=causal), ref(*low, causal=causal), fast(*mine, causal=causal)
-    what = "decode" if decode else "forward" if grad else "no-grad forward"
-    found = []
-    tol = tolerance(dtype, rel_err(baseline, expected))
-    if not rel_err(out, expected) <= tol:  # NaN fails too
-        found.append(f"{what}: rel. error {rel_err(out, expected):.2e} > {tol:.2e}")
-    if grad:
-        dout = torch.randn(expected.shape, device=q.device, generator=g, dtype=torch.float64)
-        expected.backward(dout)
-        baseline.backward(dout.to(dtype))
-        out.backward(dout.to(dtype))
-        for name, e, b, a in zip("qkv", exact, low, mine, strict=True):
-            tol = tolerance(dtype, rel_err(b.grad, e.grad))
-            if not rel_err(a.grad, e.grad) <= tol:
-                found.append(f"d{name}: rel. error {rel_err(a.grad, e.grad):.2e} > {tol:.2e}")
-    return found
+def decode_mismatches(fast, ref, q, k, v) -> list[str]:
+    """The last few queries against every key (bottom-right aligned), without gradients."""
+    return mismatches(fast, ref, q[:, :, -DECODE_QUERIES:], k, v, causal=True, grad=False)
 
 
 def backend_cases(device: str):
@@ -162,7 +125,7 @@ def test_backend_matches_reference(device, name, backend, modes, dtype, causal):
     found = []
     for mode, grad, decode in runs:
         try:
-            found += mismatches(fast, ref, q, k, v, causal, grad, decode)
+            found += decode_mismatches(fast, ref, q, k, v) if decode else mismatches(fast, ref, q, k, v, causal, grad)
         except UnsupportedBackend as e:
             if required:
                 found.append(f"{mode}: refused although its wheel was carried: {e}")

@@ -1,0 +1,175 @@
+"""One definition of "correct" for every variant: each backend that can run here equals the variant's
+``reference``, computed in fp64, within a tolerance measured from the reference itself.
+
+``attn-bench check`` runs this on a plugin's variants; the built-ins' own tests run it on theirs; and
+``tests/test_backends_devices.py`` uses the same tolerance on CUDA. Properties, per backend and device:
+
+- forward, with and without gradients (causal, and bidirectional where the variant supports it), at
+  odd lengths below and above typical block sizes, and with fewer queries than keys (bottom-right);
+- gradients of q, k, v, where the backend declares ``backward`` on the device;
+- each dtype the backend declares, fp32 and bf16 (fp16 too when declared and asked for);
+- decoding: the variant's own ``new_state``/``step``, token by token and in chunks, equals one forward.
+
+Tolerance: a backend in a low precision may be off from the fp64 reference by at most 4x what the
+reference itself is off when run in that precision on those inputs, or by a floor of 2 unit
+roundoffs (fp32: 4 of TF32's, so TF32 kernels pass). The error of each dtype and shape is measured,
+not guessed: a bf16 window off by one (3.7e-2 at L=1000) is 8x the 4.6e-3 a bf16 reference makes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attn.attention.base import UnsupportedBackend
+
+FLOOR = {torch.float32: 4 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8, torch.float16: 2 * 2.0**-11, torch.float64: 1e-10}
+DECODE_CHUNKS = (1, 1, 3, 1, 5)  # token by token, then chunks: a decode state must accept both
+# (B, H, Lq, Lk, D): odd lengths below and above 128 (Flex's block), one query, fewer queries than keys
+SHAPES = ((1, 2, 37, 37, 16), (2, 2, 130, 130, 16), (1, 2, 1, 45, 16), (1, 3, 7, 150, 8))
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def tolerance(dtype: torch.dtype, baseline: float) -> float:
+    """What a backend may be off from the fp64 reference, given the low-precision reference's own error."""
+    return max(4 * baseline, FLOOR[dtype])
+
+
+def mismatches(fast: Any, ref: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, grad: bool,
+               seed: int = 1) -> list[str]:
+    """Compare ``fast`` (inputs in q's dtype) with ``ref`` in fp64; return what is off, with the figures.
+
+    The reference also runs in q's dtype: its error at this dtype and shape sets the tolerance.
+    """
+    dtype = q.dtype
+    exact, low, mine = ([t.detach().to(dt).requires_grad_(grad) for t in (q, k, v)]
+                        for dt in (torch.float64, dtype, dtype))
+    with torch.set_grad_enabled(grad):
+        expected, baseline, out = ref(*exact, causal=causal), ref(*low, causal=causal), fast(*mine, causal=causal)
+    found = []
+    tol = tolerance(dtype, rel_err(baseline, expected))
+    if not rel_err(out, expected) <= tol:  # NaN fails too
+        found.append(f"output off by {rel_err(out, expected):.2e} (tolerance {tol:.2e})")
+    if grad:
+        g = torch.Generator(device=q.device).manual_seed(seed)
+        dout = torch.randn(expected.shape, device=q.device, generator=g, dtype=torch.float64)
+        expected.backward(dout)
+        baseline.backward(dout.to(dtype))
+        out.backward(dout.to(dtype))
+        for name, e, b, a in zip("qkv", exact, low, mine, strict=True):
+            tol = tolerance(dtype, rel_err(b.grad, e.grad))
+            if a.grad is None or not rel_err(a.grad, e.grad) <= tol:
+                err = "no gradient" if a.grad is None else f"off by {rel_err(a.grad, e.grad):.2e} (tolerance {tol:.2e})"
+                found.append(f"d{name} {err}")
+    return found
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One checked property of one backend: ``ok``, ``mismatch``, or ``skipped`` (with why)."""
+
+    variant: str
+    backend: str
+    check: str
+    status: str
+    detail: str = ""
+
+
+def _inputs(shape: tuple[int, ...], device: str, seed: int) -> tuple[torch.Tensor, ...]:
+    B, H, lq, lk, D = shape
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, H, lq, D, device=device, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, H, lk, D, device=device, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, v
+
+
+def check_backend(name: str, params: dict[str, Any], backend: str, device: str = "cpu",
+                  dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
+                  shapes: tuple[tuple[int, ...], ...] = SHAPES) -> list[Finding]:
+    """Every property of one backend against the variant's reference, on ``device``."""
+    import attn
+
+    fast = attn.build_attention(name, backend=backend, **params).to(device)
+    ref = attn.build_attention(name, backend="reference", **params).to(device)
+    info, kind = fast.backend_info(backend), torch.device(device).type
+    directions = [c for c, ok in ((True, fast.supports_causal), (False, fast.supports_bidirectional)) if ok]
+    out = []
+    for dtype in dtypes:
+        dt = str(dtype).removeprefix("torch.")
+        for shape in shapes:
+            decode_shape = shape[2] < shape[3]
+            mode = "decode" if decode_shape else "forward"
+            runs = [(mode, False)] + ([("backward", True)] if not decode_shape else [])
+            for causal in directions if not decode_shape else [c for c in directions if c]:
+                for run_mode, grad in runs:
+                    label = (f"{run_mode}{' (grad)' if grad else ''} {dt} {'causal' if causal else 'bidirectional'} "
+                             f"B={shape[0]} H={shape[1]} Lq={shape[2]} Lk={shape[3]} D={shape[4]}")
+                    why = info.why_not(kind, dtype, run_mode)
+                    if why:
+                        out.append(Finding(name, backend, label, "skipped", why))
+                        continue
+                    q, k, v = (t.to(dtype) for t in _inputs(shape, device, seed=sum(shape)))
+                    try:
+                        found = mismatches(fast, ref, q, k, v, causal, grad)
+                    except UnsupportedBackend as e:
+                        out.append(Finding(name, backend, label, "skipped", str(e)))
+                        continue
+                    except Exception as e:  # noqa: BLE001 -- a crash is a finding, not the checker's failure
+                        found = [f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
+                    if not found and fast.last_backend != backend:
+                        found = [f"ran {fast.last_backend!r} instead"]
+                    out.append(Finding(name, backend, label, "mismatch" if found else "ok", "; ".join(found)))
+    return out
+
+
+def check_decode(name: str, params: dict[str, Any], device: str = "cpu", length: int = 11) -> list[Finding]:
+    """The variant's own decoding state (``new_state``/``step``), in ``DECODE_CHUNKS``, equals one causal forward."""
+    import attn
+
+    m = attn.build_attention(name, **params).to(device)
+    if not (m.supports_decode and m.supports_causal):
+        return [Finding(name, "decode state", "new_state/step", "skipped", "the variant does not decode")]
+    q, k, v = _inputs((2, 2, length, length, 16), device, seed=7)
+    ref = attn.build_attention(name, backend="reference", **params).to(device)
+    with torch.no_grad():
+        expected = ref(q, k, v, causal=True)
+        state, outs, t = m.new_state(length), [], 0
+        for n in DECODE_CHUNKS:
+            outs.append(m.step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state))
+            t += n
+        if t < length:
+            outs.append(m.step(q[:, :, t:], k[:, :, t:], v[:, :, t:], state))
+        got = torch.cat(outs, dim=2)
+    err = rel_err(got, expected)
+    ok = err <= FLOOR[torch.float64] * 1e3
+    steps = "+".join(map(str, DECODE_CHUNKS))
+    return [Finding(name, "decode state", f"new_state/step in steps of {steps}+rest vs one forward, fp64",
+                    "ok" if ok else "mismatch",
+                    "" if ok else f"off from one forward by {err:.2e}")]
+
+
+def check_variant(name: str, params: dict[str, Any] | None = None, device: str = "cpu",
+                  dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)) -> list[Finding]:
+    """Every backend of a variant that is not its reference, plus its decoding state."""
+    import attn
+
+    params = params or {}
+    module = attn.build_attention(name, **params)
+    findings = []
+    for b in module.backends:
+        if b.name == "reference":
+            continue
+        if torch.device(device).type not in b.devices:
+            findings.append(Finding(name, b.name, "all", "skipped", f"no {torch.device(device).type} support declared"))
+            continue
+        findings += check_backend(name, params, b.name, device, dtypes)
+    return findings + check_decode(name, params, device)
+
+
+__all__ = ["DECODE_CHUNKS", "FLOOR", "Finding", "SHAPES", "check_backend", "check_decode", "check_variant", "mismatches",
+           "rel_err", "tolerance"]
