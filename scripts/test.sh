@@ -3,6 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+# Headless Chromium for the report's browser check (tests/test_report_browser.py skips, saying why, without it).
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  timeout 600 apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { timeout 300 apt-get update -q >/dev/null 2>&1 && timeout 600 apt-get install -y -q chromium >/dev/null 2>&1; } \
+    || echo "chromium could not be installed: the report's browser check will be skipped"
+fi
 . .venv/bin/activate
 ruff check .
 python -m pytest -p no:cacheprovider tests

@@ -10,6 +10,7 @@ import base64
 import html
 import io
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,10 +30,14 @@ SECTIONS = ("sources", "environment", "suspect", "findings", "scaling", "crossov
             "skipped")
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}h3{font-size:1.05em}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+h3{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.15em;margin-top:1.6em}h4{font-size:1em;margin:1em 0 .3em}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0 1em}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.muted{color:#666;font-size:.9em}
-figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:.9em}
+figure{margin:1.5em 0}img{max-width:100%;height:auto;display:block}figcaption{color:#333;font-size:.9em;margin-bottom:.4em}
+article.run{border-top:3px solid #888;margin-top:2.5em}h2.run-title{border:none;font-size:1.4em;display:inline}
+summary{cursor:pointer;padding:.6em 0}
+table{display:block;overflow-x:auto;max-width:100%}nav ol{columns:2}
 """
 
 
@@ -260,63 +265,139 @@ def findings(cost: pd.DataFrame, acc: pd.DataFrame, limit: int = MAX_FINDINGS) -
     return lines
 
 
+REPORT_DPI = 80  # figures are ~2000 px wide at the plot command's 150 dpi; a page shows them at <= 1150 px
+# What each figure shows, as one caption above it (the slug alone read as the next figure's title).
+DESCRIPTIONS = {
+    "latency": "Median time per call against sequence length (log-log); band = interquartile range. One panel per "
+               "scope · mode: op = the attention call alone, model = the whole backbone; train = forward + backward.",
+    "throughput": "Tokens per second against sequence length (log-log), per scope · mode.",
+    "memory": "Peak memory above the baseline against sequence length (log-log); decode rows: the state that is kept.",
+    "flops_fraction": "Useful FLOP/s as a fraction of the matmul peak timed next to each cell (1 = the machine's "
+                      "matmul speed).",
+    "speedup": "Speed-up over full attention at the same length and shape (log2 axis; 1× = parity).",
+    "fidelity": "How far each variant's output is from full attention's, per length.",
+    "accuracy": "Task accuracy (or bits per byte) per evaluation length and position method.",
+    "mqar": "Multi-query associative recall accuracy per number of key-value pairs.",
+    "position_heatmap": "Each position method's score per evaluation length.",
+    "passkey": "Passkey retrieval accuracy by context length and depth.",
+    "tradeoff": "Accuracy against throughput: each point one variant.",
+    "block_sparse_layout": "The block-sparse layouts measured: which key blocks each query block sees.",
+}
+COST_FIGURE_KINDS = ("cost", "variants")
+
+
 def _png(fig) -> str:
     buf = io.BytesIO()
     with _style():
-        fig.savefig(buf, format="png", dpi=110)
+        fig.savefig(buf, format="png", dpi=REPORT_DPI)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def build_report(results: F.Results, device: str | None = None, title: str = "attn-bench report") -> str:
-    """The whole report as one HTML string."""
-    P.check_plottable(results)
-    cost = F.select_device(results.cost, device)
-    if len(cost):
-        F.check_single_device(cost)
-    acc = results.accuracy
-    data = F.Results(cost=cost, accuracy=acc, sources=results.sources)
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f'<p class="muted">{html.escape(F.caption(cost if len(cost) else None, acc if len(acc) else None))}</p>']
-    parts.append(_section("sources", "Sources", _table(_sources(data), "sources-table")))
-    parts.append(_section("environment", "Environment", _table(environment_table(data), "environment-table")))
-    parts.append(_section("suspect", "Suspect and noisy cells", suspect_section(cost)))
+class _Ids:
+    """Section and table ids unique on the page: the first run keeps the plain id, later ones get -2, -3."""
 
-    items = "".join(f"<li>{html.escape(s)}</li>" for s in findings(cost, acc))
-    body = f"<ul>{items}</ul>" if items else '<p class="muted">no findings: too little data</p>'
-    has_cost = len(cost) and len(F.ok_rows(cost))
-    sub = [
-        _section("scaling", "Scaling exponents (log-log fit of latency and peak memory vs length)",
-                 _table(scaling_table(cost), "scaling-table") if has_cost else '<p class="muted">no ok cost rows</p>', 3),
-        _section("crossover", "Crossover length vs full",
-                 _table(crossover_table(cost), "crossover-table") if has_cost else '<p class="muted">no ok cost rows</p>', 3),
-        _section("reach", "Longest length reached",
-                 _table(reach_table(cost), "reach-table") if len(cost) else '<p class="muted">no cost rows</p>', 3),
-        _section("positions", "Best position method per evaluation length",
-                 _table(positions_table(acc), "positions-table"), 3),
-    ]
-    parts.append(_section("findings", "Findings", body + "".join(sub)))
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
 
-    tables = []
-    if len(cost):
-        for column, name, scale in (("latency_ms", "Latency (ms)", 1.0), ("tokens_per_s", "Throughput (tokens/s)", 1.0),
-                                    ("peak_mem_bytes", "Peak memory (MiB)", 2.0**20)):
-            if column in cost:
-                for facet, table in pivot_cost(cost, column, scale).items():
-                    tables.append(f"<h3>{html.escape(name)} · {html.escape(facet)}</h3>" + table.to_html(border=0, escape=True))
-    if len(acc):
-        for name, table in pivot_accuracy(acc).items():
-            tables.append(f"<h3>{html.escape(name)}</h3>" + table.to_html(border=0, escape=True))
-    parts.append(_section("tables", "Summary tables", "".join(tables) or '<p class="muted">no tables</p>'))
+    def __call__(self, base: str) -> str:
+        n = self.seen.get(base, 0) + 1
+        self.seen[base] = n
+        return base if n == 1 else f"{base}-{n}"
 
+
+def _figures_html(data: F.Results, only: Sequence[str], ids: _Ids) -> tuple[str, list[dict[str, str]]]:
     figs, skipped = [], []
-    for name, fig, _ in P.figures(data, None):
+    for name, fig, _ in P.figures(data, None, only=only):
         if isinstance(fig, P.Skip):
             skipped.append({"figure": name, "reason": str(fig)})
             continue
-        figs.append(f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(name)}" '
-                    f'src="data:image/png;base64,{_png(fig)}"><figcaption>{html.escape(name)}</figcaption></figure>')
-    parts.append(_section("figures", "Figures", "".join(figs) or '<p class="muted">no figures</p>'))
-    parts.append(_section("skipped", "Figures not drawn", _table(pd.DataFrame(skipped), "skipped-table")))
+        base = name.split(" [")[0]
+        title = base.replace("_", " ").capitalize()
+        text = DESCRIPTIONS.get(base, "")
+        figs.append(f'<figure id="{ids("fig-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name))}"><figcaption><b>{html.escape(title)}'
+                    f"</b>{html.escape(name[len(base):])} — {html.escape(text)}</figcaption>"
+                    f'<img alt="{html.escape(name)}" src="data:image/png;base64,{_png(fig)}"></figure>')
+    return "".join(figs), skipped
+
+
+def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], ids: _Ids) -> list[str]:
+    """One run's sections: environment, suspect cells, findings, tables, figures."""
+    data = F.Results(cost=cost, accuracy=acc_empty, sources=sources)
+    parts = [_section(ids("environment"), "Environment", _table(environment_table(data), ids("environment-table")), 3)]
+    parts.append(_section(ids("suspect"), "Suspect and noisy cells", suspect_section(cost), 3))
+    items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(cost, acc_empty))
+    body = f"<ul>{items}</ul>" if items else '<p class="muted">no findings: too little data</p>'
+    has_cost = len(cost) and len(F.ok_rows(cost))
+    none = '<p class="muted">no ok cost rows</p>'
+    sub = [
+        _section(ids("scaling"), "Scaling exponents (log-log fit of latency and peak memory vs length)",
+                 _table(scaling_table(cost), ids("scaling-table")) if has_cost else none, 4),
+        _section(ids("crossover"), "Crossover length vs full",
+                 _table(crossover_table(cost), ids("crossover-table")) if has_cost else none, 4),
+        _section(ids("reach"), "Longest length reached",
+                 _table(reach_table(cost), ids("reach-table")) if len(cost) else '<p class="muted">no cost rows</p>', 4),
+    ]
+    parts.append(_section(ids("findings"), "Findings", body + "".join(sub), 3))
+    tables = []
+    for column, name, scale in (("latency_ms", "Latency (ms)", 1.0), ("tokens_per_s", "Throughput (tokens/s)", 1.0),
+                                ("peak_mem_bytes", "Peak memory (MiB)", 2.0**20)):
+        if column in cost:
+            for facet, table in pivot_cost(cost, column, scale).items():
+                tables.append(f"<h4>{html.escape(name)} · {html.escape(facet)}</h4>" + table.to_html(border=0, escape=True))
+    parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
+    figs, skipped = _figures_html(data, [f.name for f in P.FIGURES if f.needs in COST_FIGURE_KINDS], ids)
+    parts.append(_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3))
+    parts.append(_section(ids("skipped"), "Figures not drawn", _table(pd.DataFrame(skipped), ids("skipped-table")), 3))
+    return parts
+
+
+def _accuracy_group(cost: pd.DataFrame, acc: pd.DataFrame, sources: list[str], ids: _Ids) -> list[str]:
+    data = F.Results(cost=cost, accuracy=acc, sources=sources)
+    items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(cost.iloc[0:0], acc))
+    sub = _section(ids("positions"), "Best position method per evaluation length",
+                   _table(positions_table(acc), ids("positions-table")), 4)
+    parts = [_section(ids("findings"), "Findings", (f"<ul>{items}</ul>" if items else "") + sub, 3)]
+    tables = [f"<h4>{html.escape(name)}</h4>" + table.to_html(border=0, escape=True)
+              for name, table in pivot_accuracy(acc).items()]
+    parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
+    figs, skipped = _figures_html(data, [f.name for f in P.FIGURES if f.needs in ("accuracy", "both")], ids)
+    parts.append(_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3))
+    parts.append(_section(ids("skipped"), "Figures not drawn", _table(pd.DataFrame(skipped), ids("skipped-table")), 3))
+    return parts
+
+
+def build_report(results: F.Results, device: str | None = None, title: str = "attn-bench report") -> str:
+    """The whole report as one HTML string: a contents list, then one group per run (each cost results
+    file: its environment, findings, tables and figures), then the accuracy rows as one group."""
+    P.check_plottable(results)
+    cost = F.select_device(results.cost, device)
+    acc = results.accuracy
+    ids = _Ids()
+    groups: list[tuple[str, str, list[str]]] = []  # (anchor, heading, sections)
+    runs = sorted(cost["source"].unique()) if len(cost) and "source" in cost else ([None] if len(cost) else [])
+    for src in runs:
+        run = cost if src is None else cost[cost["source"] == src]
+        F.check_single_device(run)
+        anchor = ids("run")
+        caption = F.caption(run)
+        groups.append((anchor, f"Run: {Path(str(src)).name if src else 'cost'}",
+                       [f'<p class="muted">{html.escape(str(src or ""))} · {html.escape(caption)}</p>',
+                        *_cost_run(run, acc.iloc[0:0], [str(src)] if src else results.sources, ids)]))
+    if len(acc):
+        srcs = sorted(acc["source"].unique()) if "source" in acc else []
+        anchor = ids("run")
+        head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(F.caption(None, acc))}</p>'
+        groups.append((anchor, "Accuracy", [head, *_accuracy_group(cost, acc, srcs, ids)]))
+    contents = "".join(f'<li><a href="#{a}">{html.escape(h)}</a></li>' for a, h, _ in groups)
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<nav id="contents"><h2>Contents</h2><ol><li><a href="#sources">Sources</a></li>{contents}</ol></nav>',
+             _section("sources", "Sources", _table(_sources(F.Results(cost=cost, accuracy=acc, sources=results.sources)),
+                                                   "sources-table"))]
+    for i, (anchor, heading, sections) in enumerate(groups):
+        # each run folds (the first is open): the page is a contents list and the run you are reading
+        head = (f'<article class="run" id="{anchor}"><details{" open" if i == 0 else ""}><summary>'
+                f'<h2 class="run-title">{html.escape(heading)}</h2></summary>\n')
+        parts.append(head + "".join(sections) + "</details></article>")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "</body></html>\n")
 

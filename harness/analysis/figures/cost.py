@@ -150,12 +150,13 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
 
 def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) -> None:
     """A horizontal limit line; when it is ``off_scale`` times above the data it would flatten them, so it
-    is named in a corner note instead of stretching the axis."""
+    is named in the legend instead of stretching the axis."""
     finite = [v for ln in ax.lines for v in np.asarray(ln.get_ydata(), dtype=float) if np.isfinite(v)]
     top = max(finite) if finite else None
     if top is not None and top > 0 and y > off_scale * top:
-        ax.text(0.99, 0.9, f"{label}: {y / top:.3g}× above the largest value", transform=ax.transAxes, ha="right",
-                va="top", fontsize="x-small", color="0.3", gid="reference_note")
+        # named in the legend, not written over the panel, where it ran into the curves
+        ax.plot([], [], color="0.3", linestyle="--", linewidth=1, label=f"{label}: {y / top:.3g}× above the largest value",
+                gid="reference_note")
         return
     ax.axhline(y, color="0.3", linestyle="--", linewidth=1, label=label, gid="reference")
 
@@ -241,7 +242,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
                 n_hollow += _series_line(ax, g["seq_len"], g["speedup"], hollow, colour=colour,
                                          style=styles[g["backend_label"].iloc[0]], label=series, gid=f"speedup:{series}")
                 at = cross.get((series, facet), math.nan)
-                if np.isfinite(at):
+                if np.isfinite(at) and at > sub["seq_len"].min():  # winning from the first length is no crossover
                     y = float(g.loc[g["seq_len"] == at, "speedup"].iloc[0])
                     ax.annotate(f"wins from {F.fmt_len(at)}", xy=(at, y), xytext=(-8, 10), textcoords="offset points", ha="right",
                                 fontsize="x-small", color=colour, gid=f"crossover:{series}",

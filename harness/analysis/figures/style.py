@@ -42,20 +42,23 @@ def _order_key(label: str) -> tuple[int, str]:
     return (F.BUILTIN_ORDER.index(base) if base in F.BUILTIN_ORDER else len(F.BUILTIN_ORDER), label)
 
 
-# Colour families of four shades (matplotlib's tab20c, then tab20b), dark to light. The built-in
-# variants own the first four, so `full` is the same blue in every figure of every run; any other
-# name (a plugin, a position method) is hashed onto the rest (crc32: the same in every process).
-_FAMILY_MAPS = ("tab20c", "tab20b")
-_SHADES = 3  # the lightest of the four is too pale on white
+# Colour families of three shades: a tab10 hue, a darker and a lighter one (all readable on white).
+# The built-in variants own the first four hues (blue, orange, green, red: `full` is the same blue in
+# every figure of every run); any other name (a plugin, a position method) is hashed onto the others
+# (crc32: the same in every process). Grey is kept for notes and failure marks.
+_SHADES = 3
 
 
 def _families() -> list[list[tuple[float, float, float]]]:
     out = []
-    for name in _FAMILY_MAPS:
-        colours = sns.color_palette(name, 20)
-        out += [[tuple(colours[4 * f + s]) for s in range(4)] for f in range(5)]
-    grey = next(i for i, fam in enumerate(out) if abs(fam[0][0] - fam[0][1]) < 0.02 and abs(fam[0][1] - fam[0][2]) < 0.02)
-    return [fam for i, fam in enumerate(out) if i != grey]  # grey is kept for notes and failure marks
+    for c in sns.color_palette("tab10", 10):
+        c = tuple(float(x) for x in c)
+        if max(c) - min(c) < 0.05:  # tab10's grey
+            continue
+        dark = tuple(0.62 * x for x in c)
+        light = tuple(x + 0.42 * (1 - x) for x in c)
+        out.append([c, dark, light])
+    return out
 
 
 _FAMILY = _families()
