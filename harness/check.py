@@ -7,6 +7,7 @@ Exit status: 0 every check passed (or was skipped with a reason: a backend that 
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -38,6 +39,8 @@ def check_command(plugins: tuple[str, ...], variants: tuple[str, ...], device: s
     import attn
     from attn.checks import check_variant
 
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise click.UsageError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
     before = {v["name"] for v in attn.list_attention()}
     for p in dict.fromkeys(plugins):
         if not attn.load_plugin(p):

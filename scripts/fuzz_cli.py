@@ -84,6 +84,7 @@ def cases() -> list[Case]:
         ["--out", "notes.txt"], ["--out", "existing_file/o.jsonl"], ["--out", "a_dir"],
         ["--out", "nonobj.jsonl", "--resume"], ["--out", "binary.bin", "--resume"], ["--out", "notes.txt", "--resume"],
         ["--resume"], ["--executor", "nope"], ["--executor", "slurm"], ["--plugin", "missing.py", "--variant", "mine"],
+        ["--threads", "0"], ["--threads", "x"],
     ]
     out: list[Case] = []
     for extra in sweep:
@@ -135,6 +136,10 @@ def cases() -> list[Case]:
             ("missing.py", "binary.bin", "plugin_syntax.py", "plugin_raises.py", "plugin_exit.py", "plugin_notattn.py",
              "no.such.module")]
     out += [Case(("list", "--bogus")), Case(("list", "extra")), Case(("nosuchcommand",))]
+    out += [Case(("check", *extra)) for extra in (
+        ["--variant", "nope"], ["--variant", "sliding_window:window=0"], ["--variant", "full:foo=1"],
+        ["--variant", long_name], ["--plugin", "missing.py"], ["--plugin", "plugin_syntax.py"],
+        ["--plugin", "plugin_notattn.py"], ["--device", "cuda"], ["--device", "tpu"], ["--bogus"])]
     return out
 
 
@@ -157,8 +162,8 @@ class Outcome:
     @property
     def clear(self) -> bool:
         lines = [ln for ln in self.stderr.splitlines() if ln.strip()]
-        if self.case.expect == "warn":
-            return self.code == 0 and any("plugin" in ln for ln in lines) and not self.traceback
+        if self.case.expect == "warn":  # list prints what loaded, warns, and exits 1 (the listing lacks a plugin)
+            return self.code == 1 and any("plugin" in ln for ln in lines) and not self.traceback
         return (self.code == 2 and len(lines) == 1 and lines[0].startswith("attn-bench: error:")
                 and len(lines[0]) <= 1000)
 
