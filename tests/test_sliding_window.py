@@ -202,7 +202,7 @@ def test_rolling_cache_decoding_equals_forward_and_stays_within_the_window(L, w,
         assert m.last_backend == "blocked"
         t, i = t + T, i + 1
         assert state.cached == min(t, w - 1)
-        assert state.nbytes() == 2 * 2 * 2 * min(t, w - 1) * 8 * 4
+        assert state.nbytes() == 2 * 2 * 2 * w * 8 * 4  # the ring of w tokens, whatever the length
     torch.testing.assert_close(torch.cat(outs, dim=2), expected, atol=2e-5, rtol=2e-5)
 
 
@@ -213,10 +213,33 @@ def test_rolling_cache_rewinds_only_what_it_still_holds():
     m.step(x, x, x, state)
     state.truncate(1)  # nothing evicted yet
     assert (state.length, state.cached) == (1, 1)
-    for _ in range(3):
+    for _ in range(4):
         m.step(x[:, :, :1], x[:, :, :1], x[:, :, :1], state)
+    state.truncate(4)  # one step back: the ring (w tokens) still holds what that state needs
     with pytest.raises(ValueError, match="evicted"):
-        state.truncate(3)
+        state.truncate(2)
+
+
+@settings(max_examples=8)
+@given(st.integers(1, 9), st.integers(0, 99))
+def test_ring_cache_over_long_random_decoding_with_rewinds_equals_forward(w, seed):
+    """Token by token over 60 tokens, each step sometimes timed twice as the harness does (step, rewind one,
+    step again): every output equals the one full forward, and the ring never grows."""
+    g = torch.Generator().manual_seed(seed)
+    L = 60
+    q, k, v = torch.randn(3, 1, 2, L, 8, generator=g, dtype=torch.float64)
+    expected = sw("reference", w)(q, k, v, causal=True)
+    m = sw("auto", w)
+    state = m.new_state()
+    outs = []
+    for t in range(L):
+        args = (q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state)
+        if torch.rand(1, generator=g).item() < 0.5:
+            m.step(*args)
+            state.truncate(t)
+        outs.append(m.step(*args))
+        assert state.nbytes() == 2 * 2 * w * 8 * 8
+    torch.testing.assert_close(torch.cat(outs, dim=2), expected, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("causal", [True, False])

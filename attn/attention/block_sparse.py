@@ -187,6 +187,33 @@ class _GatherBlocks(torch.autograd.Function):
         return acc.to(grad.dtype), None
 
 
+def _few_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.Tensor, bs: int,
+                 causal: bool) -> torch.Tensor:
+    """Decoding: a few queries (at most one block) read only their rows' active key blocks, by position.
+
+    No query padding to whole blocks and no copy of the cache: one fused SDPA call per query block
+    over ``active blocks x bs`` keys, so a step costs the same at 1K or 1M tokens of context.
+    """
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    off = Lk - Lq
+    qpos = torch.arange(off, Lk, device=q.device)
+    rows = qpos // bs - off // bs  # the layout row of each query
+    out = torch.empty_like(q)
+    ar = torch.arange(bs, device=q.device)
+    for r in torch.unique(rows).tolist():
+        sel = torch.nonzero(rows == r).squeeze(1)
+        kpos = (torch.nonzero(layout[r]).squeeze(1)[:, None] * bs + ar).flatten()
+        kpos = kpos[kpos < Lk]
+        if kpos.numel() == 0:
+            out[:, :, sel] = 0
+            continue
+        mask = kpos[None, :] <= qpos[sel][:, None] if causal else None
+        o = F.scaled_dot_product_attention(q[:, :, sel], k[:, :, kpos], v[:, :, kpos], attn_mask=mask)
+        out[:, :, sel] = o.nan_to_num(0.0) if causal else o  # a query with no visible key returns 0, as the reference
+    return out
+
+
 def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torch.Tensor, block_size: int,
                        causal: bool) -> torch.Tensor:
     """Softmax attention that gathers only the active key blocks of each query block (pure torch, differentiable).
@@ -196,12 +223,18 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
     """
     B, H, Lq, D = q.shape
     Lk, bs = k.shape[2], block_size
+    if Lq <= bs and Lq < Lk and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
+        return _few_queries(q, k, v, layout, bs, causal)
     off = Lk - Lq
     R, n = layout.shape
     start = off - (off // bs) * bs  # offset of query 0 inside the first query block
     qb = F.pad(q, (0, 0, start, R * bs - start - Lq)).view(B, H, R, bs, D)
-    kb = F.pad(k, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
-    vb = F.pad(v, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
+    # Without gradients (a forward cell, a decoding step) keys are gathered by position straight from k:
+    # no padded copy of the whole cache, which made each decoding step cost O(context).
+    by_position = not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad))
+    if not by_position:
+        kb = F.pad(k, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
+        vb = F.pad(v, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
     qpos = (torch.arange(R * bs, device=q.device) + (off // bs) * bs).view(R, bs)  # absolute, padded rows too
     counts = layout.sum(-1)
     _, order = layout_to_kv_blocks(layout)
@@ -217,8 +250,12 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
         mask = seen[:, None, :]  # (r, 1, W*bs)
         if causal:
             mask = mask & (kpos[:, None, :] <= qpos[rows][:, :, None])  # (r, bs, W*bs)
-        kg = _GatherBlocks.apply(kb, idx).flatten(3, 4)  # (B, H, r, W*bs, D)
-        vg = _GatherBlocks.apply(vb, idx).flatten(3, 4)
+        if by_position:
+            at = kpos.clamp(max=Lk - 1)  # past-the-end positions read the last key, masked out below
+            kg, vg = k[:, :, at], v[:, :, at]  # (B, H, r, W*bs, D)
+        else:
+            kg = _GatherBlocks.apply(kb, idx).flatten(3, 4)  # (B, H, r, W*bs, D)
+            vg = _GatherBlocks.apply(vb, idx).flatten(3, 4)
         # A query row with no visible key (padding, or a layout row left empty) sees every gathered
         # key instead and its output is zeroed: neither the output nor the gradient meets a NaN.
         any_key = mask.any(-1, keepdim=True)

@@ -137,40 +137,70 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
 
 @dataclass
 class RollingKVCache:
-    """Keys/values of the last ``keep = w - 1`` tokens: all a new token can see besides itself
-    (Mistral's rolling buffer cache), so decoding memory is bounded by the window, not the length."""
+    """The last ``keep + 1 = w`` tokens in a ring buffer written in place (Mistral's rolling buffer cache):
+    decoding memory is bounded by the window, not the length, and a step copies one token, not the window.
 
-    keep: int
-    k: torch.Tensor | None = None
+    Token at absolute position p lives in slot p % w. Holding w tokens (one more than the next token
+    can see) is what lets the harness rewind a timed step: the previous state's oldest token is still there.
+    """
+
+    keep: int  # w - 1: the cached tokens a new token sees besides itself
+    k: torch.Tensor | None = None  # (B, H, w, D) ring
     v: torch.Tensor | None = None
     length: int = 0  # tokens seen so far
+    top: int = 0  # the furthest length ever written: slots below top - w were overwritten, even after a rewind
+
+    @property
+    def capacity(self) -> int:
+        return self.keep + 1
+
+    def _slots(self, start: int, stop: int) -> torch.Tensor:
+        return torch.arange(start, stop, device=self.k.device) % self.capacity
+
+    def ordered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The last ``cached`` tokens' keys and values, oldest first (None before the first token)."""
+        if self.k is None:
+            return None
+        idx = self._slots(self.length - self.cached, self.length)
+        return self.k[:, :, idx], self.v[:, :, idx]
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new tokens (B, H, T, D) at their slots; only the last ``capacity`` of them can stay."""
+        if self.k is None:
+            B, H, _, D = k.shape
+            self.k = k.new_empty(B, H, self.capacity, D)
+            self.v = v.new_empty(B, H, self.capacity, D)
+        T = k.shape[2]
+        n = min(T, self.capacity)
+        idx = self._slots(self.length + T - n, self.length + T)
+        self.k[:, :, idx] = k[:, :, T - n:]
+        self.v[:, :, idx] = v[:, :, T - n:]
+        self.length += T
+        self.top = max(self.top, self.length)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: (B, H, T, D) new tokens -> (cached + new) keys/values; then keeps the last ``keep``."""
-        keys = k if self.k is None else torch.cat([self.k, k], dim=2)  # (B, H, cached + T, D)
-        values = v if self.v is None else torch.cat([self.v, v], dim=2)
-        n = keys.shape[2]
-        # clone: a view would pin the whole concatenation in memory.
-        self.k = keys[:, :, max(n - self.keep, 0):].clone()
-        self.v = values[:, :, max(n - self.keep, 0):].clone()
-        self.length += k.shape[2]
+        """k, v: (B, H, T, D) new tokens -> (cached + new) keys/values in order; then stores the new ones."""
+        before = self.ordered()
+        keys = k if before is None else torch.cat([before[0], k], dim=2)  # (B, H, cached + T, D)
+        values = v if before is None else torch.cat([before[1], v], dim=2)
+        self.write(k, v)
         return keys, values
 
     @property
     def cached(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return min(self.length, self.keep)
 
     def truncate(self, length: int) -> None:
-        """Forget the newest tokens past ``length``; only possible while no token it needs was evicted."""
+        """Forget the newest tokens past ``length``; possible while the ring still holds what that state needs
+        (always one step back: the harness rewinds each timed step)."""
         if length >= self.length:
             return
-        left = self.cached - (self.length - length)
-        if left < min(length, self.keep):
+        oldest_held = max(0, self.top - self.capacity)
+        if max(0, length - self.keep) < oldest_held:
             raise ValueError(
                 f"cannot rewind a rolling cache from {self.length} to {length} tokens: keys it needs were "
-                f"evicted (it keeps the last {self.keep}); copy the state before stepping instead"
+                f"evicted (it holds the last {self.capacity}); copy the state before stepping instead"
             )
-        self.k, self.v = self.k[:, :, :left].clone(), self.v[:, :, :left].clone()
         self.length = length
 
     def nbytes(self) -> int:
@@ -252,6 +282,14 @@ class SlidingWindowAttention(Attention):
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: RollingKVCache) -> torch.Tensor:
         """q, k, v: (B, H, T, D) new tokens -> (B, H, T, D), attending to the cache and themselves."""
+        if q.shape[2] == 1 and self.backend in ("auto", "blocked"):
+            # One token sees exactly the ring after its own write (the last w tokens, itself included), in any
+            # order: one in-place write and one fused SDPA call over <= w keys -- what `blocked` computes for
+            # one query, without the concatenation, the mask or the dispatch.
+            state.write(k, v)
+            n = min(state.length, state.capacity)
+            self.last_backend = "blocked"
+            return F.scaled_dot_product_attention(q, state.k[:, :, :n], state.v[:, :, :n])
         keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
         # A step is decoding even when the cache is still empty: never compile Flex for one token.
         mode = self.mode_of(q, keys, values)
