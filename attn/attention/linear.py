@@ -235,8 +235,10 @@ class LinearAttention(Attention):
         q3, k3, v3, kv = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), kv.flatten(0, 1)  # (BH, ., .)
         r = None if r is None else r.flatten(0, 1)  # (BH,)
         c, outs = self.config.chunk_size, []
-        for s in range(0, T, c):
-            qc, (kc, lc), vc = self.phi_query(q3[:, s : s + c]), self.phi_key(k3[:, s : s + c]), _ones_column(v3[:, s : s + c])
+        # split, not slice: each slice's backward would write its chunk into a zeroed full-length gradient,
+        # O(chunks x length) -- 8.6 s of the 8.7 s backward at 16K; split's backward is one concatenation
+        for qs, ks, vs in zip(q3.split(c, 1), k3.split(c, 1), v3.split(c, 1), strict=True):
+            qc, (kc, lc), vc = self.phi_query(qs), self.phi_key(ks), _ones_column(vs)
             a = torch.bmm(qc, kc.transpose(1, 2))  # (BH, n, n) intra-chunk weights
             if lc is None:
                 out = torch.baddbmm(torch.bmm(a.tril_(), vc), qc, kv)  # intra + inter
