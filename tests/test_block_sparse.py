@@ -341,3 +341,34 @@ def test_listed_with_params_and_backends():
     assert spec["params"] == dict(block_size=64, local_blocks=2, global_blocks=1, random_blocks=0, stride=0, seed=0,
                                  flex_tile=0)
     assert [b["name"] for b in spec["backends"]] == ["reference", "flex", "gathered"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 3), st.integers(0, 3), st.lists(st.integers(1, 9), min_size=1, max_size=5),
+       st.integers(0, 99))
+def test_band_block_cache_decodes_like_the_forward_in_bounded_memory(bs, local, glob, chunks, seed):
+    """Global + local layouts decode with a bounded cache (what the default layout uses): token by token and in
+    chunks, with the harness's one-step rewinds, it equals one causal forward, and it never holds more than the
+    global blocks, the local band and the new tokens."""
+    if local == 0 and glob == 0:
+        local = 1
+    cfg = bsp.BlockSparseConfig(block_size=bs, local_blocks=local, global_blocks=glob)
+    L = 70
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, L, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = module(cfg, "reference")(q, k, v, causal=True)
+    m = module(cfg)
+    state = m.new_state(L)
+    assert isinstance(state, bsp.BandBlockCache)
+    outs, t, i = [], 0, 0
+    while t < L:
+        T = min(chunks[i % len(chunks)], L - t)
+        args = (q[:, :, t:t + T], k[:, :, t:t + T], v[:, :, t:t + T], state)
+        if T == 1 and i % 2:
+            m.step(*args)
+            state.truncate(t)  # the harness's rewind of a timed step
+        outs.append(m.step(*args))
+        t, i = t + T, i + 1
+        assert state.k.shape[2] <= (glob + local + 1) * bs
+    torch.testing.assert_close(torch.cat(outs, dim=2), expected, atol=1e-12, rtol=1e-12)
+    assert isinstance(module(bsp.BlockSparseConfig(random_blocks=1)).new_state(), attn.attention.base.KVCache)

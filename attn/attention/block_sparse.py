@@ -346,6 +346,52 @@ def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: boo
     return block_mask_from_layout(partial.to(device), full.to(device), fb, q_len, k_len, block_sparse_mask)
 
 
+# -- decoding --------------------------------------------------------------------------------------
+
+
+@dataclass
+class BandBlockCache:
+    """Decoding state for a layout of global and local blocks only (no random or strided blocks): the first
+    ``global_blocks`` blocks and the last ``local_blocks`` blocks are all a future token can see, so only those
+    tokens are kept (with their absolute positions) and memory is bounded at any length.
+
+    ``truncate`` undoes the last step (the harness rewinds each timed step); further back, evicted tokens are gone.
+    """
+
+    cfg: BlockSparseConfig
+    k: torch.Tensor | None = None  # (B, H, kept, D)
+    v: torch.Tensor | None = None
+    pos: torch.Tensor | None = None  # (kept,) absolute positions, ascending
+    length: int = 0
+    _undo: tuple | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Add T tokens; return every kept token plus the new ones (what the new queries may see) and positions."""
+        new_pos = torch.arange(self.length, self.length + k.shape[2], device=k.device)
+        keys = k if self.k is None else torch.cat([self.k, k], 2)
+        values = v if self.v is None else torch.cat([self.v, v], 2)
+        pos = new_pos if self.pos is None else torch.cat([self.pos, new_pos])
+        self._undo = (self.k, self.v, self.pos, self.length)
+        self.length += k.shape[2]
+        bs = self.cfg.block_size
+        last_block = (self.length - 1) // bs
+        block = pos // bs
+        keep = (block < self.cfg.global_blocks) | (block > last_block - self.cfg.local_blocks)
+        self.k, self.v, self.pos = keys[:, :, keep], values[:, :, keep], pos[keep]
+        return keys, values, pos
+
+    def truncate(self, length: int) -> None:
+        if length >= self.length:
+            return
+        if self._undo is None or self._undo[3] != length:
+            raise ValueError(f"a band-block cache rewinds one step only: at {self.length}, cannot go back to {length}")
+        self.k, self.v, self.pos, self.length = self._undo
+        self._undo = None
+
+    def nbytes(self) -> int:
+        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
+
+
 @register_attention("block_sparse", config=BlockSparseConfig)
 class BlockSparseAttention(Attention):
     """Softmax attention over a block layout (local band, global, random, strided blocks)."""
@@ -382,13 +428,34 @@ class BlockSparseAttention(Attention):
         block_mask = _flex_block_mask(self.config, q.shape[2], k.shape[2], causal, str(q.device), fb)
         return run_flex(q, k, v, block_mask, flex_kernel_options(fb, q.device.type))
 
+    def new_state(self, max_len: int = 0):
+        """Bounded when the layout is only global and local blocks (the default); random or strided blocks can
+        reach any earlier block, so those layouts keep every token (the default KV cache)."""
+        if self.config.random_blocks == 0 and self.config.stride == 0 and self.backend in ("auto", "gathered"):
+            return BandBlockCache(self.config)
+        return super().new_state(max_len)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state) -> torch.Tensor:
+        if not isinstance(state, BandBlockCache):
+            return super().step(q, k, v, state)
+        if q.shape[2] > self.config.block_size and state.length == 0:
+            # a prompt: attend with the fast backends over the whole prompt, then keep what decoding needs
+            keys, values, _ = state.append(k, v)
+            return self(q, keys, values, causal=True)
+        keys, values, pos = state.append(k, v)
+        bs, q_pos = self.config.block_size, pos[-q.shape[2]:]
+        rows = _layout_rows(self.config, torch.unique(q_pos // bs), int(pos[-1]) // bs + 1, True)  # (R, n)
+        row_of = q_pos // bs - int(q_pos[0]) // bs
+        mask = rows[row_of][:, pos // bs] & (pos[None, :] <= q_pos[:, None])  # (T, kept + T) by absolute position
+        self.last_backend = "gathered"
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).nan_to_num(0.0)
+
     def backend_gathered(self, q, k, v, causal):
         lay = _query_layout(self.config, q.shape[2], k.shape[2], causal).to(q.device)
         return gathered_attention(q, k, v, lay, self.config.block_size, causal)
 
 
 __all__ = [
-    "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "flex_block_size", "flex_kernel_options",
-    "gathered_attention",
-    "visible_pairs",
+    "BandBlockCache", "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "flex_block_size",
+    "flex_kernel_options", "gathered_attention", "visible_pairs",
 ]
