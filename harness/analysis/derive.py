@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.frames import FAILED, MEM_LIMIT_COLUMNS, _fmt_value, cells, lower_is_better, ok_rows, prepare_cost
+from harness.messages import one_line
 
 # -- trust: noisy and suspect cells -----------------------------------------------------------------
 
@@ -220,8 +221,7 @@ def short_reason(text: Any, width: int = 120) -> str:
     """A row's error text on one line, cut to ``width`` characters ("" for none)."""
     if text is None or (isinstance(text, float) and math.isnan(text)):
         return ""
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return one_line(text, width)
 
 
 # Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.messages import one_line
+
 MARKS = {"oom": "OOM", "timeout": "T/O", "skipped": "skip", "unsupported": "n/a", "error": "ERR"}
 LEGEND = "OOM = out of memory, T/O = over the time limit, skip = not run after a failure, n/a = unsupported, ERR = error"
 
@@ -99,8 +101,7 @@ def error_reasons(rows: Sequence[dict[str, Any]], width: int = 160) -> list[tupl
     seen: dict[tuple[str, str], list] = {}
     for r in rows:
         if r.get("status") in ("error", "oom", "timeout", "unsupported"):
-            why = " ".join(str(r.get("error") or "(no reason recorded)").split())
-            why = why if len(why) <= width else why[: width - 3] + "..."
+            why = one_line(r.get("error") or "(no reason recorded)", width)
             entry = seen.setdefault((r["status"], why), [_label(r), 0])
             entry[1] += 1
     return [(status, why, label, n) for (status, why), (label, n) in seen.items()]
