@@ -8,7 +8,8 @@
   odd lengths below and above typical block sizes, and with fewer queries than keys (bottom-right);
 - gradients of q, k, v, where the backend declares ``backward`` on the device;
 - each dtype the backend declares, fp32 and bf16 (fp16 too when declared and asked for);
-- decoding: the variant's own ``new_state``/``step``, token by token and in chunks, equals one forward.
+- decoding: the variant's own ``new_state``/``step``, token by token and in chunks, equals one forward;
+- grouped-query attention: k, v with H_kv < H heads (a variant without ``supports_gqa`` gets them repeated).
 
 Tolerance: a backend in a low precision may be off from the fp64 reference by at most 4x what the
 reference itself is off when run in that precision on those inputs, or by a floor of 2 unit
@@ -26,8 +27,10 @@ from attn.attention.base import UnsupportedBackend
 
 FLOOR = {torch.float32: 4 * 2.0**-11, torch.bfloat16: 2 * 2.0**-8, torch.float16: 2 * 2.0**-11, torch.float64: 1e-10}
 DECODE_CHUNKS = (1, 1, 3, 1, 5)  # token by token, then chunks: a decode state must accept both
-# (B, H, Lq, Lk, D): odd lengths below and above 128 (Flex's block), one query, fewer queries than keys
-SHAPES = ((1, 2, 37, 37, 16), (2, 2, 130, 130, 16), (1, 2, 1, 45, 16), (1, 3, 7, 150, 8))
+# (B, H, H_kv, Lq, Lk, D): odd lengths below and above 128 (Flex's block), one query, fewer queries than keys,
+# and grouped-query attention (H_kv < H; 1 = multi-query) in each of those regimes
+SHAPES = ((1, 2, 2, 37, 37, 16), (2, 2, 2, 130, 130, 16), (1, 2, 2, 1, 45, 16), (1, 3, 3, 7, 150, 8),
+          (1, 4, 2, 37, 37, 16), (2, 4, 1, 130, 130, 16), (1, 6, 2, 1, 45, 16), (1, 6, 3, 7, 150, 8))
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -81,10 +84,10 @@ class Finding:
 
 
 def _inputs(shape: tuple[int, ...], device: str, seed: int) -> tuple[torch.Tensor, ...]:
-    B, H, lq, lk, D = shape
+    B, H, Hkv, lq, lk, D = shape
     g = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(B, H, lq, D, device=device, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(B, H, lk, D, device=device, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, lk, D, device=device, generator=g, dtype=torch.float64) for _ in range(2))
     return q, k, v
 
 
@@ -102,13 +105,13 @@ def check_backend(name: str, params: dict[str, Any], backend: str, device: str =
     for dtype in dtypes:
         dt = str(dtype).removeprefix("torch.")
         for shape in shapes:
-            decode_shape = shape[2] < shape[3]
+            decode_shape = shape[3] < shape[4]
             mode = "decode" if decode_shape else "forward"
             runs = [(mode, False)] + ([("backward", True)] if not decode_shape else [])
             for causal in directions if not decode_shape else [c for c in directions if c]:
                 for run_mode, grad in runs:
                     label = (f"{run_mode}{' (grad)' if grad else ''} {dt} {'causal' if causal else 'bidirectional'} "
-                             f"B={shape[0]} H={shape[1]} Lq={shape[2]} Lk={shape[3]} D={shape[4]}")
+                             f"B={shape[0]} H={shape[1]} H_kv={shape[2]} Lq={shape[3]} Lk={shape[4]} D={shape[5]}")
                     why = info.why_not(kind, dtype, run_mode)
                     if why:
                         out.append(Finding(name, backend, label, "skipped", why))
@@ -128,29 +131,44 @@ def check_backend(name: str, params: dict[str, Any], backend: str, device: str =
 
 
 def check_decode(name: str, params: dict[str, Any], device: str = "cpu", length: int = 11) -> list[Finding]:
-    """The variant's own decoding state (``new_state``/``step``), in ``DECODE_CHUNKS``, equals one causal forward."""
+    """The variant's own decoding state (``new_state``/``step``), in ``DECODE_CHUNKS``, equals one causal forward,
+    with as many key heads as query heads and with grouped keys (4 query heads, 2 key heads)."""
     import attn
 
     m = attn.build_attention(name, **params).to(device)
     if not (m.supports_decode and m.supports_causal):
         return [Finding(name, "decode state", "new_state/step", "skipped", "the variant does not decode")]
-    q, k, v = _inputs((2, 2, length, length, 16), device, seed=7)
+    found = []
+    for heads in ((2, 2), (4, 2)):
+        try:
+            found.append(_check_decode_once(m, name, params, device, length, heads))
+        except Exception as e:  # noqa: BLE001 -- a crash is a finding, not the checker's failure
+            found.append(Finding(name, "decode state", f"new_state/step, H={heads[0]} H_kv={heads[1]}", "mismatch",
+                                 f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"))
+    return found
+
+
+def _check_decode_once(m: Any, name: str, params: dict[str, Any], device: str, length: int,
+                       heads: tuple[int, int]) -> Finding:
+    import attn
+
+    q, k, v = _inputs((2, *heads, length, length, 16), device, seed=7)
     ref = attn.build_attention(name, backend="reference", **params).to(device)
     with torch.no_grad():
         expected = ref(q, k, v, causal=True)
         state, outs, t = m.new_state(length), [], 0
         for n in DECODE_CHUNKS:
-            outs.append(m.step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state))
+            outs.append(m.run_step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state))
             t += n
         if t < length:
-            outs.append(m.step(q[:, :, t:], k[:, :, t:], v[:, :, t:], state))
+            outs.append(m.run_step(q[:, :, t:], k[:, :, t:], v[:, :, t:], state))
         got = torch.cat(outs, dim=2)
     err = rel_err(got, expected)
     ok = err <= FLOOR[torch.float64] * 1e3
     steps = "+".join(map(str, DECODE_CHUNKS))
-    return [Finding(name, "decode state", f"new_state/step in steps of {steps}+rest vs one forward, fp64",
-                    "ok" if ok else "mismatch",
-                    "" if ok else f"off from one forward by {err:.2e}")]
+    return Finding(name, "decode state", f"new_state/step in steps of {steps}+rest vs one forward, fp64, "
+                   f"H={heads[0]} H_kv={heads[1]}", "ok" if ok else "mismatch",
+                   "" if ok else f"off from one forward by {err:.2e}")
 
 
 def check_variant(name: str, params: dict[str, Any] | None = None, device: str = "cpu",

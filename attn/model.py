@@ -24,6 +24,7 @@ class TransformerConfig:
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
+    num_kv_heads: int | None = None  # key/value heads (GQA; 1 = multi-query); None = n_heads
     d_ff: int | None = None  # None -> 4 * d_model (ReLU/GELU) or 8/3 * d_model rounded (SwiGLU)
     attention: str = "full"
     attention_params: dict[str, Any] = field(default_factory=dict)
@@ -40,6 +41,10 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         check(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.n_heads
+        check(1 <= self.num_kv_heads <= self.n_heads and self.n_heads % self.num_kv_heads == 0,
+              f"num_kv_heads ({self.num_kv_heads}) must divide n_heads ({self.n_heads})")
         check(self.n_layers >= 1, "n_layers must be >= 1")
         check(self.vocab_size >= 1, "vocab_size must be >= 1")
         check(0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)")
@@ -83,8 +88,8 @@ def position_params_for(config: TransformerConfig) -> dict[str, Any]:
 class SelfAttention(nn.Module):
     def __init__(self, config: TransformerConfig, position: nn.Module):
         super().__init__()
-        self.n_heads, self.causal = config.n_heads, config.causal
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.n_heads, self.n_kv_heads, self.causal = config.n_heads, config.num_kv_heads, config.causal
+        self.qkv = nn.Linear(config.d_model, config.d_model + 2 * config.num_kv_heads * config.head_dim, bias=config.bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.attn = build_attention(config.attention, backend=config.backend, **config.attention_params)
         self.position = position  # shared with the model; rotary methods act here
@@ -92,10 +97,12 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+        hs = C // self.n_heads
+        qkv = self.qkv(x).view(B, T, self.n_heads + 2 * self.n_kv_heads, hs).transpose(1, 2)  # (B, nh + 2 n_kv, T, hs)
+        q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)  # k, v: (B, n_kv, T, hs)
         q = self.position.rotate(q, start, seq_len)
         k = self.position.rotate(k, start, seq_len)
-        y = self.attn(q, k, v, causal=self.causal) if state is None else self.attn.step(q, k, v, state)
+        y = self.attn(q, k, v, causal=self.causal) if state is None else self.attn.run_step(q, k, v, state)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y))
 

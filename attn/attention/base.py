@@ -12,6 +12,7 @@ device, dtype and mode wins. The dense ``reference`` is chosen only when nothing
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -147,6 +148,20 @@ class KVCache:
         return 2 * B * H * self.length * D * self.k.element_size()
 
 
+@functools.cache
+def _gqa_warning(cls: type) -> None:
+    warnings.warn(f"{cls.__qualname__} does not declare supports_gqa: grouped keys and values are repeated to the "
+                  "query heads before each call (the time and memory of multi-head attention; caches still hold "
+                  "H_kv heads)", stacklevel=4)
+
+
+def _repeated_for(cls: type, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v repeated to q's heads, for a variant without GQA support (warned once per class)."""
+    _gqa_warning(cls)
+    g = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+
+
 class Attention(nn.Module):
     """Base class: validates the call, picks the backend, runs it, remembers which ran."""
 
@@ -155,6 +170,9 @@ class Attention(nn.Module):
     supports_causal: ClassVar[bool] = True
     supports_bidirectional: ClassVar[bool] = True
     exact: ClassVar[bool] = True
+    # Grouped-query attention: True when every backend takes k, v with H_kv < H heads itself. A variant
+    # that does not declare it still runs GQA calls: its keys are repeated to H heads first (a warning says so).
+    supports_gqa: ClassVar[bool] = False
     backends: ClassVar[tuple[Backend, ...]] = ()
     # "<device>/<mode>" -> backends fastest first, as measured on that device class (see module docstring)
     auto_order: ClassVar[dict[str, tuple[str, ...]]] = {}
@@ -228,11 +246,13 @@ class Attention(nn.Module):
         return "forward"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """q: (B, H, Lq, D), k, v: (B, H, Lk, D) -> (B, H, Lq, D)."""
+        """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) with H % H_kv == 0 (GQA) -> (B, H, Lq, D)."""
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError(f"expected (B, H, L, D) tensors, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-        if k.shape[:3] != v.shape[:3] or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-            raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if (k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]
+                or k.shape[1] == 0 or q.shape[1] % k.shape[1]):
+            raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                             "(k, v: (B, H_kv, Lk, D) with H_kv dividing q's H heads)")
         if q.shape[2] > k.shape[2]:
             raise ValueError(f"more queries ({q.shape[2]}) than keys ({k.shape[2]})")
         if causal and not self.supports_causal:
@@ -241,19 +261,27 @@ class Attention(nn.Module):
             raise ValueError(f"{self.name} does not support bidirectional attention")
         name = self.select_backend(q.device.type, q.dtype, self.mode_of(q, k, v))
         self.last_backend = name
+        if q.shape[1] != k.shape[1] and not self.supports_gqa:
+            k, v = _repeated_for(type(self), q, k, v)
         return getattr(self, f"backend_{name}")(q, k, v, causal)
 
     # -- cost ---------------------------------------------------------------------------
-    def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:
+    def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True,
+              kv_heads: int | None = None) -> int:
         """Useful FLOPs of one forward call on q (Lq) and k, v (Lk), 2 per MAC: QK^T and PV over the
-        visible pairs only (masked-out pairs not counted). See :meth:`mode_flops` for what a harness mode costs."""
+        visible pairs only (masked-out pairs not counted). See :meth:`mode_flops` for what a harness mode costs.
+
+        ``heads`` are query heads: with GQA (``kv_heads`` < ``heads``) every query head still forms its own
+        scores and output, so softmax attention's count does not depend on ``kv_heads``; a variant whose
+        work is per key head (a recurrent state) uses it."""
         return 4 * batch * heads * head_dim * self.pairs(q_len, k_len, causal)
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
         """Visible (query, key) pairs of a call; Lq < Lk means the queries are the last Lq positions."""
         return visible_pairs(q_len, k_len, causal)
 
-    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True) -> int:
+    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
+                   kv_heads: int | None = None) -> int:
         """Useful FLOPs of what the harness times in ``mode`` at context ``seq_len`` (L), 2 per MAC.
 
         - ``forward``: one call on L queries and L keys, ``flops(B, H, L, L, D, causal)``.
@@ -268,7 +296,8 @@ class Attention(nn.Module):
 
         Plugins that do not override this get these definitions through their own ``flops`` and
         ``pairs``; a variant whose step does not re-read every key (a recurrent state) must
-        override the ``decode`` case, or its decode is charged all L + 1 keys.
+        override the ``decode`` case, or its decode is charged all L + 1 keys. ``kv_heads`` (GQA) changes
+        nothing here: every query head does its own QK^T and PV (see :meth:`flops`).
         """
         if mode == "forward":
             return self.flops(batch, heads, seq_len, seq_len, head_dim, causal)
@@ -289,6 +318,13 @@ class Attention(nn.Module):
         """Attend new tokens (q, k, v: (B, H, T, D)) to everything before them; updates ``state``."""
         keys, values = state.append(k, v)
         return self(q, keys, values, causal=True)
+
+    def run_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any) -> torch.Tensor:
+        """:meth:`step` as callers (the backbone, the harness, the checker) make it: a variant that does not declare
+        ``supports_gqa`` is given keys and values repeated to the query heads, so its own ``step`` sees H heads."""
+        if q.shape[1] != k.shape[1] and not self.supports_gqa:
+            k, v = _repeated_for(type(self), q, k, v)
+        return self.step(q, k, v, state)
 
     @classmethod
     def auto_orders(cls) -> dict[str, list[str]]:
@@ -316,6 +352,7 @@ class Attention(nn.Module):
             "bidirectional": cls.supports_bidirectional,
             "exact": cls.exact,
             "decode": cls.supports_decode,
+            "gqa": "native" if cls.supports_gqa else "keys repeated to the query heads",
             "backends": [b.describe() for b in cls.backends],
             "auto_order": cls.auto_orders(),
             "doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attn.attention import gqa
 from attn.attention.band_cache import BandBlockCache
 from attn.attention.base import ALL_MODES, Attention, Backend, modes
 from attn.attention.flex import block_mask_from_layout, flex_unavailable, layout_to_kv_blocks, run_flex
@@ -195,8 +196,7 @@ def _few_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torc
     No query padding to whole blocks and no copy of the cache: one fused SDPA call per query block
     over ``active blocks x bs`` keys, so a step costs the same at 1K or 1M tokens of context.
     """
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
+    Lq, Lk = q.shape[2], k.shape[2]
     off = Lk - Lq
     qpos = torch.arange(off, Lk, device=q.device)
     rows = qpos // bs - off // bs  # the layout row of each query
@@ -210,7 +210,7 @@ def _few_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: torc
             out[:, :, sel] = 0
             continue
         mask = kpos[None, :] <= qpos[sel][:, None] if causal else None
-        o = F.scaled_dot_product_attention(q[:, :, sel], k[:, :, kpos], v[:, :, kpos], attn_mask=mask)
+        o = gqa.sdpa(q[:, :, sel], k[:, :, kpos], v[:, :, kpos], attn_mask=mask)
         out[:, :, sel] = o.nan_to_num(0.0) if causal else o  # a query with no visible key returns 0, as the reference
     return out
 
@@ -219,23 +219,24 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
                        causal: bool) -> torch.Tensor:
     """Softmax attention that gathers only the active key blocks of each query block (pure torch, differentiable).
 
-    q: (B, H, Lq, D), k, v: (B, H, Lk, D), layout: (R, n) rows of :func:`block_layout` -> (B, H, Lq, D).
+    q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D), layout: (R, n) rows of :func:`block_layout` -> (B, H, Lq, D).
     Work and memory are proportional to the number of active blocks, not to Lq * Lk.
     """
     B, H, Lq, D = q.shape
-    Lk, bs = k.shape[2], block_size
+    Hkv, Lk, bs = k.shape[1], k.shape[2], block_size
+    g = H // Hkv  # GQA: a key head's g query heads share each gathered key block (folded into its query rows)
     if Lq <= bs and Lq < Lk and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))):
         return _few_queries(q, k, v, layout, bs, causal)
     off = Lk - Lq
     R, n = layout.shape
     start = off - (off // bs) * bs  # offset of query 0 inside the first query block
-    qb = F.pad(q, (0, 0, start, R * bs - start - Lq)).view(B, H, R, bs, D)
+    qb = F.pad(q, (0, 0, start, R * bs - start - Lq)).view(B, Hkv, g, R, bs, D)
     # Without gradients (a forward cell, a decoding step) keys are gathered by position straight from k:
     # no padded copy of the whole cache, which made each decoding step cost O(context).
     by_position = not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad))
     if not by_position:
-        kb = F.pad(k, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
-        vb = F.pad(v, (0, 0, 0, n * bs - Lk)).view(B, H, n, bs, D)
+        kb = F.pad(k, (0, 0, 0, n * bs - Lk)).view(B, Hkv, n, bs, D)
+        vb = F.pad(v, (0, 0, 0, n * bs - Lk)).view(B, Hkv, n, bs, D)
     qpos = (torch.arange(R * bs, device=q.device) + (off // bs) * bs).view(R, bs)  # absolute, padded rows too
     counts = layout.sum(-1)
     _, order = layout_to_kv_blocks(layout)
@@ -253,24 +254,28 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout
             mask = mask & (kpos[:, None, :] <= qpos[rows][:, :, None])  # (r, bs, W*bs)
         if by_position:
             at = kpos.clamp(max=Lk - 1)  # past-the-end positions read the last key, masked out below
-            kg, vg = k[:, :, at], v[:, :, at]  # (B, H, r, W*bs, D)
+            kg, vg = k[:, :, at], v[:, :, at]  # (B, H_kv, r, W*bs, D)
         else:
-            kg = _GatherBlocks.apply(kb, idx).flatten(3, 4)  # (B, H, r, W*bs, D)
+            kg = _GatherBlocks.apply(kb, idx).flatten(3, 4)  # (B, H_kv, r, W*bs, D)
             vg = _GatherBlocks.apply(vb, idx).flatten(3, 4)
         # A query row with no visible key (padding, or a layout row left empty) sees every gathered
         # key instead and its output is zeroed: neither the output nor the gradient meets a NaN.
         any_key = mask.any(-1, keepdim=True)
         mask = mask | ~any_key
-        scores = (qb[:, :, rows] * scale) @ kg.transpose(-2, -1)  # (B, H, r, bs, W*bs)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~mask, float("-inf"))
-        parts.append((torch.softmax(scores, dim=-1).to(q.dtype) @ vg) * any_key)  # (B, H, r, bs, D)
+        r = len(rows)
+        qr = qb[:, :, :, rows].transpose(2, 3).reshape(B, Hkv, r, g * bs, D)  # the group's queries as rows
+        scores = (qr * scale) @ kg.transpose(-2, -1)  # (B, H_kv, r, g*bs, W*bs)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).view(B, Hkv, r, g, bs, -1)
+        scores = scores.masked_fill(~mask[:, None], float("-inf")).flatten(3, 4)
+        o = (torch.softmax(scores, dim=-1).to(q.dtype) @ vg).view(B, Hkv, r, g, bs, D) * any_key[:, None]
+        parts.append(o.transpose(2, 3))  # (B, H_kv, g, r, bs, D)
         part_rows.append(rows)
     empty = torch.nonzero(counts == 0).squeeze(1)
     if len(empty):
-        parts.append(q.new_zeros(B, H, len(empty), bs, D))
+        parts.append(q.new_zeros(B, Hkv, g, len(empty), bs, D))
         part_rows.append(empty)
-    out = torch.cat(parts, dim=2)[:, :, torch.argsort(torch.cat(part_rows))]  # (B, H, R, bs, D)
-    return out.flatten(2, 3)[:, :, start : start + Lq]
+    out = torch.cat(parts, dim=3)[:, :, :, torch.argsort(torch.cat(part_rows))]  # (B, H_kv, g, R, bs, D)
+    return out.reshape(B, H, R * bs, D)[:, :, start : start + Lq]
 
 
 # -- flex backend --------------------------------------------------------------------------------
@@ -351,6 +356,8 @@ def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: boo
 class BlockSparseAttention(Attention):
     """Softmax attention over a block layout (local band, global, random, strided blocks)."""
 
+    supports_gqa = True
+
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense element mask from the layout"),
         Backend("flex", {"cpu": modes("forward"), "cuda": modes("forward", "backward")},
@@ -381,7 +388,7 @@ class BlockSparseAttention(Attention):
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         fb = flex_block_size(self.config.block_size, q.device.type, grad, self.config.flex_tile)
         block_mask = _flex_block_mask(self.config, q.shape[2], k.shape[2], causal, str(q.device), fb)
-        return run_flex(q, k, v, block_mask, flex_kernel_options(fb, q.device.type))
+        return run_flex(q, k, v, block_mask, flex_kernel_options(fb, q.device.type), enable_gqa=q.shape[1] != k.shape[1])
 
     def new_state(self, max_len: int = 0):
         """Bounded when the layout is only global and local blocks (the default); random or strided blocks can
@@ -403,7 +410,7 @@ class BlockSparseAttention(Attention):
         row_of = q_pos // bs - int(q_pos[0]) // bs
         mask = rows[row_of][:, pos // bs] & (pos[None, :] <= q_pos[:, None])  # (T, kept + T) by absolute position
         self.last_backend = "gathered"
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).nan_to_num(0.0)
+        return gqa.sdpa(q, keys, values, attn_mask=mask).nan_to_num(0.0)
 
     def backend_gathered(self, q, k, v, causal):
         lay = _query_layout(self.config, q.shape[2], k.shape[2], causal).to(q.device)

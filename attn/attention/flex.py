@@ -72,11 +72,13 @@ def block_mask_from_layout(
 
 
 def run_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask,
-             kernel_options: dict[str, int] | None = None) -> torch.Tensor:
-    """q: (B, H, Lq, D) -> (B, H, Lq, D), through the cached compiled kernel (``kernel_options``: Triton tiles)."""
-    if kernel_options:
-        return compiled_flex()(q, k, v, block_mask=block_mask, kernel_options=kernel_options)
-    return compiled_flex()(q, k, v, block_mask=block_mask)
+             kernel_options: dict[str, int] | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) -> (B, H, Lq, D), through the cached compiled kernel
+    (``kernel_options``: Triton tiles; ``enable_gqa``: Flex reads key head h // G for query head h itself)."""
+    extra = {"kernel_options": kernel_options} if kernel_options else {}
+    if enable_gqa:
+        extra["enable_gqa"] = True
+    return compiled_flex()(q, k, v, block_mask=block_mask, **extra)
 
 
 __all__ = ["BlockMask", "block_mask_from_layout", "compiled_flex", "flex_unavailable", "layout_to_kv_blocks", "run_flex"]

@@ -7,8 +7,8 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module
 from attn.registry import register_attention
 
@@ -28,15 +28,20 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
                     scale: float | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v with explicit matmuls: the shared reference computation.
 
-    Rows with no visible key return 0 (SDPA would return NaN), so references stay comparable.
+    k, v may have fewer heads than q (GQA): each group of query heads broadcasts against its key head.
+    ``mask``: (Lq, Lk) or anything that broadcasts to (B, H_kv, G, Lq, Lk). Rows with no visible key return 0
+    (SDPA would return NaN), so references stay comparable.
     """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+    B, H, Lq, D = q.shape
+    g = H // k.shape[1]  # GQA: query head h reads key head h // g
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    qg = q.reshape(B, H // g, g, Lq, D)  # (B, H_kv, G, Lq, D)
+    scores = (qg @ k[:, :, None].transpose(-2, -1)) * scale  # (B, H_kv, G, Lq, Lk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     probs = probs.nan_to_num(0.0).to(q.dtype)
-    return probs @ v  # (B, H, Lq, D)
+    return (probs @ v[:, :, None]).reshape(B, H, Lq, D)
 
 
 def _xformers_bias(causal: bool, q_len: int, k_len: int, window: int | None = None):
@@ -63,12 +68,21 @@ def xformers_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 
     xformers_extension_note()
     bias = _xformers_bias(causal, q.shape[2], k.shape[2], window)
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    g = H // Hkv
+    if g == 1:
+        qx, kx, vx = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    else:  # GQA as xformers takes it: 5-D (B, L, G=H_kv, H=group, D), keys expanded with stride 0 over the group
+        qx = q.transpose(1, 2).reshape(B, Lq, Hkv, g, D)
+        kx = k.transpose(1, 2)[:, :, :, None].expand(B, Lk, Hkv, g, D)
+        vx = v.transpose(1, 2)[:, :, :, None].expand(B, Lk, Hkv, g, D)
     try:
-        out = memory_efficient_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_bias=bias)
+        out = memory_efficient_attention(qx, kx, vx, attn_bias=bias)
     except NotImplementedError as e:
         reasons = " ".join(str(e).split())
         raise UnsupportedBackend(f"xformers has no kernel for these inputs: {reasons[:400]}") from e
-    return out.transpose(1, 2)
+    return out.reshape(B, Lq, H, D).transpose(1, 2)
 
 
 _XFORMERS_WHY = " (pip install 'attn-bench[gpu]')"
@@ -137,6 +151,8 @@ class FullConfig:
 class FullAttention(Attention):
     """Exact softmax attention over every visible key: O(L^2) time, O(L) memory with SDPA."""
 
+    supports_gqa = True
+
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="explicit matmul + softmax"),
         Backend("sdpa", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="torch scaled_dot_product_attention"),
@@ -149,10 +165,10 @@ class FullAttention(Attention):
 
     def backend_sdpa(self, q, k, v, causal):
         if causal and q.shape[2] != k.shape[2]:
-            # SDPA's is_causal is top-left aligned; decoding needs bottom-right.
-            mask = causal_mask(q.shape[2], k.shape[2], q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            # SDPA's is_causal is top-left aligned; decoding needs bottom-right (one query sees every key).
+            mask = causal_mask(q.shape[2], k.shape[2], q.device) if q.shape[2] > 1 else None
+            return gqa.sdpa(q, k, v, attn_mask=mask)
+        return gqa.sdpa(q, k, v, is_causal=causal)
 
     def backend_xformers(self, q, k, v, causal):
         return xformers_attention(q, k, v, causal)

@@ -30,7 +30,8 @@ from typing import Literal, get_args
 
 import torch
 
-from attn.attention.base import ALL_MODES, Attention, Backend, have_module, modes
+from attn.attention import gqa
+from attn.attention.base import ALL_MODES, TRAIN_FLOPS_FACTOR, Attention, Backend, have_module, modes
 from attn.attention.feature_maps import ELEMENTWISE, favor_features, favor_logits, orthogonal_gaussian
 from attn.attention.full import causal_mask
 from attn.registry import check, register_attention
@@ -148,6 +149,8 @@ def limit_fla_autotune(default: int = 2) -> int:
 class LinearAttention(Attention):
     """Kernelised linear attention phi(q)(phi(k)^T v): O(L d^2) time, constant-size decoding state."""
 
+    supports_gqa = True  # one [S | z] state per key head, read by its group of query heads
+
     exact = False  # not softmax attention (favor estimates it; elu1/relu are different kernels)
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="quadratic parallel form, explicit causal mask"),
@@ -231,34 +234,42 @@ class LinearAttention(Attention):
         Features, the ones column and the division happen per chunk, while it is in cache, and batch
         and heads are flattened so each step is a few bmm/baddbmm calls (the loop is op-bound).
         """
-        B, H, T, _ = q.shape
-        q3, k3, v3, kv = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), kv.flatten(0, 1)  # (BH, ., .)
-        r = None if r is None else r.flatten(0, 1)  # (BH,)
+        B, H, T, D = q.shape
+        Hkv = k.shape[1]
+        g, bh = H // Hkv, B * Hkv  # GQA: a key head's g query heads read one state, as g x n query rows
+        q4 = q.reshape(bh, g, T, D)
+        k3, v3, kv = k.flatten(0, 1), v.flatten(0, 1), kv.flatten(0, 1)  # (B H_kv, ., .)
+        r = None if r is None else r.flatten(0, 1)  # (B H_kv,)
         c, outs = self.config.chunk_size, []
         # split, not slice: each slice's backward would write its chunk into a zeroed full-length gradient,
         # O(chunks x length) -- 8.6 s of the 8.7 s backward at 16K; split's backward is one concatenation
-        for qs, ks, vs in zip(q3.split(c, 1), k3.split(c, 1), v3.split(c, 1), strict=True):
-            qc, (kc, lc), vc = self.phi_query(qs), self.phi_key(ks), _ones_column(vs)
-            a = torch.bmm(qc, kc.transpose(1, 2))  # (BH, n, n) intra-chunk weights
+        for qs, ks, vs in zip(q4.split(c, 2), k3.split(c, 1), v3.split(c, 1), strict=True):
+            n = ks.shape[1]
+            qc, (kc, lc), vc = self.phi_query(qs).reshape(bh, g * n, -1), self.phi_key(ks), _ones_column(vs)
+            a = torch.bmm(qc, kc.transpose(1, 2))  # (B H_kv, g n, n) intra-chunk weights
             if lc is None:
-                out = torch.baddbmm(torch.bmm(a.tril_(), vc), qc, kv)  # intra + inter
+                a.view(bh, g, n, n).tril_()
+                out = torch.baddbmm(torch.bmm(a, vc), qc, kv)  # intra + inter
                 kv = torch.baddbmm(kv, kc.transpose(1, 2), vc)
             else:  # favor: bring keys and state to each query's scale R_i (see module docstring)
-                R = torch.maximum(lc.cummax(-1).values, r[:, None])  # (BH, n)
-                decay = torch.exp((lc[:, None, :] - R[:, :, None]).clamp(max=0.0))  # (BH, n, n), exact where visible
-                inter = torch.bmm(qc, kv) * torch.exp(r[:, None] - R)[..., None]
-                out = torch.baddbmm(inter, (a * decay).tril_(), vc)
+                R = torch.maximum(lc.cummax(-1).values, r[:, None])  # (B H_kv, n)
+                decay = torch.exp((lc[:, None, :] - R[:, :, None]).clamp(max=0.0))  # (B H_kv, n, n), exact where visible
+                inter = torch.bmm(qc, kv).view(bh, g, n, D + 1) * torch.exp(r[:, None] - R)[:, None, :, None]
+                weights = (a.view(bh, g, n, n) * decay[:, None]).tril_().view(bh, g * n, n)
+                out = torch.baddbmm(inter.view(bh, g * n, D + 1), weights, vc)
                 r_new = R[:, -1]
                 kc = kc * torch.exp(lc - r_new[:, None])[..., None]
                 kv = torch.baddbmm(kv * torch.exp(r - r_new)[:, None, None], kc.transpose(1, 2), vc)
                 r = r_new
-            outs.append(self._normalise(out))
-        out = torch.cat(outs, 1).unflatten(0, (B, H))  # (B, H, T, D)
-        return out, kv.unflatten(0, (B, H)), None if r is None else r.unflatten(0, (B, H))
+            outs.append(self._normalise(out).view(bh, g, n, D))
+        out = torch.cat(outs, 2).reshape(B, H, T, D)
+        return out, kv.unflatten(0, (B, Hkv)), None if r is None else r.unflatten(0, (B, Hkv))
 
     def _recurrent(self, q, k, v, kv, r):
         """The RNN view: per token a rank-1 update of [S | z], then read it with phi(q_t)."""
         phi_q, (phi_k, log_k), v1 = self.phi_query(q), self.phi_key(k), _ones_column(v)
+        B, H, T, d = phi_q.shape
+        phi_q = phi_q.reshape(B, k.shape[1], H // k.shape[1], T, d)  # GQA: (B, H_kv, g, T, d)
         outs = []
         for t in range(q.shape[2]):
             update = phi_k[:, :, t, :, None] * v1[:, :, t, None, :]  # (B, H, d, D + 1)
@@ -269,8 +280,8 @@ class LinearAttention(Attention):
                 r_new = torch.maximum(r, lt)
                 kv = kv * torch.exp(r - r_new)[..., None, None] + update * torch.exp(lt - r_new)[..., None, None]
                 r = r_new
-            outs.append(phi_q[:, :, t, None] @ kv)  # (B, H, 1, D + 1)
-        return self._normalise(torch.cat(outs, 2)), kv, r
+            outs.append(phi_q[:, :, :, t] @ kv)  # (B, H_kv, g, D + 1)
+        return self._normalise(torch.stack(outs, 3).reshape(B, H, T, -1)), kv, r
 
     def _state_form(self, q, k, v, causal, form):
         dtype = q.dtype
@@ -278,7 +289,8 @@ class LinearAttention(Attention):
         kv, r = self._empty_state(k)
         if not causal:  # every query reads the state of all keys
             kv, _ = self._absorb(k, v, kv, r)
-            return self._normalise(self.phi_query(q) @ kv).to(dtype)
+            g = gqa.kv_groups(q, k)
+            return self._normalise(gqa.unfold(gqa.fold(self.phi_query(q), g) @ kv, g)).to(dtype)
         p = k.shape[2] - q.shape[2]  # bottom-right: queries are the last Lq positions; keys before them are a prefix
         if p:
             kv, r = self._absorb(k[:, :, :p], v[:, :, :p], kv, r)
@@ -289,13 +301,16 @@ class LinearAttention(Attention):
         dtype = q.dtype
         q, k, v = (x.to(self.compute_dtype(dtype)) for x in (q, k, v))
         phi_q, (phi_k, log_k) = self.phi_query(q), self.phi_key(k)
-        a = phi_q @ phi_k.transpose(-1, -2)  # (B, H, Lq, Lk) unnormalised weights
+        B, H, Lq, d = phi_q.shape
+        phi_q = phi_q.reshape(B, k.shape[1], H // k.shape[1], Lq, d)  # GQA: (B, H_kv, g, Lq, d)
+        a = phi_q @ phi_k[:, :, None].transpose(-1, -2)  # (B, H_kv, g, Lq, Lk) unnormalised weights
         if log_k is not None:  # favor: rescale key j to the scale of query i, the max key logit it sees
             R = log_k.cummax(-1).values[..., k.shape[2] - q.shape[2]:] if causal else log_k.amax(-1, keepdim=True)
-            a = a * torch.exp((log_k[..., None, :] - R[..., :, None]).clamp(max=0.0))
+            a = a * torch.exp((log_k[:, :, None, None, :] - R[:, :, None, :, None]).clamp(max=0.0))
         if causal:
             a = a.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), 0.0)
-        return ((a @ v) / a.sum(-1, keepdim=True).clamp(min=self.config.eps)).to(dtype)
+        out = (a @ v[:, :, None]) / a.sum(-1, keepdim=True).clamp(min=self.config.eps)
+        return out.reshape(B, H, Lq, -1).to(dtype)
 
     def backend_chunked(self, q, k, v, causal):
         return self._state_form(q, k, v, causal, self._chunked)
@@ -316,6 +331,9 @@ class LinearAttention(Attention):
         if not causal:  # no causal sum to fuse: the bidirectional form is two matmuls
             return self._state_form(q, k, v, causal, None)
         from fla.ops.linear_attn import chunk_linear_attn
+
+        g = gqa.kv_groups(q, k)  # fla's chunk_linear_attn takes one key head per query head
+        k, v = gqa.repeat_kv(k, g), gqa.repeat_kv(v, g)
 
         limit_fla_autotune()
         dtype, cdt = q.dtype, self.compute_dtype(q.dtype)
@@ -339,7 +357,8 @@ class LinearAttention(Attention):
         return (num.transpose(1, 2).to(cdt) / den.clamp(min=self.config.eps)).to(dtype)
 
     # -- cost -----------------------------------------------------------------------------------
-    def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True) -> int:
+    def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True,
+              kv_heads: int | None = None) -> int:
         """Useful FLOPs of one call in the linear (recurrent) form, 2 per MAC; the same causal or not, and not L^2.
 
         Per token, feature map: favor 2 D m (projection) + m (exp); elu1/relu D (one op per element),
@@ -347,15 +366,17 @@ class LinearAttention(Attention):
         phi(q) S, 2 d D, phi(q) . z, 2 d, and D divisions (d = d_phi). The chunked backend's extra
         intra-chunk products and favor's rescaling of the state (its stabiliser) are implementation
         costs, not counted. A call starts from an empty state, so all ``k_len`` keys are absorbed;
-        a decoding step on a carried state absorbs one (see :meth:`mode_flops`).
+        a decoding step on a carried state absorbs one (see :meth:`mode_flops`). With GQA the keys are absorbed
+        once per key head (``kv_heads``), the queries read once per query head (``heads``).
         """
         d = self.feature_dim(head_dim)
         feature = 2 * head_dim * d + d if self.config.feature_map == "favor" else head_dim
         per_key = feature + 2 * d * head_dim + d
         per_query = feature + 2 * d * head_dim + 2 * d + head_dim
-        return batch * heads * (k_len * per_key + q_len * per_query)
+        return batch * ((heads if kv_heads is None else kv_heads) * k_len * per_key + heads * q_len * per_query)
 
-    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True) -> int:
+    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
+                   kv_heads: int | None = None) -> int:
         """As :meth:`Attention.mode_flops`, except decode, which is O(1) in the context length.
 
         forward: the linear form over L queries and L keys, ``flops(B, H, L, L, D)``. train: 3 x that,
@@ -365,7 +386,10 @@ class LinearAttention(Attention):
         into S and z, read S and z with the query -- i.e. ``flops(B, H, 1, 1, D)``, whatever L is.
         """
         if mode == "decode":
-            return self.flops(batch, heads, 1, 1, head_dim, True)
+            return self.flops(batch, heads, 1, 1, head_dim, True, kv_heads)
+        if mode in ("forward", "train"):
+            factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
+            return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
         return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
 
     # -- incremental decoding -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attn.attention import flex
+from attn.attention import flex, gqa
 from attn.attention.base import ALL_MODES, Attention, Backend, modes, visible_pairs
 from attn.attention.full import XFORMERS, causal_mask, dense_attention, xformers_attention
 from attn.registry import check, register_attention
@@ -100,13 +100,14 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
                       chunk: int | None = None) -> torch.Tensor:
     """Exact sliding-window attention in O(L * w): queries in chunks of c, each against its key span.
 
-    q: (B, H, Lq, D), k, v: (B, H, Lk, D), Lq <= Lk (queries are the last Lq positions).
+    q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D), Lq <= Lk (queries are the last Lq positions).
     Chunk n of queries needs keys ``[n*c - (w-1), n*c + c - 1 (+ w-1 if bidirectional)]`` in
     query coordinates; an ``unfold`` of the (padded) keys gives all spans at once (autograd sums
     the overlaps back), and SDPA does the masked softmax per chunk, fused, with its own backward.
     """
     B, H, Lq, D = q.shape
-    Lk = k.shape[2]
+    Hkv, Lk = k.shape[1], k.shape[2]
+    g = H // Hkv  # GQA: a key head's g query heads are stacked as g x c rows of each chunk
     w = window
     c = chunk or blocked_chunk(w, Lq)
     n = -(-Lq // c)
@@ -116,10 +117,11 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     lo, hi = max(start, 0), min(start + need, Lk)
     kk = F.pad(k[:, :, lo:hi], (0, 0, lo - start, start + need - hi))  # (B, H, need, D)
     vv = F.pad(v[:, :, lo:hi], (0, 0, lo - start, start + need - hi))
-    # Chunks lead so that one (n, 1, c, span) mask broadcasts over batch and heads.
-    qq = F.pad(q, (0, 0, 0, n * c - Lq)).reshape(B * H, n, c, D).transpose(0, 1)  # (n, BH, c, D)
-    k_spans = kk.unfold(2, span, c).reshape(B * H, n, D, span).permute(1, 0, 3, 2)  # (n, BH, span, D)
-    v_spans = vv.unfold(2, span, c).reshape(B * H, n, D, span).permute(1, 0, 3, 2)  # (n, BH, span, D)
+    # Chunks lead so that one (n, 1, g*c, span) mask broadcasts over batch and key heads.
+    qq = F.pad(q, (0, 0, 0, n * c - Lq)).reshape(B * Hkv, g, n, c, D).permute(2, 0, 1, 3, 4)
+    qq = qq.reshape(n, B * Hkv, g * c, D)  # (n, B H_kv, g c, D)
+    k_spans = kk.unfold(2, span, c).reshape(B * Hkv, n, D, span).permute(1, 0, 3, 2)  # (n, B H_kv, span, D)
+    v_spans = vv.unfold(2, span, c).reshape(B * Hkv, n, D, span).permute(1, 0, 3, 2)
 
     a = torch.arange(c, device=q.device)[:, None]  # query offset in its chunk
     b = torch.arange(span, device=q.device)[None, :]  # key offset in its span
@@ -129,8 +131,11 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     key_pos = start + chunks + b  # (n, 1, span)
     # Padded query rows (past Lq) see every key so their (discarded) softmax is not NaN.
     mask = (band & (key_pos >= 0) & (key_pos < Lk)) | (chunks + a >= Lq)  # (n, c, span)
-    out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, BH, c, D)
-    return out.transpose(0, 1).reshape(B, H, n * c, D)[:, :, :Lq]
+    if g > 1:
+        mask = mask.repeat(1, g, 1)  # (n, g c, span): the same band for each query head of the group
+    out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, B H_kv, g c, D)
+    out = out.reshape(n, B * Hkv, g, c, D).permute(1, 2, 0, 3, 4)  # (B H_kv, g, n, c, D)
+    return out.reshape(B, H, n * c, D)[:, :, :Lq]
 
 
 # -- decoding: a cache that keeps only the last w - 1 keys ---------------------------------------
@@ -222,6 +227,8 @@ XFORMERS_LOCAL = dataclasses.replace(XFORMERS, dtypes=(torch.bfloat16, torch.flo
 class SlidingWindowAttention(Attention):
     """Local attention over the last ``window`` keys (Longformer / Mistral style); exact, O(L * w)."""
 
+    supports_gqa = True
+
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense windowed mask + explicit softmax"),
         Backend(
@@ -265,7 +272,7 @@ class SlidingWindowAttention(Attention):
 
     def backend_flex(self, q, k, v, causal):
         block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device))
-        return flex.run_flex(q, k, v, block_mask)
+        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
     def backend_blocked(self, q, k, v, causal):
         return blocked_attention(q, k, v, self.window, causal)
@@ -289,7 +296,7 @@ class SlidingWindowAttention(Attention):
             state.write(k, v)
             n = min(state.length, state.capacity)
             self.last_backend = "blocked"
-            return F.scaled_dot_product_attention(q, state.k[:, :, :n], state.v[:, :, :n])
+            return gqa.sdpa(q, state.k[:, :, :n], state.v[:, :, :n])
         keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
         # A step is decoding even when the cache is still empty: never compile Flex for one token.
         mode = self.mode_of(q, keys, values)

@@ -24,8 +24,8 @@ from harness.results import STATUSES, scan_rows, warn_skipped
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
 ACCURACY_REQUIRED = ("task", "variant", "metric", "value")
 # What, besides the label and the length, tells two cost cells apart on one device.
-COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "head_dim", "position", "causal", "layers")
-SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "head_dim", "position", "causal", "layers")
+COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers")
+SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers")
 COST_NUMERIC = (
     "seq_len", "latency_ms", "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
     "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
@@ -201,7 +201,7 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     df["label"] = df["variant_label"] + "/" + df["backend_label"]
     # Shape fields that vary within the frame go into the series name, so two shapes never share a line.
     varying = [c for c in SHAPE_FIELDS if c in df and df[c].astype(str).nunique() > 1]
-    short = {"batch_size": "B", "num_heads": "H", "head_dim": "D", "causal": "causal", "layers": "layers"}
+    short = {"batch_size": "B", "num_heads": "H", "num_kv_heads": "H_kv", "head_dim": "D", "causal": "causal", "layers": "layers"}
 
     def suffix(row: pd.Series) -> str:
         parts = [f"{short.get(c, '')}{'=' if c in short else ''}{_fmt_value(row[c])}" for c in varying
@@ -373,7 +373,8 @@ def caption(cost: pd.DataFrame | None = None, accuracy: pd.DataFrame | None = No
     if (v := one("project_version")) is not None:
         parts.append(f"attn-bench {v}")
     if cost is not None and len(cost):
-        shape = [one("dtype"), *(f"{k}={x}" for k, c in (("B", "batch_size"), ("H", "num_heads"), ("D", "head_dim"))
+        dims = (("B", "batch_size"), ("H", "num_heads"), ("H_kv", "num_kv_heads"), ("D", "head_dim"))
+        shape = [one("dtype"), *(f"{k}={x}" for k, c in dims
                                 if (x := _int_str(one(c))) is not None)]
         parts.append(" ".join(s for s in shape if s))
     return " · ".join(p for p in parts if p)

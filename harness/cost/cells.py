@@ -1,7 +1,8 @@
 """One cell of a cost sweep, and the callable that measures it, with its FLOP count.
 
-Scopes: ``op`` is the attention call alone on random q, k, v (B, H, L, D); ``model`` is the shared
-backbone (``attn.Transformer``: embeddings, projections, positions, FFN) on random tokens.
+Scopes: ``op`` is the attention call alone on random q (B, H, L, D) and k, v (B, H_kv, L, D); ``model`` is the shared
+backbone (``attn.Transformer``: embeddings, projections, positions, FFN) on random tokens; ``hf`` is a Hugging Face
+causal LM (random weights) running the variant through transformers' attention interface (harness.cost.hf_cells).
 Modes: ``forward``; ``train`` = forward + backward (gradients of the inputs for ``op``, of every
 weight for ``model``; no optimiser step); ``decode`` = one new token per sequence with the cache
 already holding ``seq_len`` tokens (prefilled once, outside the timed region).
@@ -22,6 +23,7 @@ mode-aware count ``variant.mode_flops(mode, B, H, L, D, causal)`` (``attn.Attent
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from attn.attention.base import TRAIN_FLOPS_FACTOR, UnsupportedBackend
 from attn.registry import ATTENTION
 from harness.results import cell_key
 
-SCOPES = ("op", "model")
+SCOPES = ("op", "model", "hf")
 MODES = ("forward", "train", "decode")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 VOCAB_SIZE = 256  # the backbone's byte-level default; the LM head is part of the model's cost
@@ -43,7 +45,7 @@ VOCAB_SIZE = 256  # the backbone's byte-level default; the LM head is part of th
 # Identity of a cell in a results file: --resume skips rows with the same key.
 KEY_FIELDS = (
     "variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device",
-    "dtype", "batch_size", "num_heads", "head_dim", "seq_len", "causal", "layers",
+    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config",
 )
 
 
@@ -67,6 +69,12 @@ class Cell:
     causal: bool = True
     layers: int | None = None  # model scope only: backbone depth
     variant_spec: str = ""  # the spec as written, minus defaults: labels tables and plots
+    num_kv_heads: int | None = None  # GQA: key/value heads; None = as many as num_heads
+    hf_config: str | None = None  # scope hf only: the transformers config (preset name or local path)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,6 +96,8 @@ class Cell:
         parts = [self.variant_spec or self.variant]
         if self.scope == "model":
             parts.append(f"model/{self.position}")
+        if self.scope == "hf":
+            parts.append(f"hf:{self.hf_config}/{self.position}")
         parts += [self.mode, f"L={self.seq_len}"]
         return " ".join(parts)
 
@@ -118,7 +128,10 @@ def train_factor(mode: str) -> int:
 def attention_flops(module: Any, cell: Cell) -> int:
     """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
     decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention)."""
-    return int(module.mode_flops(cell.mode, cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim, cell.causal))
+    args = (cell.mode, cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim, cell.causal)
+    if cell.num_kv_heads and "kv_heads" in inspect.signature(module.mode_flops).parameters:
+        return int(module.mode_flops(*args, kv_heads=cell.num_kv_heads))
+    return int(module.mode_flops(*args))  # a plugin's count without GQA: as multi-head
 
 
 def op_flops(module: Any, cell: Cell) -> int:
@@ -175,12 +188,16 @@ def check_supported(cls: type, cell: Cell) -> None:
 def build(cell: Cell) -> Measured:
     """Inputs, module and the measured callable of ``cell`` (seed the RNG before calling)."""
     check_supported(ATTENTION.get(cell.variant).cls, cell)
+    if cell.scope == "hf":
+        from harness.cost.hf_cells import build_hf  # imports transformers: only for hf cells
+
+        return build_hf(cell)
     return build_op(cell) if cell.scope == "op" else build_model(cell)
 
 
 def build_op(cell: Cell) -> Measured:
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
-    B, H, L, D = cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim
+    B, H, Hkv, L, D = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim
     module = attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params).to(dev, dtype)
     flops = op_flops(module, cell)
     backend = lambda: module.last_backend
@@ -188,21 +205,21 @@ def build_op(cell: Cell) -> Measured:
     if cell.mode == "decode":
         state = module.new_state(L + 1)
         with torch.no_grad():
-            prompt = [torch.randn(B, H, L, D, device=dev, dtype=dtype) for _ in range(3)]  # (B, H, L, D)
-            module.step(*prompt, state)  # prefill: the cache now holds L tokens
+            prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
+            module.run_step(*prompt, state)  # prefill: the cache now holds L tokens
             del prompt
-        q1, k1, v1 = (torch.randn(B, H, 1, D, device=dev, dtype=dtype) for _ in range(3))  # (B, H, 1, D)
+        q1, k1, v1 = (torch.randn(B, h, 1, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, 1, D)
         rewind = Rewind([state], L)
 
         def decode_step() -> torch.Tensor:
             with torch.no_grad():
-                out = module.step(q1, k1, v1, state)
+                out = module.run_step(q1, k1, v1, state)
             rewind()
             return out
 
         return Measured(decode_step, flops, B, backend, state)
 
-    q, k, v = (torch.randn(B, H, L, D, device=dev, dtype=dtype) for _ in range(3))  # (B, H, L, D)
+    q, k, v = (torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, L, D)
     if cell.mode == "train":
         for t in (q, k, v):
             t.requires_grad_(True)
@@ -224,7 +241,7 @@ def build_op(cell: Cell) -> Measured:
 def model_config(cell: Cell) -> attn.TransformerConfig:
     """The backbone for a model-scope cell: d_model = heads x head_dim, ``layers`` blocks, byte vocabulary."""
     return attn.TransformerConfig(
-        vocab_size=VOCAB_SIZE, d_model=cell.num_heads * cell.head_dim, n_heads=cell.num_heads,
+        vocab_size=VOCAB_SIZE, d_model=cell.num_heads * cell.head_dim, n_heads=cell.num_heads, num_kv_heads=cell.kv_heads,
         n_layers=cell.layers or 1, attention=cell.variant, attention_params=dict(cell.variant_params),
         backend=cell.backend_requested, position=cell.position, position_params=dict(cell.position_params),
         max_seq_len=cell.seq_len + 1, causal=cell.causal,

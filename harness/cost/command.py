@@ -20,9 +20,9 @@ from harness.results import check_writable, exclusive
 
 def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
     """The options the user actually gave (click passes None / () for the others)."""
-    names = {"variant", "position", "lengths", "batch", "heads", "head_dim", "dtype", "mode", "scope", "causal", "layers",
-             "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time", "max_run_time", "retries",
-             "threads", "plugin", *EXECUTOR_KEYS}
+    names = {"variant", "position", "lengths", "batch", "heads", "kv_heads", "head_dim", "hf_config", "dtype", "mode", "scope",
+             "causal", "layers", "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time",
+             "max_run_time", "retries", "threads", "plugin", *EXECUTOR_KEYS}
     layer = {}
     for k in names:
         v = opts.get(k)
@@ -37,11 +37,14 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--position", multiple=True, help="Position method spec (scope=model only). Repeatable.")
 @click.option("--lengths", help="Sequence lengths: 1024,2048 or 1K,4K or a doubling range 1K..1M.")
 @click.option("--batch", help="Batch sizes, comma list.")
-@click.option("--heads", help="Numbers of heads, comma list.")
+@click.option("--heads", help="Numbers of (query) heads, comma list.")
+@click.option("--kv-heads", help="Numbers of key/value heads (GQA; 1 = multi-query), comma list; default: as many as --heads.")
 @click.option("--head-dim", help="Head dimensions, comma list.")
 @click.option("--dtype", multiple=True, help="float32, bfloat16, float16, float64 (repeatable or comma list).")
 @click.option("--mode", multiple=True, help="forward, train, decode (repeatable or comma list).")
-@click.option("--scope", multiple=True, help="op (attention alone) or model (whole backbone).")
+@click.option("--scope", multiple=True, help="op (attention alone), model (our backbone) or hf (a transformers model).")
+@click.option("--hf-config", multiple=True,
+              help="--scope hf: llama, mistral, qwen2 (small random-weight presets) or a local config.json / model directory.")
 @click.option("--causal/--bidirectional", default=None, help="Causal (default) or bidirectional attention.")
 @click.option("--layers", type=int, help="Backbone depth for --scope model (default 2).")
 @click.option("--device", help="cpu (default), cuda or cuda:N.")
@@ -80,7 +83,8 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
         out = Path("results") / f"sweep-{spec.preset or 'custom'}-{dt.datetime.now():%Y%m%d-%H%M%S}.jsonl"
     if dry_run:
         for c in cells:
-            click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads} D={c.head_dim}]")
+            kv = f" H_kv={c.num_kv_heads}" if c.num_kv_heads else ""
+            click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads}{kv} D={c.head_dim}]")
         click.echo(f"{len(cells)} cells -> {out}")
         return
     check_writable(out)  # before any work: a run must not measure for an hour and then fail to write

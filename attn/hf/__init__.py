@@ -1,0 +1,16 @@
+"""Hugging Face transformers integration: any registered variant inside a transformers model.
+
+- :mod:`attn.hf.interface`: ``register(spec) -> attn_implementation name``, ``set_variant(model, spec)``,
+  ``attention_modules(model)`` (our modules inside, for ``last_backend``).
+- :mod:`attn.hf.padding`: how padding reaches variants that take no mask.
+- :mod:`attn.hf.rope`: ``position_from_hf(config)``, ``position_to_hf(name, params)``, ``override_rope``.
+- :mod:`attn.hf.models`: ``tiny_config``, ``load_config``, ``build_model``, ``load_model``.
+
+Needs the ``hf`` extra (``pip install 'attn-bench[hf]'``); ``import attn`` does not import transformers.
+"""
+from attn.hf.interface import attention_modules, hf_name, register, set_variant
+from attn.hf.models import PRESETS, build_model, load_config, load_model, tiny_config
+from attn.hf.rope import override_rope, position_from_hf, position_to_hf
+
+__all__ = ["PRESETS", "attention_modules", "build_model", "hf_name", "load_config", "load_model", "override_rope",
+           "position_from_hf", "position_to_hf", "register", "set_variant", "tiny_config"]

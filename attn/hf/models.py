@@ -1,0 +1,94 @@
+"""Hugging Face causal LMs running our variants: small named configs, random-weight and local-checkpoint models.
+
+Nothing is ever downloaded: a config is a preset name or a local path, a checkpoint a local directory.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
+
+from attn.hf.interface import check_model_window, config_window, register, variant_of
+from attn.hf.rope import override_rope
+from attn.registry import shorten
+
+# A small Llama shape (~44M parameters, 30M of them the untied 32K-token embeddings), head_dim 64, GQA 4:1;
+# intermediate ~ 8/3 * hidden rounded to a multiple of 32, as Llama sizes its MLP.
+SMALL: dict[str, Any] = {"num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+                         "intermediate_size": 1376, "vocab_size": 32000}
+# kind -> (config class, what differs from the class's defaults besides SMALL). Exact lookup.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    # Mistral 7B v0.2+ drop the sliding window; keeping it would leave the model usable only by our
+    # sliding_window variant. Pass sliding_window=N for v0.1's local attention.
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", {}),  # use_sliding_window=False by default: every layer is full attention
+}
+
+
+def tiny_config(kind: str, **overrides: Any) -> PreTrainedConfig:
+    """A preset's config (SMALL sizes on the architecture's defaults), with ``overrides`` on top.
+
+    ValueError for an unknown kind or an override the config class does not have (transformers would
+    silently keep a misspelt one as an attribute).
+    """
+    if kind not in PRESETS:
+        raise ValueError(f"unknown model kind {shorten(kind)}; valid: {', '.join(PRESETS)}")
+    cls_name, extra = PRESETS[kind]
+    cls = getattr(transformers, cls_name)
+    unknown = sorted(set(overrides) - set(cls().to_dict()))
+    if unknown:
+        raise ValueError(f"{cls_name} has no field(s) {', '.join(map(shorten, unknown))}")
+    return cls(**{**SMALL, **extra, **overrides})
+
+
+def load_config(name_or_path: str | Path) -> PreTrainedConfig:
+    """A preset name (llama, mistral, qwen2), or a local config.json or a directory holding one."""
+    if isinstance(name_or_path, str) and name_or_path in PRESETS:
+        return tiny_config(name_or_path)
+    path = Path(name_or_path)
+    if not (path / "config.json").is_file() and not (path.is_file() and path.suffix == ".json"):
+        raise ValueError(f"model config {shorten(str(name_or_path))} is neither a preset ({', '.join(PRESETS)}) nor an "
+                         "existing config.json or directory holding one (nothing is downloaded)")
+    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+
+
+def check_config(config: PreTrainedConfig, spec: str) -> str:
+    """ValueError now, not in the first forward, when the model's sliding window rules the variant out;
+    returns the attn_implementation name."""
+    check_model_window(variant_of(spec), config_window(config))
+    return register(spec)
+
+
+def build_model(config: PreTrainedConfig, spec: str, position: str | None = None,
+                dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A random-weight causal LM of ``config`` running variant ``spec`` (and RoPE ``position`` if given), in
+    eval mode. The config is deep-copied: ``from_config`` keeps the object, and two models sharing one
+    config would share one attn_implementation."""
+    config = copy.deepcopy(config)
+    name = check_config(config, spec)
+    if position is not None:
+        override_rope(config, position)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=name, dtype=dtype).eval()
+
+
+def load_model(path: str | Path, spec: str, position: str | None = None,
+               dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A local checkpoint directory's causal LM running variant ``spec``; never downloads."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"checkpoint {shorten(str(path))} is not an existing directory with a config.json "
+                         "(only local checkpoints are loaded)")
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    name = check_config(config, spec)
+    if position is not None:
+        override_rope(config, position)
+    return AutoModelForCausalLM.from_pretrained(str(path), config=config, attn_implementation=name, dtype=dtype,
+                                                local_files_only=True).eval()
+
+
+__all__ = ["PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model", "tiny_config"]

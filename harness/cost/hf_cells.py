@@ -1,0 +1,147 @@
+"""Cells of scope ``hf``: a whole Hugging Face causal LM (random weights: cost does not depend on them) running
+one of our variants through transformers' attention interface (:mod:`attn.hf`).
+
+What is timed, per mode:
+- ``forward``: the prefill of L tokens as ``generate`` runs it: every layer on every token, the LM head on the
+  last token only (``logits_to_keep=1``), no cache kept.
+- ``train``: forward + backward of the next-token loss on L tokens (logits for every token), gradients of every weight.
+- ``decode``: one new token with transformers' own ``DynamicCache`` already holding L tokens; the cache is cut back
+  to L after each timed step. Note that this is transformers' cache, not the variant's: every step hands the
+  variant all L cached keys, and the cache concatenates each new key (a copy of the layer's cache per step).
+
+FLOPs: 2 per multiply-add of every ``nn.Linear`` weight per token it is applied to (the LM head on 1 token in
+``forward``), x 3 for ``train``, plus ``num_hidden_layers`` x the variant's own count of the attention in that mode,
+with the config's query heads, key/value heads (GQA) and head dim.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from harness.cost.cells import DTYPES, Cell, Measured, attention_flops, json_normal, train_factor
+
+
+def hf_shape(hf_config: str, kv_heads: int | None = None) -> dict[str, Any]:
+    """Heads, key/value heads, head dim and layers of a config (a preset name or a local path); ValueError if
+    it cannot be read. ``kv_heads`` overrides the config's ``num_key_value_heads`` (``--kv-heads``)."""
+    from attn.hf.rope import head_dim
+
+    config = load(hf_config, kv_heads)
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    return {"num_heads": heads, "num_kv_heads": None if kv == heads else kv, "head_dim": head_dim(config),
+            "layers": config.num_hidden_layers, "vocab_size": config.vocab_size}
+
+
+def load(hf_config: str, kv_heads: int | None = None):
+    """The transformers config of a cell; ``kv_heads`` replaces its key/value heads (must divide its heads)."""
+    from attn.hf import load_config
+
+    config = load_config(hf_config)
+    if kv_heads is not None:
+        if config.num_attention_heads % kv_heads:
+            raise ValueError(f"kv_heads {kv_heads} must divide the {config.num_attention_heads} heads of {hf_config}")
+        config.num_key_value_heads = kv_heads
+    return config
+
+
+def hf_position(hf_config: str, position: str | None) -> tuple[str, dict[str, Any]]:
+    """The cell's position: the config's own RoPE (``position`` None or ``none``), or a rope spec to override it."""
+    from attn.hf import position_from_hf
+    from attn.hf.rope import override_rope
+
+    config = load(hf_config)
+    if position not in (None, "none"):
+        override_rope(config, position)
+    return position_from_hf(config)
+
+
+def _spec(cell: Cell) -> str:
+    params = {**cell.variant_params, **({"backend": cell.backend_requested} if cell.backend_requested != "auto" else {})}
+    return cell.variant + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
+def _position_spec(cell: Cell) -> str | None:
+    from attn.hf import position_from_hf
+
+    name, params = position_from_hf(load(cell.hf_config))
+    if (cell.position, cell.position_params) == (name, json_normal(params)):
+        return None
+    return cell.position + (":" + ",".join(f"{k}={v}" for k, v in cell.position_params.items())
+                            if cell.position_params else "")
+
+
+def hf_flops(model: nn.Module, cell: Cell, module: Any) -> int:
+    """Every nn.Linear per token it multiplies (the LM head on the last token only in forward) + the attention."""
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    body = sum(m.weight.numel() for m in linears if m is not head)
+    head_w = head.weight.numel()
+    B, L = cell.batch_size, cell.seq_len
+    tokens = B * (1 if cell.mode == "decode" else L)
+    head_tokens = B if cell.mode in ("forward", "decode") else B * L
+    weights = train_factor(cell.mode) * 2 * (tokens * body + head_tokens * head_w)
+    return weights + cell.layers * attention_flops(module, cell)
+
+
+def build_hf(cell: Cell) -> Measured:
+    """Model, inputs and the measured callable of an ``hf`` cell."""
+    from transformers import DynamicCache
+
+    from attn.hf import attention_modules, build_model
+
+    dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
+    config = load(cell.hf_config, cell.num_kv_heads)
+    model = build_model(config, _spec(cell), position=_position_spec(cell), dtype=dtype).to(dev)
+    modules = attention_modules(model)
+    B, L, V = cell.batch_size, cell.seq_len, model.config.vocab_size
+    idx = torch.randint(0, V, (B, L), device=dev)
+
+    def backend() -> str | None:
+        ran = sorted({m.last_backend for m in attention_modules(model) if m.last_backend})
+        return ",".join(ran) or None
+
+    import attn
+
+    flops = hf_flops(model, cell, attn.build_attention(cell.variant, **cell.variant_params))
+    if cell.mode == "decode":
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(idx, past_key_values=cache, use_cache=True, logits_to_keep=1)  # prefill: the cache holds L tokens
+        token = torch.randint(0, V, (B, 1), device=dev)
+
+        def decode_step() -> torch.Tensor:
+            with torch.no_grad():
+                out = model(token, past_key_values=cache, use_cache=True).logits
+            cache.crop(-1)  # back to L tokens: every timed step decodes at the same context
+            return out
+
+        return Measured(decode_step, flops, B, backend, cache)
+    if cell.mode == "train":
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+
+        def train_step() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(model(idx, labels=idx, use_cache=False).loss, params)
+
+        return Measured(train_step, flops, B * L, backend)
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return model(idx, use_cache=False, logits_to_keep=1).logits
+
+    del modules
+    return Measured(forward, flops, B * L, backend)
+
+
+def hf_cell_fields(hf_config: str, kv_heads: int | None, position: str) -> dict[str, Any]:
+    """The Cell fields an ``hf`` cell takes from its model config rather than from the grid."""
+    shape = hf_shape(hf_config, kv_heads)
+    name, params = hf_position(hf_config, position)
+    return {"num_heads": shape["num_heads"], "num_kv_heads": shape["num_kv_heads"], "head_dim": shape["head_dim"],
+            "layers": shape["layers"], "position": name, "position_params": json_normal(params), "hf_config": hf_config}
+
+
+__all__ = ["build_hf", "hf_cell_fields", "hf_flops", "hf_position", "hf_shape", "load"]
