@@ -79,6 +79,7 @@ def _print_listing(variants: list[dict[str, Any]], positions: list[dict[str, Any
     click.secho("Attention variants", bold=True)
     for v in variants:
         caps = [c for c in ("causal", "bidirectional", "decode") if v.get(c)] + ["exact" if v.get("exact") else "approximate"]
+        caps.append("GQA" if v.get("gqa") == "native" else "GQA by repeated keys")
         click.echo(f"  {v['name']:<16} {v.get('doc', '')}")
         click.echo(f"    params:       {_fmt_params(v['params'])}")
         click.echo(f"    capabilities: {', '.join(caps)}")

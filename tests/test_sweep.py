@@ -41,7 +41,7 @@ def cli_spec(**options):
 @given(
     lengths=st.lists(st.sampled_from([16, 32, 48, 64]), min_size=1, max_size=4),
     modes=st.lists(st.sampled_from(MODES), min_size=1, max_size=3, unique=True),
-    scopes=st.lists(st.sampled_from(SCOPES), min_size=1, max_size=2, unique=True),
+    scopes=st.lists(st.sampled_from([s for s in SCOPES if s != "hf"]), min_size=1, max_size=2, unique=True),  # hf: test_sweep_hf
     batch=st.lists(st.sampled_from([1, 2]), min_size=1, max_size=2, unique=True),
     heads=st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=2, unique=True),
     positions=st.lists(st.sampled_from(["none", "rope"]), min_size=1, max_size=2, unique=True),
