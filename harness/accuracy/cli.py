@@ -1,4 +1,5 @@
-"""``attn-bench accuracy``: train small models on the accuracy tasks and append rows to a results file.
+"""``attn-bench accuracy``: train small models on the accuracy tasks (or, with ``--hf-model``, evaluate a pretrained
+checkpoint: harness/accuracy/hf_eval.py) and append rows to a results file.
 
 Everything is validated (task, names, parameters, lengths, corpus) before the first model is
 trained and before the results file is touched; bad input is one line and exit status 2.
@@ -9,11 +10,14 @@ import contextlib
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from harness.accuracy.runner import TASKS, TRAINED_TASKS, Job, Plan
+
+if TYPE_CHECKING:
+    from harness.accuracy.hf_eval import HFPlan
 
 # option -> (task config field, tasks it applies to)
 TASK_OPTIONS = {
@@ -97,6 +101,36 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
     return out
 
 
+# Options that shape training: meaningless for a pretrained checkpoint, so refused with --hf-model.
+HF_REFUSED = ("preset", "seeds", "train_len", "steps", "batch_size", "lr", "model", "base_task", "finetune_steps",
+              "finetune_len", "finetune_lr", "num_pairs", "num_keys")
+
+
+def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
+    """--hf-model: the checkpoint evaluation (harness/accuracy/hf_eval.py), every option checked first."""
+    from harness.accuracy import hf_eval
+    from harness.accuracy.lm import LMConfig
+    from harness.accuracy.passkey import PasskeyConfig
+
+    given = [k for k in HF_REFUSED if opts[k] not in (None, ())]
+    if given:
+        raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --hf-model (a pretrained checkpoint "
+                               "is evaluated, not trained)")
+    tasks = list(opts["tasks"]) or list(hf_eval.HF_TASKS)
+    hf_eval.check_tasks(tasks)
+    params: dict[str, dict[str, Any]] = {"lm": {}, "passkey": {}}
+    for opt, (fld, applies) in TASK_OPTIONS.items():
+        if opts[opt] in (None, ()):
+            continue
+        targets = [t for t in applies if t in tasks and t in params]
+        if not targets:
+            raise click.UsageError(f"--{opt.replace('_', '-')} applies to {'/'.join(applies)} only, not to {', '.join(tasks)}")
+        for t in targets:
+            params[t][fld] = _floats(opts[opt], "--depths") if opt == "depths" else opts[opt]
+    return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"),
+                        LMConfig(**params["lm"]), PasskeyConfig(**params["passkey"]))
+
+
 def print_summary(rows: list[dict[str, Any]]) -> None:
     """Per task, the main metric by evaluation length (mean over seeds)."""
     import pandas as pd
@@ -141,6 +175,10 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--eval-examples", type=click.IntRange(min=1), help="mqar/passkey: test examples per cell.")
 @click.option("--corpus", multiple=True, help="lm: text files or directories (default: Python's stdlib sources).")
 @click.option("--eval-bytes", type=click.IntRange(min=1), help="lm: test bytes scored per evaluation length.")
+@click.option("--hf-model", help="Local Hugging Face checkpoint directory to evaluate (no training; --task lm and/or "
+              "passkey): each --variant and --position (RoPE override, or 'checkpoint': its own scaling, the default) at "
+              "each --eval-lens, default 1x, 2x, 4x its training length. Uses its tokenizer; without one, UTF-8 bytes "
+              "are fed as token ids (needs a vocabulary >= 256).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
               show_default=True)
 @click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -158,8 +196,11 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     from harness.results import check_rows, check_writable, exclusive, read_rows
 
     failed_plugins = load_plugins(plugins, report=False)  # a bad spec's one error line names them
-    jobs = build_jobs(opts)
-    plans: list[Plan] = [plan(j) for j in jobs]  # every check before any work
+    hf_model = opts.pop("hf_model")
+    if hf_model is not None and ckpt_dir is not None:
+        raise click.UsageError("--ckpt-dir does not apply to --hf-model (nothing is trained)")
+    hf_plan = build_hf_plan(hf_model, opts) if hf_model is not None else None
+    plans: list[Plan] = [] if hf_plan else [plan(j) for j in build_jobs(opts)]  # every check before any work
     report_plugins(failed_plugins)
 
     def check_out() -> None:
@@ -175,6 +216,8 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     check_out()
     with contextlib.nullcontext() if dry_run else exclusive(out):  # a second writer stops here, before any work
         check_out()  # again under the lock: another run may have written it meanwhile
+        if hf_plan:
+            click.echo(hf_plan.describe(), err=True)
         for p in plans:
             j = p.job
             trainings = len({r.train_id for r in p.runs})
@@ -187,8 +230,16 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
             import torch
 
             torch.set_num_threads(threads)
-        runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume,
-                          progress=not no_progress and sys.stderr.isatty(), echo=lambda s: click.echo(s, err=True))
+        def echo(line: str) -> None:
+            click.echo(line, err=True)
+
+        if hf_plan:
+            from harness.accuracy import hf_eval
+
+            runner = hf_eval.run(hf_plan, out, resume, echo=echo)
+        else:
+            runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume,
+                              progress=not no_progress and sys.stderr.isatty(), echo=echo)
     click.echo(f"wrote {runner.written} rows to {out}", err=True)
     print_summary(read_rows(out))
 

@@ -144,4 +144,11 @@ def hf_cell_fields(hf_config: str, kv_heads: int | None, position: str) -> dict[
             "layers": shape["layers"], "position": name, "position_params": json_normal(params), "hf_config": hf_config}
 
 
-__all__ = ["build_hf", "hf_cell_fields", "hf_flops", "hf_position", "hf_shape", "load"]
+def hf_grid_fields(configs: tuple[str, ...], positions: tuple[str, ...], kv_heads: tuple[int | None, ...],
+                   ) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
+    """(position, kv_heads) -> the Cell fields of each transformers config of a grid (each read and validated once:
+    a missing path or an unknown preset is one ValueError). Position ``none`` = the config's own RoPE."""
+    return {(p, kv): [hf_cell_fields(c, kv, p) for c in configs] for p in positions for kv in kv_heads}
+
+
+__all__ = ["build_hf", "hf_cell_fields", "hf_grid_fields", "hf_flops", "hf_position", "hf_shape", "load"]

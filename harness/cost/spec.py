@@ -382,6 +382,14 @@ def _check_choices(values: Sequence[str], valid: Sequence[str], what: str) -> No
             raise ValueError(f"unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
+def _hf_fields(*args: Any) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
+    try:
+        from harness.cost.hf_cells import hf_grid_fields
+    except ImportError as e:
+        raise ValueError(f"scope hf needs transformers ({e.name} is not installed: pip install 'attn-bench[hf]')") from None
+    return hf_grid_fields(*args)
+
+
 def _kv_heads(heads: int, kv_heads: int | None) -> int | None:
     """A cell's key/value heads: None when there are as many as query heads (multi-head: the rows' key stays
     what it was before GQA existed), else a number that must divide ``heads``."""
@@ -390,17 +398,6 @@ def _kv_heads(heads: int, kv_heads: int | None) -> int | None:
     if kv_heads < 1 or heads % kv_heads:
         raise ValueError(f"kv_heads {kv_heads} must divide heads {heads} (H % H_kv == 0)")
     return kv_heads
-
-
-def _hf_fields(grid: Grid) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
-    """(position, kv_heads) -> the Cell fields of each of the grid's transformers configs (read once, validated:
-    a missing path or an unknown preset is one ValueError). Position ``none`` = the config's own RoPE."""
-    try:
-        from harness.cost.hf_cells import hf_cell_fields
-    except ImportError as e:
-        raise ValueError(f"scope hf needs transformers ({e.name} is not installed: pip install 'attn-bench[hf]')") from None
-    return {(p, kv): [hf_cell_fields(c, kv, p) for c in grid.hf_config]
-            for p in grid.position for kv in (grid.kv_heads or (None,))}
 
 
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
@@ -416,39 +413,31 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
         _check_choices(grid.dtype, list(DTYPES), "dtype")
         if "decode" in grid.mode and not grid.causal:
             raise ValueError("mode decode needs causal attention (drop --bidirectional or the decode mode)")
+        if "hf" in grid.scope and not grid.causal:
+            raise ValueError("scope hf runs causal language models: drop --bidirectional")
         if grid.layers < 1:
             raise ValueError(f"layers must be >= 1, got {grid.layers}")
         variants = [(resolve_variant(v), v.strip()) for v in grid.variant]
         for position in grid.position:  # validated even when only op-scope cells use none
             if set(grid.scope) != {"hf"}:
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
-        hf = _hf_fields(grid) if "hf" in grid.scope else {}
+        hf = _hf_fields(grid.hf_config, grid.position, grid.kv_heads or (None,)) if "hf" in grid.scope else {}
         for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given in itertools.product(
             variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads, grid.head_dim,
             grid.kv_heads or (None,),
         ):
-            kv = _kv_heads(h, kv_given) if scope != "hf" else None
             for length in grid.lengths:
                 if scope == "hf":  # shapes and positions come from each model config
-                    if not grid.causal:
-                        raise ValueError("scope hf runs causal language models: drop --bidirectional")
-                    for fields in hf[(position, kv_given)]:
-                        cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope,
-                                    mode=mode, device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length,
-                                    variant_spec=label, **fields)
-                        cells.setdefault(cell.key(), cell)
-                    continue
-                if scope == "op":  # the attention call alone: no positions, no backbone
-                    pos_name, pos_params, layers = "none", {}, None
-                else:
-                    (pos_name, pos_params), layers = resolve_position(position, h, d, length), grid.layers
-                cell = Cell(
-                    variant=name, variant_params=params, backend_requested=backend, position=pos_name,
-                    position_params=pos_params, scope=scope, mode=mode, device=spec.run.device, dtype=dtype,
-                    batch_size=b, num_heads=h, head_dim=d, seq_len=length, causal=grid.causal, layers=layers,
-                    variant_spec=label, num_kv_heads=kv,
-                )
-                cells.setdefault(cell.key(), cell)
+                    shapes = hf[(position, kv_given)]
+                else:  # op: the attention call alone, with no positions and no backbone
+                    pos = ("none", {}) if scope == "op" else resolve_position(position, h, d, length)
+                    shapes = [dict(position=pos[0], position_params=pos[1], layers=None if scope == "op" else grid.layers,
+                                   num_heads=h, head_dim=d, num_kv_heads=_kv_heads(h, kv_given))]
+                for fields in shapes:
+                    cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope, mode=mode,
+                                device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length, causal=grid.causal,
+                                variant_spec=label, **fields)
+                    cells.setdefault(cell.key(), cell)
     return list(cells.values())
 
 

@@ -1,0 +1,90 @@
+"""A local Hugging Face checkpoint as the evaluation sees it: its config, its tokenizer (or bytes), its training length.
+
+Nothing is downloaded and no weights are read here: this is what ``attn-bench accuracy --hf-model`` validates
+before any work (:mod:`harness.accuracy.hf_eval` loads the weights per variant and position).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.accuracy.jobs import short_hash
+from harness.accuracy.lm import SEPARATOR
+
+CHECKPOINT = "checkpoint"  # --position value: the checkpoint's own RoPE scaling (the default)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+BYTES_NOTE = "no tokenizer in the checkpoint: UTF-8 bytes fed as token ids 0-255"
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """How text becomes token ids for this checkpoint."""
+
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    boundary: int  # document-boundary token: starts every sequence, separates documents
+    name: str  # "checkpoint" (its tokenizer) or "bytes"
+    note: str | None = None
+
+
+def byte_tokens() -> Tokens:
+    return Tokens(lambda s: list(s.encode("utf-8")), lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", "replace"),
+                  SEPARATOR[0], "bytes", BYTES_NOTE)
+
+
+def load_tokens(path: Path, vocab_size: int) -> Tokens:
+    """The checkpoint's tokenizer, or bytes when the directory has none (ValueError if its vocab < 256)."""
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if vocab_size < 256:
+            raise ValueError(f"checkpoint {path} has no tokenizer and a vocabulary of {vocab_size} < 256 tokens: "
+                             "UTF-8 bytes cannot be fed as token ids")
+        return byte_tokens()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, TypeError... for a broken tokenizer
+        raise ValueError(f"checkpoint {path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
+    boundary = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    if boundary is None:
+        raise ValueError(f"checkpoint {path}: its tokenizer has neither a BOS nor an EOS token to start sequences with")
+    return Tokens(lambda s: tok.encode(s, add_special_tokens=False), lambda ids: tok.decode(ids, skip_special_tokens=True),
+                  int(boundary), CHECKPOINT)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A local checkpoint directory: its config, tokens and the length it was trained at."""
+
+    path: Path
+    config: Any  # transformers.PreTrainedConfig
+    tokens: Tokens
+    train_len: int  # rope original_max_position_embeddings, else max_position_embeddings
+
+    @property
+    def ident(self) -> str:
+        """Part of every run id: the same directory with a different config never resumes the other's rows."""
+        return short_hash({"path": str(self.path.resolve()), "config": self.config.to_dict()})
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Config and tokens of a local checkpoint (ValueError, one line, if it is not one); no weights read."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--hf-model {path} is not an existing directory with a config.json "
+                         "(only local checkpoints are evaluated; nothing is downloaded)")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # an unknown model_type, a malformed config.json
+        raise ValueError(f"checkpoint {path}: its config.json does not load ({type(e).__name__}: {e})") from None
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    train_len = int(rope.get("original_max_position_embeddings") or config.max_position_embeddings)
+    return Checkpoint(path, config, load_tokens(path, config.vocab_size), train_len)
+
+
+__all__ = ["BYTES_NOTE", "CHECKPOINT", "Checkpoint", "TOKENIZER_FILES", "Tokens", "byte_tokens", "load_checkpoint",
+           "load_tokens"]
