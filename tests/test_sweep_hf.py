@@ -48,6 +48,10 @@ def test_kv_heads_and_a_position_override_reach_the_cells(tiny_config):
     assert sorted(str(c.num_kv_heads) for c in cells) == ["1", "None"]  # 4 = as many as the query heads: None
     assert {c.position for c in cells} == {"rope_yarn"}
     assert {c.position_params["factor"] for c in cells} == {4.0}
+    for c in cells:  # the model is built with those heads: 4 (multi-head, although the config has 2), and 1
+        decode = Cell.from_row({**c.as_row(), "mode": "decode"})
+        cache = build_hf(decode).state
+        assert cache.layers[0].keys.shape[1] == decode.kv_heads == (c.num_kv_heads or 4)
 
 
 def test_a_sweep_writes_ok_rows_whose_flops_follow_the_rule(tiny_config, tmp_path, capsys):

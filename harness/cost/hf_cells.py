@@ -93,7 +93,7 @@ def build_hf(cell: Cell) -> Measured:
     from attn.hf import attention_modules, build_model
 
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
-    config = load(cell.hf_config, cell.num_kv_heads)
+    config = load(cell.hf_config, cell.kv_heads)  # num_kv_heads None = as many as the query heads, not the config's
     model = build_model(config, _spec(cell), position=_position_spec(cell), dtype=dtype).to(dev)
     modules = attention_modules(model)
     B, L, V = cell.batch_size, cell.seq_len, model.config.vocab_size
