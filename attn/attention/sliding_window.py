@@ -6,6 +6,10 @@ and a decoding cache bounded by the window (Mistral's rolling buffer cache).
 
 Convention (DESIGN.md): causal, query i sees key j iff ``i - w < j <= i`` (w keys, itself included;
 bottom-right aligned when Lq < Lk); bidirectional, ``|i - j| < w``.
+
+Attention sinks (StreamingLLM, Xiao et al. 2023, https://arxiv.org/abs/2309.17453): with ``sinks = s`` the
+first s tokens stay visible too (``j < s``, and ``j <= i`` when causal), so a model that leans on its first
+tokens keeps working past the window; decoding keeps those s tokens beside the rolling window (bounded memory).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from attn.attention import flex, gqa
-from attn.attention.base import ALL_MODES, Attention, Backend, modes, visible_pairs
+from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes, visible_pairs
 from attn.attention.full import XFORMERS, causal_mask, dense_attention, xformers_attention
 from attn.registry import check, register_attention
 
@@ -29,18 +33,42 @@ FLEX_MIN_LEN = 2 * FLEX_BLOCK
 
 @dataclass(frozen=True)
 class SlidingWindowConfig:
-    """``window``: keys each query sees (itself included, causal) -- Mistral 7B uses 4096."""
+    """``window``: keys each query sees (itself included, causal) -- Mistral 7B uses 4096. ``sinks``: first tokens
+    every query also sees (StreamingLLM keeps 4; 0 = plain sliding window)."""
 
     window: int = 256
+    sinks: int = 0
 
     def __post_init__(self):
         check(self.window >= 1, f"window must be >= 1, got {self.window}")
+        check(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
+
+
+def window_mask(q_len: int, k_len: int, window: int, causal: bool, sinks: int = 0,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """Dense (q_len, k_len) bool mask of the rule above, True = visible (reference and tests only)."""
+    mask = causal_mask(q_len, k_len, device, window=window, causal=causal)
+    if sinks:
+        mask = mask | (causal_mask(q_len, k_len, device, causal=causal) & (torch.arange(k_len, device=device) < sinks))
+    return mask
+
+
+def sink_pairs(q_len: int, k_len: int, window: int, causal: bool, sinks: int) -> int:
+    """Pairs the sinks add outside the window, in closed form (O(q_len), no mask): for query position p,
+    sink keys ``j <= p - w`` (and, bidirectional, ``j >= p + w``)."""
+    if not sinks:
+        return 0
+    p = torch.arange(k_len - q_len, k_len, dtype=torch.int64)
+    s = min(sinks, k_len)
+    below = (p - window + 1).clamp(min=0, max=s)
+    above = 0 if causal else (s - (p + window)).clamp(min=0)
+    return int((below + above).sum())
 
 
 # -- flex: BlockMask straight from the band's block layout ---------------------------------------
 
 def band_block_layout(q_len: int, k_len: int, window: int, causal: bool,
-                      block: int = FLEX_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+                      block: int = FLEX_BLOCK, sinks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial, full) bool (nq, nk) layouts of the window band, without touching the L x L mask.
 
     A block is ``full`` when every pair in it is visible and it lies wholly inside both lengths;
@@ -58,32 +86,35 @@ def band_block_layout(q_len: int, k_len: int, window: int, causal: bool,
     inside = (d_lo >= lo) & (d_hi <= hi)
     whole = ((qb + 1) * block <= q_len) & ((kb + 1) * block <= k_len)  # no padded rows or columns
     full = any_visible & inside & whole
+    if sinks:  # the key blocks holding sink tokens: seen by every query block (causal: not before them)
+        any_visible = any_visible | ((kb * block < sinks) & ((d_hi >= 0) if causal else True))
     return any_visible & ~full, full
 
 
-def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool, device: str = "cpu") -> flex.MaskMod:
+def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool, device: str = "cpu", sinks: int = 0) -> flex.MaskMod:
     """Exact per-pair rule for partial blocks; excludes padded keys (k >= k_len).
 
     The numbers live in captured tensors, not Python constants, so every window, direction and
     offset at one shape shares one compiled kernel instead of recompiling (seconds each).
     """
     as_t = lambda x: torch.tensor(x, device=device)
-    offset, k_end, w = as_t(k_len - q_len), as_t(k_len), as_t(window)
+    offset, k_end, w, s = as_t(k_len - q_len), as_t(k_len), as_t(window), as_t(sinks)
     lowest = as_t(0 if causal else 1 - window)  # smallest visible q - k
+    sink_lowest = as_t(0 if causal else -k_len)  # a sink is never seen before its position when causal
 
     def sliding_window_mask(b, h, q_idx, kv_idx):
         d = q_idx + offset - kv_idx
-        return (d >= lowest) & (d < w) & (kv_idx < k_end)
+        return (((d >= lowest) & (d < w)) | ((kv_idx < s) & (d >= sink_lowest))) & (kv_idx < k_end)
 
     sliding_window_mask.__name__ = f"sliding_window_{window}_{'causal' if causal else 'bidirectional'}"
     return sliding_window_mask
 
 
 @functools.lru_cache(maxsize=32)
-def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: str) -> flex.BlockMask:
-    """Cached BlockMask of the band; O(nq * nk) to build, never O(L^2)."""
-    partial, full = band_block_layout(q_len, k_len, window, causal)
-    mask_mod = band_mask_mod(q_len, k_len, window, causal, device)
+def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: str, sinks: int = 0) -> flex.BlockMask:
+    """Cached BlockMask of the band (and sink columns); O(nq * nk) to build, never O(L^2)."""
+    partial, full = band_block_layout(q_len, k_len, window, causal, sinks=sinks)
+    mask_mod = band_mask_mod(q_len, k_len, window, causal, device, sinks)
     mask = flex.block_mask_from_layout(partial, full, FLEX_BLOCK, q_len, k_len, mask_mod)
     return mask.to(device)
 
@@ -97,13 +128,14 @@ def blocked_chunk(window: int, q_len: int) -> int:
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool,
-                      chunk: int | None = None) -> torch.Tensor:
+                      chunk: int | None = None, sinks: int = 0) -> torch.Tensor:
     """Exact sliding-window attention in O(L * w): queries in chunks of c, each against its key span.
 
     q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D), Lq <= Lk (queries are the last Lq positions).
     Chunk n of queries needs keys ``[n*c - (w-1), n*c + c - 1 (+ w-1 if bidirectional)]`` in
     query coordinates; an ``unfold`` of the (padded) keys gives all spans at once (autograd sums
-    the overlaps back), and SDPA does the masked softmax per chunk, fused, with its own backward.
+    the overlaps back), and SDPA does the masked softmax per chunk, fused, with its own backward. ``sinks``:
+    the first keys are put in front of every chunk's span, visible where the window does not already cover them.
     """
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -131,6 +163,17 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     key_pos = start + chunks + b  # (n, 1, span)
     # Padded query rows (past Lq) see every key so their (discarded) softmax is not NaN.
     mask = (band & (key_pos >= 0) & (key_pos < Lk)) | (chunks + a >= Lq)  # (n, c, span)
+    s = min(sinks, Lk)
+    if s:  # sink keys before each span; visible to query p when outside its window (causal: j <= p - w)
+        p = (Lk - Lq) + chunks + a  # (n, c, 1) absolute query positions
+        j = torch.arange(s, device=q.device)
+        seen = j <= p - w  # (n, c, s)
+        if not causal:
+            seen = seen | (j >= p + w)
+        seen = seen | (chunks + a >= Lq)  # padded query rows see everything (discarded)
+        mask = torch.cat([seen, mask], dim=-1)  # (n, c, s + span)
+        sk, sv = (x[:, :, :s].reshape(1, B * Hkv, s, D).expand(n, -1, -1, -1) for x in (k, v))
+        k_spans, v_spans = torch.cat([sk, k_spans], dim=2), torch.cat([sv, v_spans], dim=2)
     if g > 1:
         mask = mask.repeat(1, g, 1)  # (n, g c, span): the same band for each query head of the group
     out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, B H_kv, g c, D)
@@ -150,10 +193,13 @@ class RollingKVCache:
     """
 
     keep: int  # w - 1: the cached tokens a new token sees besides itself
+    sinks: int = 0  # the first tokens, kept apart (sink_k, sink_v) once the ring has moved past them
     k: torch.Tensor | None = None  # (B, H, w, D) ring
     v: torch.Tensor | None = None
     length: int = 0  # tokens seen so far
     top: int = 0  # the furthest length ever written: slots below top - w were overwritten, even after a rewind
+    sink_k: torch.Tensor | None = None  # (B, H, sinks, D): tokens 0 .. sinks - 1
+    sink_v: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -176,6 +222,14 @@ class RollingKVCache:
             self.k = k.new_empty(B, H, self.capacity, D)
             self.v = v.new_empty(B, H, self.capacity, D)
         T = k.shape[2]
+        if self.sinks and self.length < self.sinks:  # positions below `sinks` are also kept apart, for good
+            if self.sink_k is None:
+                B, H, _, D = k.shape
+                self.sink_k = k.new_empty(B, H, self.sinks, D)
+                self.sink_v = v.new_empty(B, H, self.sinks, D)
+            m = min(T, self.sinks - self.length)
+            self.sink_k[:, :, self.length:self.length + m] = k[:, :, :m]
+            self.sink_v[:, :, self.length:self.length + m] = v[:, :, :m]
         n = min(T, self.capacity)
         idx = self._slots(self.length + T - n, self.length + T)
         self.k[:, :, idx] = k[:, :, T - n:]
@@ -195,6 +249,11 @@ class RollingKVCache:
     def cached(self) -> int:
         return min(self.length, self.keep)
 
+    def evicted_sinks(self) -> int:
+        """After writing a token: the sink tokens outside its window (positions below ``length - w``), which the
+        ring no longer holds and the token must read from ``sink_k``/``sink_v``."""
+        return min(self.sinks, max(0, self.length - self.capacity))
+
     def truncate(self, length: int) -> None:
         """Forget the newest tokens past ``length``; possible while the ring still holds what that state needs
         (always one step back: the harness rewinds each timed step)."""
@@ -211,7 +270,7 @@ class RollingKVCache:
     def nbytes(self) -> int:
         if self.k is None:
             return 0
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v) if t is not None)
 
 
 # xformers' local masks run only on its FlashAttention kernels, which take bf16/fp16: the fp32
@@ -266,37 +325,50 @@ class SlidingWindowAttention(Attention):
             return "blocked"  # runs wherever flex does, with no compile
         return name
 
+    @property
+    def sinks(self) -> int:
+        return self.config.sinks
+
     def backend_reference(self, q, k, v, causal):
-        mask = causal_mask(q.shape[2], k.shape[2], q.device, window=self.window, causal=causal)
-        return dense_attention(q, k, v, mask)
+        return dense_attention(q, k, v, window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device))
 
     def backend_flex(self, q, k, v, causal):
-        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device))
+        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device), self.sinks)
         return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
     def backend_blocked(self, q, k, v, causal):
-        return blocked_attention(q, k, v, self.window, causal)
+        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks)
 
     def backend_xformers(self, q, k, v, causal):
+        if self.sinks:
+            raise UnsupportedBackend("xformers has no local mask with sink tokens")
         return xformers_attention(q, k, v, causal, window=self.window)
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
-        return visible_pairs(q_len, k_len, causal, window=self.window)
+        return visible_pairs(q_len, k_len, causal, window=self.window) + sink_pairs(q_len, k_len, self.window, causal,
+                                                                                   self.sinks)
 
     # -- incremental decoding -----------------------------------------------------------
     def new_state(self, max_len: int = 0) -> RollingKVCache:
-        return RollingKVCache(keep=self.window - 1)
+        return RollingKVCache(keep=self.window - 1, sinks=self.sinks)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: RollingKVCache) -> torch.Tensor:
         """q, k, v: (B, H, T, D) new tokens -> (B, H, T, D), attending to the cache and themselves."""
         if q.shape[2] == 1 and self.backend in ("auto", "blocked"):
             # One token sees exactly the ring after its own write (the last w tokens, itself included), in any
-            # order: one in-place write and one fused SDPA call over <= w keys -- what `blocked` computes for
-            # one query, without the concatenation, the mask or the dispatch.
+            # order, plus the sinks the ring no longer holds: one in-place write and one fused SDPA call over
+            # <= w + sinks keys -- what `blocked` computes for one query, without the mask or the dispatch.
             state.write(k, v)
             n = min(state.length, state.capacity)
+            keys, values = state.k[:, :, :n], state.v[:, :, :n]
+            extra = state.evicted_sinks()
+            if extra:
+                keys = torch.cat([state.sink_k[:, :, :extra], keys], 2)
+                values = torch.cat([state.sink_v[:, :, :extra], values], 2)
             self.last_backend = "blocked"
-            return gqa.sdpa(q, state.k[:, :, :n], state.v[:, :, :n])
+            return gqa.sdpa(q, keys, values)
+        if self.sinks:
+            return self._step_with_sinks(q, k, v, state)
         keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
         # A step is decoding even when the cache is still empty: never compile Flex for one token.
         mode = self.mode_of(q, keys, values)
@@ -304,8 +376,25 @@ class SlidingWindowAttention(Attention):
         self.last_backend = name
         return getattr(self, f"backend_{name}")(q, keys, values, True)
 
+    def _step_with_sinks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: RollingKVCache) -> torch.Tensor:
+        """Several new tokens with sinks: the evicted sinks, the cached window and the new tokens, masked by position."""
+        start, T = state.length, q.shape[2]
+        extra = min(self.sinks, start - state.cached)  # sinks before the first cached token
+        sink_k = state.sink_k[:, :, :extra] if extra else None
+        sink_v = state.sink_v[:, :, :extra] if extra else None
+        keys, values = state.append(k, v)  # (B, H_kv, cached + T, D): positions start - cached .. start + T - 1
+        first = start + T - keys.shape[2]
+        k_pos = torch.arange(first, start + T, device=q.device)
+        if extra:
+            keys, values = torch.cat([sink_k, keys], 2), torch.cat([sink_v, values], 2)
+            k_pos = torch.cat([torch.arange(extra, device=q.device), k_pos])
+        d = torch.arange(start, start + T, device=q.device)[:, None] - k_pos[None, :]  # (T, keys)
+        mask = (d >= 0) & ((d < self.window) | (k_pos[None, :] < self.sinks))
+        self.last_backend = "blocked"
+        return gqa.sdpa(q, keys, values, attn_mask=mask)
+
 
 __all__ = [
     "RollingKVCache", "SlidingWindowAttention", "SlidingWindowConfig", "band_block_layout", "band_block_mask",
-    "band_mask_mod", "blocked_attention",
+    "band_mask_mod", "blocked_attention", "sink_pairs", "window_mask",
 ]
