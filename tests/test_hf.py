@@ -247,7 +247,7 @@ def qkv_layer():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"softcap": 30.0}, "full: the model passes softcap=30.0"),
+    ({"softcap": 30.0}, "linear: the model passes softcap=30"),
     ({"s_aux": torch.zeros(4)}, "full: the model passes s_aux="),
     ({"some_new_flag": 1}, "some_new_flag=1 \\(a keyword attn-bench does not know\\)"),
     ({"output_attentions": True}, "output_attentions"),
@@ -258,23 +258,35 @@ def test_unsupported_keywords_are_refused_by_name(kwargs, match):
     fn = attention_function(variant_of("full"))
     with pytest.raises(ValueError, match=match):
         fn(layer, q, k, v, None, scaling=8**-0.5, **kwargs)
+        attention_function(variant_of("linear"))(layer, q, k, v, None, scaling=8**-0.5, **kwargs)  # no softcap parameter
     out, weights = fn(layer, q, k, v, None, scaling=8**-0.5, softcap=None, use_cache=True, output_attentions=False,
                       position_ids=torch.arange(5)[None])
     assert out.shape == (1, 5, 4, 8) and weights is None  # (B, L, H, D), as sdpa_attention_forward
 
 
-def test_dropout_in_training_and_gemma2_softcap_are_refused():
+def test_dropout_in_training_is_refused():
     torch.manual_seed(0)
     model = hf.build_model(tiny("llama", attention_dropout=0.1), "full")
     logits(model, *batch([4], 4))  # eval mode: transformers passes dropout=0.0
     with pytest.raises(ValueError, match="full: attention dropout=0.1"):
         model.train()(*batch([4], 4))
+
+
+def test_gemma2_softcap_and_query_scaling_through_our_full_equal_eager():
+    """Gemma 2 passes softcap=50 and scales queries by query_pre_attn_scalar^-1/2: our full honours both."""
     from transformers import Gemma2Config
 
-    config = Gemma2Config(**TINY, head_dim=16, sliding_window=4096, layer_types=["full_attention"] * 2)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=hf.register("full")).eval()
-    with pytest.raises(ValueError, match="softcap=50.0"):
-        logits(model, *batch([4], 4))
+    config = Gemma2Config(**TINY, head_dim=16, sliding_window=4096, layer_types=["full_attention"] * 2,
+                          attn_logit_softcapping=5.0, query_pre_attn_scalar=24)
+    ours, theirs = pair(config, "full", other="eager")
+    ids, mask = batch([20, 13], 20)
+    real = mask.bool()
+    torch.testing.assert_close(logits(ours, ids, mask)[real], logits(theirs, ids, mask)[real], atol=1e-5, rtol=1e-5)
+    assert all(m.config.softcap == 5.0 for m in hf.attention_modules(ours))
+    with pytest.raises(ValueError, match="spec's softcap=9 differs"):
+        logits(hf.build_model(config, "full:softcap=9"), ids, mask)
+    with pytest.raises(ValueError, match="linear: the model passes softcap=5"):
+        logits(hf.build_model(config, "linear"), ids, mask)
 
 
 def test_non_contiguous_padding_is_refused():

@@ -18,6 +18,10 @@ except ImportError:  # torch too old
     BlockMask = None
     flex_attention = None
 
+# Flex compiles one kernel per shape (seconds) and works in 128-wide tiles: below this many queries a variant's
+# `auto` runs a backend that needs no compile, so short or varying lengths never wait on one.
+FLEX_MIN_LEN = 256
+
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -72,13 +76,16 @@ def block_mask_from_layout(
 
 
 def run_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask,
-             kernel_options: dict[str, int] | None = None, enable_gqa: bool = False) -> torch.Tensor:
+             kernel_options: dict[str, int] | None = None, enable_gqa: bool = False, score_mod=None) -> torch.Tensor:
     """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) -> (B, H, Lq, D), through the cached compiled kernel
     (``kernel_options``: Triton tiles; ``enable_gqa``: Flex reads key head h // G for query head h itself)."""
     extra = {"kernel_options": kernel_options} if kernel_options else {}
     if enable_gqa:
         extra["enable_gqa"] = True
+    if score_mod is not None:  # e.g. softcapping: applied to each score before the mask and the softmax
+        extra["score_mod"] = score_mod
     return compiled_flex()(q, k, v, block_mask=block_mask, **extra)
 
 
-__all__ = ["BlockMask", "block_mask_from_layout", "compiled_flex", "flex_unavailable", "layout_to_kv_blocks", "run_flex"]
+__all__ = ["FLEX_MIN_LEN", "BlockMask", "block_mask_from_layout", "compiled_flex", "flex_unavailable", "layout_to_kv_blocks",
+           "run_flex"]

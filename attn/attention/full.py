@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attn.attention import gqa
-from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module
-from attn.registry import register_attention
+from attn.attention import flex, gqa
+from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module, modes
+from attn.registry import check, register_attention
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | str = "cpu", window: int | None = None,
@@ -25,18 +25,21 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str = "cpu", wind
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v with explicit matmuls: the shared reference computation.
 
     k, v may have fewer heads than q (GQA): each group of query heads broadcasts against its key head.
     ``mask``: (Lq, Lk) or anything that broadcasts to (B, H_kv, G, Lq, Lk). Rows with no visible key return 0
-    (SDPA would return NaN), so references stay comparable.
+    (SDPA would return NaN), so references stay comparable. ``softcap`` c > 0 (Gemma 2): scores pass through
+    ``c * tanh(s / c)`` before the mask and the softmax.
     """
     B, H, Lq, D = q.shape
     g = H // k.shape[1]  # GQA: query head h reads key head h // g
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, H // g, g, Lq, D)  # (B, H_kv, G, Lq, D)
     scores = (qg @ k[:, :, None].transpose(-2, -1)) * scale  # (B, H_kv, G, Lq, Lk)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
@@ -142,9 +145,28 @@ XFORMERS = Backend(
 )
 
 
+def check_softcap(softcap: float) -> None:
+    check(math.isfinite(softcap) and softcap >= 0, f"softcap must be a finite number >= 0 (0 = off), got {softcap}")
+
+
+def softcap_score_mod(softcap: float, device: str):
+    """Flex ``score_mod`` of logit softcapping, the cap a captured tensor (one compile for every cap)."""
+    cap = torch.tensor(softcap, device=device)
+
+    def softcap_scores(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    return softcap_scores
+
+
 @dataclass(frozen=True)
 class FullConfig:
-    """Full attention has no parameters."""
+    """``softcap`` c > 0: logit softcapping, scores -> c * tanh(s / c) (Gemma 2 uses 50); 0 = off."""
+
+    softcap: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_softcap(self.softcap)
 
 
 @register_attention("full", config=FullConfig)
@@ -155,15 +177,47 @@ class FullAttention(Attention):
 
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="explicit matmul + softmax"),
-        Backend("sdpa", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="torch scaled_dot_product_attention"),
+        Backend("sdpa", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="torch scaled_dot_product_attention (no softcap)"),
+        Backend("flex", {"cpu": modes("forward"), "cuda": modes("forward", "backward")},
+                dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=flex.flex_unavailable,
+                note="compiled FlexAttention, softcap as its score_mod (auto picks it only with a softcap)"),
         XFORMERS,
     )
 
     def backend_reference(self, q, k, v, causal):
         mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
-        return dense_attention(q, k, v, mask)
+        return dense_attention(q, k, v, mask, softcap=self.config.softcap)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) -> (B, H, Lq, D)."""
+        self._short = q.dim() == 4 and q.shape[2] < flex.FLEX_MIN_LEN
+        try:
+            return super().forward(q, k, v, causal)
+        finally:
+            self._short = False
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        """With a softcap ``auto`` skips SDPA and xformers (no score hook), and Flex below ``FLEX_MIN_LEN`` queries
+        (a compile per shape is not worth it: the reference runs); plain attention never picks Flex (SDPA's fused
+        kernels are the fast path there)."""
+        if self.backend != "auto":
+            return super().select_backend(device, dtype, mode)
+        skip = ("sdpa", "xformers") if self.config.softcap else ("flex",)
+        if getattr(self, "_short", False):
+            skip += ("flex",)
+        for b in self.auto_candidates(device, mode):
+            if b.name not in skip and b.name != "reference" and b.why_not(device, dtype, mode) is None:
+                return b.name
+        return "reference"
+
+    def backend_flex(self, q, k, v, causal):
+        block_mask = full_block_mask(q.shape[2], k.shape[2], causal, str(q.device))
+        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1],
+                             score_mod=softcap_score_mod(self.config.softcap, str(q.device)))
 
     def backend_sdpa(self, q, k, v, causal):
+        if self.config.softcap:
+            raise UnsupportedBackend("SDPA has no score hook for softcap: use flex or reference")
         if causal and q.shape[2] != k.shape[2]:
             # SDPA's is_causal is top-left aligned; decoding needs bottom-right (one query sees every key).
             mask = causal_mask(q.shape[2], k.shape[2], q.device) if q.shape[2] > 1 else None
@@ -171,8 +225,32 @@ class FullAttention(Attention):
         return gqa.sdpa(q, k, v, is_causal=causal)
 
     def backend_xformers(self, q, k, v, causal):
+        if self.config.softcap:
+            raise UnsupportedBackend("xformers has no softcap")
         return xformers_attention(q, k, v, causal)
 
 
-__all__ = ["FullAttention", "FullConfig", "causal_mask", "dense_attention", "xformers_attention", "xformers_extension_note",
+@functools.lru_cache(maxsize=16)
+def full_block_mask(q_len: int, k_len: int, causal: bool, device: str) -> flex.BlockMask:
+    """The causal (bottom-right) or empty mask as a BlockMask built from its block layout, never from L x L pairs."""
+    block = 128
+    nq, nk = -(-q_len // block), -(-k_len // block)
+    off = k_len - q_len
+    qb, kb = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+    q_lo, q_hi = qb * block + off, (qb * block + block - 1).clamp(max=q_len - 1) + off
+    k_lo, k_hi = kb * block, (kb * block + block - 1).clamp(max=k_len - 1)
+    whole = ((qb + 1) * block <= q_len) & ((kb + 1) * block <= k_len)
+    any_ = (k_lo <= q_hi) if causal else torch.ones(nq, nk, dtype=torch.bool)
+    full = (k_hi <= q_lo) & whole if causal else whole.expand(nq, nk)
+    as_t = lambda x: torch.tensor(x, device=device)
+    offset, k_end, horizon = as_t(off), as_t(k_len), as_t(0 if causal else k_len)
+
+    def full_mask(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + offset + horizon) & (kv_idx < k_end)
+
+    return flex.block_mask_from_layout(any_ & ~full, full, block, q_len, k_len, full_mask).to(device)
+
+
+__all__ = ["FullAttention", "FullConfig", "causal_mask", "check_softcap", "dense_attention", "full_block_mask",
+           "softcap_score_mod", "xformers_attention", "xformers_extension_note",
            "xformers_unavailable"]

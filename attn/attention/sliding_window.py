@@ -22,13 +22,20 @@ import torch.nn.functional as F
 
 from attn.attention import flex, gqa
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes, visible_pairs
-from attn.attention.full import XFORMERS, causal_mask, dense_attention, xformers_attention
+from attn.attention.flex import FLEX_MIN_LEN
+from attn.attention.full import (
+    XFORMERS,
+    causal_mask,
+    check_softcap,
+    dense_attention,
+    softcap_score_mod,
+    xformers_attention,
+)
 from attn.registry import check, register_attention
 
 FLEX_BLOCK = 128  # FlexAttention's default tile; the BlockMask layout is built at this granularity
-# Flex compiles one kernel per shape (seconds) and works in whole tiles: below this many queries
+# Flex compiles one kernel per shape (seconds) and works in whole tiles: below FLEX_MIN_LEN (2 tiles) queries
 # `auto` runs `blocked` instead, so evaluating short or varying lengths never waits on a compile.
-FLEX_MIN_LEN = 2 * FLEX_BLOCK
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,12 @@ class SlidingWindowConfig:
 
     window: int = 256
     sinks: int = 0
+    softcap: float = 0.0  # logit softcapping c * tanh(s / c) (Gemma 2: 50); 0 = off
 
     def __post_init__(self):
         check(self.window >= 1, f"window must be >= 1, got {self.window}")
         check(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
+        check_softcap(self.softcap)
 
 
 def window_mask(q_len: int, k_len: int, window: int, causal: bool, sinks: int = 0,
@@ -128,7 +137,7 @@ def blocked_chunk(window: int, q_len: int) -> int:
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool,
-                      chunk: int | None = None, sinks: int = 0) -> torch.Tensor:
+                      chunk: int | None = None, sinks: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Exact sliding-window attention in O(L * w): queries in chunks of c, each against its key span.
 
     q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D), Lq <= Lk (queries are the last Lq positions).
@@ -136,6 +145,7 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     query coordinates; an ``unfold`` of the (padded) keys gives all spans at once (autograd sums
     the overlaps back), and SDPA does the masked softmax per chunk, fused, with its own backward. ``sinks``:
     the first keys are put in front of every chunk's span, visible where the window does not already cover them.
+    ``softcap``: the chunks' scores are formed explicitly (SDPA has no score hook), capped, then softmaxed.
     """
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -176,7 +186,10 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
         k_spans, v_spans = torch.cat([sk, k_spans], dim=2), torch.cat([sv, v_spans], dim=2)
     if g > 1:
         mask = mask.repeat(1, g, 1)  # (n, g c, span): the same band for each query head of the group
-    out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, B H_kv, g c, D)
+    if softcap:
+        out = dense_attention(qq, k_spans, v_spans, mask[:, None, None], softcap=softcap)  # (n, B H_kv, g c, D)
+    else:
+        out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, B H_kv, g c, D)
     out = out.reshape(n, B * Hkv, g, c, D).permute(1, 2, 0, 3, 4)  # (B H_kv, g, n, c, D)
     return out.reshape(B, H, n * c, D)[:, :, :Lq]
 
@@ -313,7 +326,7 @@ class SlidingWindowAttention(Attention):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
         """q: (B, H, Lq, D), k, v: (B, H, Lk, D) -> (B, H, Lq, D)."""
-        self._short = q.shape[2] < FLEX_MIN_LEN
+        self._short = q.dim() == 4 and q.shape[2] < FLEX_MIN_LEN
         try:
             return super().forward(q, k, v, causal)
         finally:
@@ -330,18 +343,20 @@ class SlidingWindowAttention(Attention):
         return self.config.sinks
 
     def backend_reference(self, q, k, v, causal):
-        return dense_attention(q, k, v, window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device))
+        mask = window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device)
+        return dense_attention(q, k, v, mask, softcap=self.config.softcap)
 
     def backend_flex(self, q, k, v, causal):
         block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device), self.sinks)
-        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1])
+        score_mod = softcap_score_mod(self.config.softcap, str(q.device)) if self.config.softcap else None
+        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1], score_mod=score_mod)
 
     def backend_blocked(self, q, k, v, causal):
-        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks)
+        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks, softcap=self.config.softcap)
 
     def backend_xformers(self, q, k, v, causal):
-        if self.sinks:
-            raise UnsupportedBackend("xformers has no local mask with sink tokens")
+        if self.sinks or self.config.softcap:
+            raise UnsupportedBackend("xformers has no local mask with sink tokens and no softcap")
         return xformers_attention(q, k, v, causal, window=self.window)
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
@@ -366,7 +381,7 @@ class SlidingWindowAttention(Attention):
                 keys = torch.cat([state.sink_k[:, :, :extra], keys], 2)
                 values = torch.cat([state.sink_v[:, :, :extra], values], 2)
             self.last_backend = "blocked"
-            return gqa.sdpa(q, keys, values)
+            return self._attend(q, keys, values, None)
         if self.sinks:
             return self._step_with_sinks(q, k, v, state)
         keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
@@ -391,7 +406,13 @@ class SlidingWindowAttention(Attention):
         d = torch.arange(start, start + T, device=q.device)[:, None] - k_pos[None, :]  # (T, keys)
         mask = (d >= 0) & ((d < self.window) | (k_pos[None, :] < self.sinks))
         self.last_backend = "blocked"
-        return gqa.sdpa(q, keys, values, attn_mask=mask)
+        return self._attend(q, keys, values, mask)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """A decoding step over gathered keys: fused SDPA, or the explicit form when scores are softcapped."""
+        if self.config.softcap:
+            return dense_attention(q, k, v, mask, softcap=self.config.softcap)
+        return gqa.sdpa(q, k, v, attn_mask=mask)
 
 
 __all__ = [

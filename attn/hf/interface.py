@@ -12,6 +12,9 @@ paged cache, and the substrings ``flash``, ``sdpa`` and ``flex_attention`` trigg
 So ``:``, ``,`` and any other character outside ``[A-Za-z0-9_.=+-]`` become ``.``, and those substrings
 are written in capitals (a plugin ``flash_linear`` is ``attn_bench.FLASH_linear``).
 
+Softcapping (Gemma 2 passes ``softcap``): honoured by variants with a ``softcap`` parameter (``full``,
+``sliding_window``), with the model's value unless the spec sets a different one (refused); others refuse it.
+
 The sliding-window rule: a model layer that passes ``sliding_window=w`` (Mistral, Qwen2 sliding layers)
 can only be served by our ``sliding_window`` variant, with the model's ``w`` when the spec names no
 window; a spec window that differs from the model's is refused (the model's cache keeps only ``w - 1``
@@ -37,7 +40,7 @@ PREFIX = "attn_bench."
 # Substrings transformers gives a meaning to inside an attn_implementation name (see module docstring).
 RESERVED = ("flash", "sdpa", "flex_attention", "paged")
 # Keywords models pass that change the math when set (to anything but None or False): refused, by name.
-UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias", "head_mask", "cu_seq_lens_q", "cu_seq_lens_k",
+UNSUPPORTED = ("s_aux", "sinks", "position_bias", "head_mask", "cu_seq_lens_q", "cu_seq_lens_k",
                "max_length_q", "max_length_k", "output_attentions")
 # Keywords that carry no math (bookkeeping). Any other keyword with a value is refused too: unknown, so not honoured.
 HARMLESS = ("use_cache", "cache_position", "past_key_values", "layer_idx")
@@ -52,10 +55,12 @@ class Variant:
     params: tuple[tuple[str, Any], ...]
     backend: str = "auto"
 
-    def build(self, window: int | None = None) -> Attention:
+    def build(self, window: int | None = None, softcap: float | None = None) -> Attention:
         params = dict(self.params)
         if window is not None:
             params["window"] = window
+        if softcap is not None:
+            params["softcap"] = softcap
         return build_attention(self.name, backend=self.backend, **params)
 
 
@@ -135,16 +140,31 @@ def check_model_window(variant: Variant, model_window: int | None) -> int | None
     return model_window
 
 
-def _module(hf_module: torch.nn.Module, variant: Variant, window: int | None) -> Attention:
+def check_model_softcap(variant: Variant, softcap: float | None) -> float | None:
+    """The softcap our variant runs with when the model passes ``softcap`` (Gemma 2): the model's, on a variant with
+    a ``softcap`` parameter that the spec leaves unset or sets to the same value; else ValueError."""
+    if not softcap:
+        return None
+    fields = ATTENTION.get(variant.name).params()
+    if "softcap" not in fields:
+        raise ValueError(f"{variant.name}: the model passes softcap={softcap:g}, and {variant.name} has no softcap "
+                         "parameter (full and sliding_window have), so it would be silently ignored")
+    spec_cap = dict(variant.params).get("softcap")
+    if spec_cap not in (None, softcap):
+        raise ValueError(f"{variant.name}: the spec's softcap={spec_cap:g} differs from the model's softcap={softcap:g}")
+    return float(softcap)
+
+
+def _module(hf_module: torch.nn.Module, variant: Variant, window: int | None, softcap: float | None = None) -> Attention:
     """Our module for this HF attention layer, built once and kept on it.
 
     A plain dict in ``__dict__``: not a registered submodule, so the checkpoint's ``state_dict`` and
     module tree stay as transformers made them (variants create their own buffers on the inputs' device).
     """
     cache = hf_module.__dict__.setdefault("_attn_bench_modules", {})
-    key = (variant, window)
+    key = (variant, window, softcap)
     if key not in cache:
-        cache[key] = variant.build(window)
+        cache[key] = variant.build(window, softcap)
     return cache[key]
 
 
@@ -201,7 +221,8 @@ def attention_function(variant: Variant):
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"{variant.hf_name} got a {attention_mask.dim()}-D attention mask; it needs the mask from "
                              "its own registered mask function (register() adds it; do not pass a 4-D mask)")
-        ours = _module(module, variant, check_model_window(variant, sliding_window))
+        softcap = check_model_softcap(variant, kwargs.pop("softcap", None))
+        ours = _module(module, variant, check_model_window(variant, sliding_window), softcap)
         scale = _check_keywords(variant, ours, scaling, dropout, query.shape[-1], kwargs)
         if attention_mask is None:
             _check_unpacked(position_ids)
