@@ -70,10 +70,10 @@ def masks(monkeypatch) -> list[tuple[int, int, int]]:
     """(Lq, Lk, visible pairs) of every dense_attention call the softmax references make."""
     calls: list[tuple[int, int, int]] = []
     for module in (full, sliding_window, block_sparse):
-        def spy(q, k, v, mask, scale=None, _orig=module.dense_attention):
+        def spy(q, k, v, mask, scale=None, softcap=0.0, _orig=module.dense_attention):
             lq, lk = q.shape[2], k.shape[2]
             calls.append((lq, lk, lq * lk if mask is None else int(mask.sum())))
-            return _orig(q, k, v, mask, scale)
+            return _orig(q, k, v, mask, scale, softcap)
         monkeypatch.setattr(module, "dense_attention", spy)
     return calls
 

@@ -212,8 +212,9 @@ class FullAttention(Attention):
 
     def backend_flex(self, q, k, v, causal):
         block_mask = full_block_mask(q.shape[2], k.shape[2], causal, str(q.device))
+        cap = self.config.softcap
         return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1],
-                             score_mod=softcap_score_mod(self.config.softcap, str(q.device)))
+                             score_mod=softcap_score_mod(cap, str(q.device)) if cap else None)
 
     def backend_sdpa(self, q, k, v, causal):
         if self.config.softcap:
