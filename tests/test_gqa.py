@@ -57,7 +57,8 @@ def test_grouped_keys_equal_repeated_keys(name, params, backend, inputs, causal,
             torch.testing.assert_close(x, y, **tol)
 
 
-@pytest.mark.parametrize(("name", "params"), [("sliding_window", {"window": 50}), ("block_sparse", {"block_size": 32})])
+@pytest.mark.parametrize(("name", "params"), [("full", {}), ("sliding_window", {"window": 50}),
+                                              ("block_sparse", {"block_size": 32})])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 130, 16), (2, 3, 1, 37, 8)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_flex_takes_grouped_keys(name, params, shape, causal):
