@@ -46,20 +46,54 @@ class SlidingWindowConfig:
     window: int = 256
     sinks: int = 0
     softcap: float = 0.0  # logit softcapping c * tanh(s / c) (Gemma 2: 50); 0 = off
+    dilation: int = 1  # d > 1: the w keys are every d-th position, i - m d for m < w (Longformer's dilated window)
 
     def __post_init__(self):
         check(self.window >= 1, f"window must be >= 1, got {self.window}")
         check(self.sinks >= 0, f"sinks must be >= 0, got {self.sinks}")
         check_softcap(self.softcap)
+        check(self.dilation >= 1, f"dilation must be >= 1, got {self.dilation}")
+        check(self.dilation == 1 or self.sinks == 0, "sinks and dilation > 1 cannot be combined (pick one)")
 
 
 def window_mask(q_len: int, k_len: int, window: int, causal: bool, sinks: int = 0,
-                device: torch.device | str = "cpu") -> torch.Tensor:
+                device: torch.device | str = "cpu", dilation: int = 1) -> torch.Tensor:
     """Dense (q_len, k_len) bool mask of the rule above, True = visible (reference and tests only)."""
+    if dilation > 1:  # distance a multiple of d, fewer than w steps away
+        d = torch.arange(q_len, device=device)[:, None] + (k_len - q_len) - torch.arange(k_len, device=device)[None, :]
+        d = d if causal else d.abs()
+        return (d >= 0) & (d < window * dilation) & (d % dilation == 0)
     mask = causal_mask(q_len, k_len, device, window=window, causal=causal)
     if sinks:
         mask = mask | (causal_mask(q_len, k_len, device, causal=causal) & (torch.arange(k_len, device=device) < sinks))
     return mask
+
+
+def by_residue(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dilation: int, attend) -> torch.Tensor:
+    """A dilated window as ``dilation`` plain ones: positions congruent mod d see each other at steps of d, so each
+    residue class is a plain sliding window over its own subsequence (queries still the last of their class: the
+    bottom-right alignment holds per class). ``attend(q_c, k_c, v_c)`` runs any backend; exact, differentiable."""
+    Lq, Lk = q.shape[2], k.shape[2]
+    off = Lk - Lq
+    parts, rows = [], []
+    for c in range(min(dilation, Lk)):
+        first = (c - off) % dilation  # first query row whose absolute position is congruent to c
+        if first >= Lq:
+            continue
+        parts.append(attend(q[:, :, first::dilation], k[:, :, c::dilation], v[:, :, c::dilation]))
+        rows.append(torch.arange(first, Lq, dilation, device=q.device))
+    return torch.cat(parts, 2)[:, :, torch.argsort(torch.cat(rows))]
+
+
+def residue_lengths(q_len: int, k_len: int, dilation: int) -> list[tuple[int, int]]:
+    """(queries, keys) of each residue class of :func:`by_residue`."""
+    off = k_len - q_len
+    out = []
+    for c in range(min(dilation, k_len)):
+        first = (c - off) % dilation
+        if first < q_len:
+            out.append((len(range(first, q_len, dilation)), len(range(c, k_len, dilation))))
+    return out
 
 
 def sink_pairs(q_len: int, k_len: int, window: int, causal: bool, sinks: int) -> int:
@@ -203,50 +237,74 @@ class RollingKVCache:
 
     Token at absolute position p lives in slot p % w. Holding w tokens (one more than the next token
     can see) is what lets the harness rewind a timed step: the previous state's oldest token is still there.
+    With sinks, one buffer holds the ``sinks`` first tokens, then the ring: once every sink is outside the
+    window a step reads one contiguous slice (sinks + ring), no concatenation.
     """
 
     keep: int  # w - 1: the cached tokens a new token sees besides itself
-    sinks: int = 0  # the first tokens, kept apart (sink_k, sink_v) once the ring has moved past them
-    k: torch.Tensor | None = None  # (B, H, w, D) ring
-    v: torch.Tensor | None = None
+    sinks: int = 0  # the first tokens, kept (before the ring) once the ring has moved past them
+    store_k: torch.Tensor | None = None  # (B, H, sinks + w, D): sink tokens 0 .. sinks - 1, then the ring
+    store_v: torch.Tensor | None = None
     length: int = 0  # tokens seen so far
     top: int = 0  # the furthest length ever written: slots below top - w were overwritten, even after a rewind
-    sink_k: torch.Tensor | None = None  # (B, H, sinks, D): tokens 0 .. sinks - 1
-    sink_v: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
         return self.keep + 1
 
+    @property
+    def k(self) -> torch.Tensor | None:
+        """The ring (B, H, w, D)."""
+        return None if self.store_k is None else self.store_k[:, :, self.sinks:]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self.store_v is None else self.store_v[:, :, self.sinks:]
+
+    @property
+    def sink_k(self) -> torch.Tensor | None:
+        """The sink tokens (B, H, sinks, D)."""
+        return None if self.store_k is None else self.store_k[:, :, :self.sinks]
+
+    @property
+    def sink_v(self) -> torch.Tensor | None:
+        return None if self.store_v is None else self.store_v[:, :, :self.sinks]
+
     def _slots(self, start: int, stop: int) -> torch.Tensor:
-        return torch.arange(start, stop, device=self.k.device) % self.capacity
+        """Buffer slots of positions start .. stop - 1 in the ring."""
+        return torch.arange(start, stop, device=self.store_k.device) % self.capacity + self.sinks
+
+    def window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """After writing a token: every key and value it sees, the evicted sinks first, then the ring (any order)."""
+        s, n, extra = self.sinks, min(self.length, self.capacity), self.evicted_sinks()
+        if 0 < extra < s:  # only some sinks have left the window (a few steps): not one slice
+            return (torch.cat([self.store_k[:, :, :extra], self.store_k[:, :, s:s + n]], 2),
+                    torch.cat([self.store_v[:, :, :extra], self.store_v[:, :, s:s + n]], 2))
+        lo = 0 if extra == s else s  # every sink needed: they sit right before the ring
+        return self.store_k[:, :, lo:s + n], self.store_v[:, :, lo:s + n]
 
     def ordered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last ``cached`` tokens' keys and values, oldest first (None before the first token)."""
-        if self.k is None:
+        if self.store_k is None:
             return None
         idx = self._slots(self.length - self.cached, self.length)
-        return self.k[:, :, idx], self.v[:, :, idx]
+        return self.store_k[:, :, idx], self.store_v[:, :, idx]
 
     def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens (B, H, T, D) at their slots; only the last ``capacity`` of them can stay."""
-        if self.k is None:
+        if self.store_k is None:
             B, H, _, D = k.shape
-            self.k = k.new_empty(B, H, self.capacity, D)
-            self.v = v.new_empty(B, H, self.capacity, D)
+            self.store_k = k.new_empty(B, H, self.sinks + self.capacity, D)
+            self.store_v = v.new_empty(B, H, self.sinks + self.capacity, D)
         T = k.shape[2]
-        if self.sinks and self.length < self.sinks:  # positions below `sinks` are also kept apart, for good
-            if self.sink_k is None:
-                B, H, _, D = k.shape
-                self.sink_k = k.new_empty(B, H, self.sinks, D)
-                self.sink_v = v.new_empty(B, H, self.sinks, D)
+        if self.length < self.sinks:  # positions below `sinks` are also kept in their own slots, for good
             m = min(T, self.sinks - self.length)
-            self.sink_k[:, :, self.length:self.length + m] = k[:, :, :m]
-            self.sink_v[:, :, self.length:self.length + m] = v[:, :, :m]
+            self.store_k[:, :, self.length:self.length + m] = k[:, :, :m]
+            self.store_v[:, :, self.length:self.length + m] = v[:, :, :m]
         n = min(T, self.capacity)
         idx = self._slots(self.length + T - n, self.length + T)
-        self.k[:, :, idx] = k[:, :, T - n:]
-        self.v[:, :, idx] = v[:, :, T - n:]
+        self.store_k[:, :, idx] = k[:, :, T - n:]
+        self.store_v[:, :, idx] = v[:, :, T - n:]
         self.length += T
         self.top = max(self.top, self.length)
 
@@ -281,9 +339,9 @@ class RollingKVCache:
         self.length = length
 
     def nbytes(self) -> int:
-        if self.k is None:
+        if self.store_k is None:
             return 0
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v) if t is not None)
+        return self.store_k.numel() * self.store_k.element_size() + self.store_v.numel() * self.store_v.element_size()
 
 
 # xformers' local masks run only on its FlashAttention kernels, which take bf16/fp16: the fp32
@@ -343,29 +401,44 @@ class SlidingWindowAttention(Attention):
         return self.config.sinks
 
     def backend_reference(self, q, k, v, causal):
-        mask = window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device)
+        mask = window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device, self.config.dilation)
         return dense_attention(q, k, v, mask, softcap=self.config.softcap)
 
+    def _per_class(self, q, k, v, causal, plain) -> torch.Tensor:
+        """``plain(q, k, v, causal)``, or with dilation > 1 run on each residue class (:func:`by_residue`)."""
+        if self.config.dilation == 1:
+            return plain(q, k, v, causal)
+        return by_residue(q, k, v, self.config.dilation, lambda qc, kc, vc: plain(qc, kc, vc, causal))
+
     def backend_flex(self, q, k, v, causal):
-        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device), self.sinks)
-        score_mod = softcap_score_mod(self.config.softcap, str(q.device)) if self.config.softcap else None
-        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1], score_mod=score_mod)
+        return self._per_class(q, k, v, causal, self._flex)
 
     def backend_blocked(self, q, k, v, causal):
-        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks, softcap=self.config.softcap)
+        return self._per_class(q, k, v, causal, self._blocked)
 
     def backend_xformers(self, q, k, v, causal):
         if self.sinks or self.config.softcap:
             raise UnsupportedBackend("xformers has no local mask with sink tokens and no softcap")
-        return xformers_attention(q, k, v, causal, window=self.window)
+        return self._per_class(q, k, v, causal, lambda *a: xformers_attention(*a, window=self.window))
+
+    def _flex(self, q, k, v, causal):
+        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device), self.sinks)
+        score_mod = softcap_score_mod(self.config.softcap, str(q.device)) if self.config.softcap else None
+        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1], score_mod=score_mod)
+
+    def _blocked(self, q, k, v, causal):
+        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks, softcap=self.config.softcap)
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        if self.config.dilation > 1:
+            return sum(visible_pairs(nq, nk, causal, window=self.window)
+                       for nq, nk in residue_lengths(q_len, k_len, self.config.dilation))
         return visible_pairs(q_len, k_len, causal, window=self.window) + sink_pairs(q_len, k_len, self.window, causal,
                                                                                    self.sinks)
 
     # -- incremental decoding -----------------------------------------------------------
     def new_state(self, max_len: int = 0) -> RollingKVCache:
-        return RollingKVCache(keep=self.window - 1, sinks=self.sinks)
+        return RollingKVCache(keep=(self.window - 1) * self.config.dilation, sinks=self.sinks)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: RollingKVCache) -> torch.Tensor:
         """q, k, v: (B, H, T, D) new tokens -> (B, H, T, D), attending to the cache and themselves."""
@@ -374,15 +447,14 @@ class SlidingWindowAttention(Attention):
             # order, plus the sinks the ring no longer holds: one in-place write and one fused SDPA call over
             # <= w + sinks keys -- what `blocked` computes for one query, without the mask or the dispatch.
             state.write(k, v)
-            n = min(state.length, state.capacity)
-            keys, values = state.k[:, :, :n], state.v[:, :, :n]
-            extra = state.evicted_sinks()
-            if extra:
-                keys = torch.cat([state.sink_k[:, :, :extra], keys], 2)
-                values = torch.cat([state.sink_v[:, :, :extra], values], 2)
+            keys, values = state.window()
+            if self.config.dilation > 1:  # every d-th position back from the new token (no sinks with dilation)
+                d, p = self.config.dilation, state.length - 1
+                slots = (p - torch.arange(min(self.window, p // d + 1), device=q.device) * d) % state.capacity
+                keys, values = state.k[:, :, slots], state.v[:, :, slots]
             self.last_backend = "blocked"
             return self._attend(q, keys, values, None)
-        if self.sinks:
+        if self.sinks and state.length:  # a prompt (empty state) goes through the backends below, sinks and all
             return self._step_with_sinks(q, k, v, state)
         keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
         # A step is decoding even when the cache is still empty: never compile Flex for one token.
