@@ -154,3 +154,21 @@ def test_the_shared_checker_passes_sliding_window_with_sinks():
     bad = [f for f in findings if f.status == "mismatch"]
     assert not bad, bad
     assert {f.backend for f in findings if f.status == "ok"} >= {"flex", "blocked", "decode state"}
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocked_sinks_in_groups_of_chunks_equal_the_definition(causal, monkeypatch):
+    """At long lengths the chunks' spans (with the sinks in front) are copied a group at a time: bounded memory."""
+    from attn.attention import sliding_window
+
+    monkeypatch.setattr(sliding_window, "SINK_GROUP_BYTES", 1 << 12)  # many groups, uneven last one
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 1000, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 1000, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out = sw("blocked", 50, 3).double()(q, k, v, causal=causal)
+    expected = float64_attention(q, k, v, definition_mask(1000, 1000, 50, 3, causal))
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)
+    dout = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(expected, (q, k, v), dout),
+                    strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)

@@ -164,6 +164,10 @@ def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: s
 
 # -- blocked: pure torch, O(L * w) time and memory -----------------------------------------------
 
+# With sinks, the keys of this many bytes of chunk spans (sinks in front) are copied and attended at a time.
+SINK_GROUP_BYTES = 64 << 20
+
+
 def blocked_chunk(window: int, q_len: int) -> int:
     """Query chunk c: each chunk scores c + w - 1 keys (causal), so c ~ w/2 wastes ~1/3 of the work
     while keeping the per-chunk matmuls big enough; never more than the queries there are."""
@@ -216,14 +220,22 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
             seen = seen | (j >= p + w)
         seen = seen | (chunks + a >= Lq)  # padded query rows see everything (discarded)
         mask = torch.cat([seen, mask], dim=-1)  # (n, c, s + span)
-        sk, sv = (x[:, :, :s].reshape(1, B * Hkv, s, D).expand(n, -1, -1, -1) for x in (k, v))
-        k_spans, v_spans = torch.cat([sk, k_spans], dim=2), torch.cat([sv, v_spans], dim=2)
     if g > 1:
         mask = mask.repeat(1, g, 1)  # (n, g c, span): the same band for each query head of the group
-    if softcap:
-        out = dense_attention(qq, k_spans, v_spans, mask[:, None, None], softcap=softcap)  # (n, B H_kv, g c, D)
-    else:
-        out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])  # (n, B H_kv, g c, D)
+
+    def attend(qs, ks, vs, ms):  # (m, B H_kv, g c, D) against (m, B H_kv, keys, D) -> (m, B H_kv, g c, D)
+        if softcap:
+            return dense_attention(qs, ks, vs, ms[:, None, None], softcap=softcap)
+        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms[:, None])
+
+    if not s:
+        out = attend(qq, k_spans, v_spans, mask)
+    else:  # the spans are views; with the sinks in front they become copies: a group of chunks at a time
+        sk, sv = (x[:, :, :s].reshape(1, B * Hkv, s, D) for x in (k, v))
+        step = max(1, SINK_GROUP_BYTES // (B * Hkv * (s + span) * D * k.element_size()))
+        out = torch.cat([attend(qq[i:i + step], torch.cat([sk.expand(len(ks), -1, -1, -1), ks], 2),
+                                torch.cat([sv.expand(len(vs), -1, -1, -1), vs], 2), mask[i:i + step])
+                         for i, ks, vs in zip(range(0, n, step), k_spans.split(step), v_spans.split(step), strict=True)])
     out = out.reshape(n, B * Hkv, g, c, D).permute(1, 2, 0, 3, 4)  # (B H_kv, g, n, c, D)
     return out.reshape(B, H, n * c, D)[:, :, :Lq]
 
