@@ -135,3 +135,20 @@ def test_newly_failing_cell_matches_although_no_backend_ran(tmp_path, capsys):
     assert run(["compare", base, new, "--fail-if-regression", "0.05"]) == 1
     bad = [line for line in capsys.readouterr().out.splitlines() if "REGRESSION" in line]
     assert len(bad) == 1 and "now oom" in bad[0] and "sliding_window" in bad[0]
+
+
+def test_a_parameter_added_since_the_base_run_does_not_split_the_cells(tmp_path, capsys):
+    """Base rows written before `sinks`/`softcap`/`dilation` existed match new rows holding them at their defaults;
+    a non-default value is a different cell."""
+    new_rows = rows()
+    for r in new_rows:
+        if r["variant"] == "sliding_window":
+            r["variant_params"] = {"window": 64, "sinks": 0, "softcap": 0.0, "dilation": 1}
+        else:
+            r["variant_params"] = {"softcap": 0.0}
+    base = write(tmp_path / "base.jsonl", rows())
+    assert run(["compare", base, write(tmp_path / "new.jsonl", new_rows)]) == 0
+    assert "6 matched cell(s) (0 only in BASE, 0 only in NEW)" in capsys.readouterr().out
+    new_rows[0]["variant_params"] = {"softcap": 50.0}
+    assert run(["compare", base, write(tmp_path / "new2.jsonl", new_rows)]) == 0
+    assert "5 matched cell(s) (1 only in BASE, 1 only in NEW)" in capsys.readouterr().out

@@ -8,6 +8,7 @@ error) is a regression too.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -60,6 +61,26 @@ def _norm(c: str, v: Any) -> Any:
     return v
 
 
+@functools.cache
+def _defaults(variant: str) -> dict[str, Any] | None:
+    """The variant's parameter defaults, if it is registered here (a plugin's rows keep every parameter)."""
+    from attn.registry import ATTENTION  # lazily: attn imports the models
+
+    try:
+        return ATTENTION.get(variant).params()
+    except ValueError:
+        return None
+
+
+def _without_defaults(variant: Any, params: Any) -> Any:
+    """Parameters that differ from today's defaults: a parameter added since a row was written (its default then
+    implied) does not make the row a different measurement."""
+    defaults = _defaults(variant) if isinstance(variant, str) else None
+    if not defaults or not isinstance(params, dict):
+        return params
+    return {k: v for k, v in params.items() if not (k in defaults and defaults[k] == v)}
+
+
 def _key_values(row: pd.Series) -> dict[str, Any]:
     """The key fields of one row, a missing optional one at the value it stands for."""
     vals = {}
@@ -68,6 +89,9 @@ def _key_values(row: pd.Series) -> dict[str, Any]:
         vals[c] = _norm(c, OPTIONAL_DEFAULTS[c] if _absent(v) and c in OPTIONAL_DEFAULTS else v)
     if vals["scope"] == "op":
         vals["layers"] = None  # no backbone, no depth
+    raw = row.get("variant_params")
+    params = F.params_dict(OPTIONAL_DEFAULTS["variant_params"] if _absent(raw) else raw)
+    vals["variant_params"] = _norm("variant_params", _without_defaults(vals["variant"], params))
     if _absent(row.get("backend_requested")):  # older rows: only the backend that ran (auto if none did)
         ran = row.get("backend")
         vals["backend_requested"] = ran if isinstance(ran, str) and ran else "auto"
