@@ -46,7 +46,7 @@ def case(draw, max_len=70):
     return q, k, v, draw(st.integers(1, 9)), draw(st.integers(1, 5))
 
 
-@settings(max_examples=25)
+@settings(max_examples=15)
 @given(case(), st.booleans(), st.booleans(), st.sampled_from(["reference", "blocked", "auto"]))
 def test_backends_equal_the_definition(inputs, causal, grad, backend):
     q, k, v, w, d = inputs

@@ -35,7 +35,7 @@ def grouped(draw, max_len=70):
 
 
 @pytest.mark.parametrize(("name", "params", "backend"), BACKENDS, ids=[f"{n}-{b}-{len(p)}" for n, p, b in BACKENDS])
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(inputs=grouped(), causal=st.booleans(), grad=st.booleans())
 def test_grouped_keys_equal_repeated_keys(name, params, backend, inputs, causal, grad):
     q, k, v, g = inputs

@@ -353,7 +353,7 @@ def hf_rope(rope_parameters: dict, seq_len: int | None = None):
     config = LlamaConfig(**TINY, head_dim=32, max_position_embeddings=2048, rope_parameters=copy.deepcopy(rope_parameters))
     kind = rope_parameters["rope_type"]
     fn = LlamaRotaryEmbedding.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
-    inv_freq, factor = fn(config, None) if seq_len is None else fn(config, None, seq_len=seq_len)
+    inv_freq, factor = fn(config) if seq_len is None else fn(config, seq_len=seq_len)  # device=None: positional in 5.17 only
     return config, inv_freq, factor
 
 

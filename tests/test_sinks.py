@@ -44,7 +44,7 @@ def case(draw, max_len=90):
     return q, k, v, w, s
 
 
-@settings(max_examples=25)
+@settings(max_examples=15)
 @given(case(), st.booleans(), st.sampled_from(["reference", "blocked"]), st.booleans())
 def test_backends_equal_the_definition_forward_and_gradients(inputs, causal, backend, grad):
     q, k, v, w, s = inputs
