@@ -161,12 +161,21 @@ def softcap_score_mod(softcap: float, device: str):
 
 @dataclass(frozen=True)
 class FullConfig:
-    """``softcap`` c > 0: logit softcapping, scores -> c * tanh(s / c) (Gemma 2 uses 50); 0 = off."""
+    """``softcap`` c > 0: logit softcapping, scores -> c * tanh(s / c) (Gemma 2 uses 50); 0 = off. ``prefix`` P > 0:
+    prefix-LM (T5 / UniLM): the first P tokens see each other both ways, the rest is causal (query i sees j <= i or
+    j < P); a decoder must be given the whole prefix in its first step."""
 
     softcap: float = 0.0
+    prefix: int = 0
 
     def __post_init__(self) -> None:
         check_softcap(self.softcap)
+        check(self.prefix >= 0, f"prefix must be >= 0, got {self.prefix}")
+
+
+def prefix_mask(q_len: int, k_len: int, prefix: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Causal (bottom-right) mask plus every query seeing the first ``prefix`` keys."""
+    return causal_mask(q_len, k_len, device) | (torch.arange(k_len, device=device) < prefix)
 
 
 @register_attention("full", config=FullConfig)
@@ -184,9 +193,15 @@ class FullAttention(Attention):
         XFORMERS,
     )
 
+    def _mask(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
+        if not causal:
+            return None
+        if self.config.prefix:
+            return prefix_mask(q.shape[2], k.shape[2], self.config.prefix, q.device)
+        return causal_mask(q.shape[2], k.shape[2], q.device)
+
     def backend_reference(self, q, k, v, causal):
-        mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
-        return dense_attention(q, k, v, mask, softcap=self.config.softcap)
+        return dense_attention(q, k, v, self._mask(q, k, causal), softcap=self.config.softcap)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
         """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) -> (B, H, Lq, D)."""
@@ -197,21 +212,35 @@ class FullAttention(Attention):
             self._short = False
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
-        """With a softcap ``auto`` skips SDPA and xformers (no score hook), and Flex below ``FLEX_MIN_LEN`` queries
-        (a compile per shape is not worth it: the reference runs); plain attention never picks Flex (SDPA's fused
-        kernels are the fast path there)."""
+        """With a softcap ``auto`` skips SDPA and xformers (no score hook); with a prefix it prefers Flex over SDPA's
+        explicit L x L mask; below ``FLEX_MIN_LEN`` queries it never compiles Flex (SDPA or the reference run); plain
+        attention never picks Flex (SDPA's fused kernels are the fast path there)."""
         if self.backend != "auto":
             return super().select_backend(device, dtype, mode)
-        skip = ("sdpa", "xformers") if self.config.softcap else ("flex",)
-        if getattr(self, "_short", False):
+        short = getattr(self, "_short", False)
+        if self.config.softcap:
+            skip = ("sdpa", "xformers")
+        elif self.config.prefix:  # SDPA needs an L x L mask for it: Flex from FLEX_MIN_LEN queries
+            skip = ("xformers",) if short else ("sdpa", "xformers")
+        else:
+            skip = ("flex",)
+        if short:
             skip += ("flex",)
         for b in self.auto_candidates(device, mode):
             if b.name not in skip and b.name != "reference" and b.why_not(device, dtype, mode) is None:
                 return b.name
         return "reference"
 
+    def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        """Causal pairs, plus with a prefix the prefix keys after each query (closed form)."""
+        pairs = super().pairs(q_len, k_len, causal)
+        if causal and self.config.prefix:
+            pos = torch.arange(k_len - q_len, k_len, dtype=torch.int64)
+            pairs += int((min(self.config.prefix, k_len) - 1 - pos).clamp(min=0).sum())
+        return pairs
+
     def backend_flex(self, q, k, v, causal):
-        block_mask = full_block_mask(q.shape[2], k.shape[2], causal, str(q.device))
+        block_mask = full_block_mask(q.shape[2], k.shape[2], causal, str(q.device), self.config.prefix if causal else 0)
         cap = self.config.softcap
         return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1],
                              score_mod=softcap_score_mod(cap, str(q.device)) if cap else None)
@@ -219,6 +248,8 @@ class FullAttention(Attention):
     def backend_sdpa(self, q, k, v, causal):
         if self.config.softcap:
             raise UnsupportedBackend("SDPA has no score hook for softcap: use flex or reference")
+        if causal and self.config.prefix:
+            return gqa.sdpa(q, k, v, attn_mask=self._mask(q, k, causal))
         if causal and q.shape[2] != k.shape[2]:
             # SDPA's is_causal is top-left aligned; decoding needs bottom-right (one query sees every key).
             mask = causal_mask(q.shape[2], k.shape[2], q.device) if q.shape[2] > 1 else None
@@ -226,14 +257,15 @@ class FullAttention(Attention):
         return gqa.sdpa(q, k, v, is_causal=causal)
 
     def backend_xformers(self, q, k, v, causal):
-        if self.config.softcap:
-            raise UnsupportedBackend("xformers has no softcap")
+        if self.config.softcap or self.config.prefix:
+            raise UnsupportedBackend("xformers has no softcap and no prefix-LM mask")
         return xformers_attention(q, k, v, causal)
 
 
 @functools.lru_cache(maxsize=16)
-def full_block_mask(q_len: int, k_len: int, causal: bool, device: str) -> flex.BlockMask:
-    """The causal (bottom-right) or empty mask as a BlockMask built from its block layout, never from L x L pairs."""
+def full_block_mask(q_len: int, k_len: int, causal: bool, device: str, prefix: int = 0) -> flex.BlockMask:
+    """The causal (bottom-right, with a prefix-LM prefix) or empty mask as a BlockMask built from its block layout,
+    never from L x L pairs."""
     block = 128
     nq, nk = -(-q_len // block), -(-k_len // block)
     off = k_len - q_len
@@ -241,17 +273,17 @@ def full_block_mask(q_len: int, k_len: int, causal: bool, device: str) -> flex.B
     q_lo, q_hi = qb * block + off, (qb * block + block - 1).clamp(max=q_len - 1) + off
     k_lo, k_hi = kb * block, (kb * block + block - 1).clamp(max=k_len - 1)
     whole = ((qb + 1) * block <= q_len) & ((kb + 1) * block <= k_len)
-    any_ = (k_lo <= q_hi) if causal else torch.ones(nq, nk, dtype=torch.bool)
-    full = (k_hi <= q_lo) & whole if causal else whole.expand(nq, nk)
+    any_ = (k_lo <= q_hi) | (k_lo < prefix) if causal else torch.ones(nq, nk, dtype=torch.bool)
+    full = ((k_hi <= q_lo) | (k_hi < prefix)) & whole if causal else whole.expand(nq, nk)
     as_t = lambda x: torch.tensor(x, device=device)
-    offset, k_end, horizon = as_t(off), as_t(k_len), as_t(0 if causal else k_len)
+    offset, k_end, horizon, p = as_t(off), as_t(k_len), as_t(0 if causal else k_len), as_t(prefix)
 
     def full_mask(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx + offset + horizon) & (kv_idx < k_end)
+        return ((kv_idx <= q_idx + offset + horizon) | (kv_idx < p)) & (kv_idx < k_end)
 
     return flex.block_mask_from_layout(any_ & ~full, full, block, q_len, k_len, full_mask).to(device)
 
 
-__all__ = ["FullAttention", "FullConfig", "causal_mask", "check_softcap", "dense_attention", "full_block_mask",
+__all__ = ["FullAttention", "FullConfig", "causal_mask", "check_softcap", "prefix_mask", "dense_attention", "full_block_mask",
            "softcap_score_mod", "xformers_attention", "xformers_extension_note",
            "xformers_unavailable"]
