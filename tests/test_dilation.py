@@ -2,10 +2,10 @@
 sees the w keys i, i - d, ..., i - (w-1) d (bidirectional: |i - j| = m d, m < w). Backends run it as d plain windows,
 one per residue class; each is checked against a float64 construction from the definition (forward, gradients, GQA,
 Lq < Lk), decoding against one forward with a cache of (w - 1) d + 1 tokens, FLOPs against the explicit mask."""
-import math
 
 import pytest
 import torch
+from definitions import decode_in_chunks, float64_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,13 +22,6 @@ def definition_mask(lq: int, lk: int, w: int, d: int, causal: bool) -> torch.Ten
         if not causal:
             ok |= j == p + m * d
     return ok
-
-
-def float64_attention(q, k, v, mask):
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
-    s = (q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
-    return torch.softmax(s, -1).nan_to_num(0.0) @ v
 
 
 def dilated(backend: str, w: int, d: int, **extra):
@@ -82,17 +75,10 @@ def test_decoding_equals_one_forward_in_bounded_memory(L, w, d, chunks, seed):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 4, L, 8, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(1, 2, L, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    m = dilated("auto", w, d)
-    state, outs, t = m.new_state(), [], 0
-    with torch.no_grad():
-        for n in [*chunks, L]:
-            if t >= L:
-                break
-            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state))
-            t += n
-    torch.testing.assert_close(torch.cat(outs, 2), float64_attention(q, k, v, definition_mask(L, L, w, d, True)),
-                               atol=1e-10, rtol=1e-9)
-    assert state.k.shape[2] <= (w - 1) * d + 1
+    kept = []
+    out = decode_in_chunks(dilated("auto", w, d), q, k, v, chunks, on_step=lambda state: kept.append(state.k.shape[2]))
+    torch.testing.assert_close(out, float64_attention(q, k, v, definition_mask(L, L, w, d, True)), atol=1e-10, rtol=1e-9)
+    assert max(kept) <= (w - 1) * d + 1
 
 
 @settings(max_examples=30)

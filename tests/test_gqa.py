@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from definitions import decode_in_chunks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,14 +86,10 @@ def test_grouped_decoding_equals_one_forward_and_the_state_holds_kv_heads(name, 
     ref = attn.build_attention(name, backend="reference", **params).double()
     with torch.no_grad():
         expected = ref(q, k, v, causal=True)
-        state, outs, t = m.new_state(L), [], 0
-        for n in [*chunks, L]:
-            if t >= L:
-                break
-            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state))
-            t += n
-    torch.testing.assert_close(torch.cat(outs, 2), expected, atol=1e-10, rtol=1e-9)
-    heads = {x.shape[1] for x in vars(state).values() if isinstance(x, torch.Tensor) and x.dim() == 4}
+    states = []
+    torch.testing.assert_close(decode_in_chunks(m, q, k, v, chunks, on_step=states.append), expected, atol=1e-10,
+                               rtol=1e-9)
+    heads = {x.shape[1] for x in vars(states[-1]).values() if isinstance(x, torch.Tensor) and x.dim() == 4}
     assert heads == {kv}, f"{name}'s decoding state holds {heads} heads, not the {kv} key heads"
 
 

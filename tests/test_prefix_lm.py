@@ -1,10 +1,10 @@
 """Prefix-LM (`full:prefix=P`, T5 / UniLM, attention-gym's prefix_lm mask): the first P tokens see each other both ways,
 the rest is causal. Every backend against a float64 construction from the definition (forward, gradients, GQA), FLOPs
 against the explicit mask, decoding when the prefix arrives in the first step, refusals."""
-import math
 
 import pytest
 import torch
+from definitions import float64_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,11 +17,7 @@ def definition(q, k, v, prefix: int):
     lq, lk = q.shape[2], k.shape[2]
     p = torch.arange(lq)[:, None] + (lk - lq)
     j = torch.arange(lk)[None, :]
-    seen = (j <= p) | (j < prefix)
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
-    s = (q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~seen, -math.inf)
-    return torch.softmax(s, -1) @ v
+    return float64_attention(q, k, v, (j <= p) | (j < prefix))
 
 
 @settings(max_examples=15)

@@ -1,10 +1,10 @@
 """Attention sinks in `sliding_window` (StreamingLLM): the first ``sinks`` tokens stay visible to every query.
 Each backend against a from-the-definition float64 construction (forward and gradients, odd lengths, GQA),
 decoding against one forward with memory bounded by window + sinks at any length, FLOPs against explicit masks."""
-import math
 
 import pytest
 import torch
+from definitions import decode_in_chunks, float64_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,13 +19,6 @@ def definition_mask(lq: int, lk: int, w: int, s: int, causal: bool) -> torch.Ten
     near = ((p - w < j) & (j <= p)) if causal else (p - j).abs() < w
     sink = (j < s) & (j <= p) if causal else (j < s).expand(lq, lk)
     return near | sink
-
-
-def float64_attention(q, k, v, mask):
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
-    scores = (q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
-    return torch.softmax(scores, -1) @ v
 
 
 def sw(backend: str, w: int, s: int):
@@ -96,17 +89,10 @@ def test_decoding_equals_one_forward_and_memory_stays_bounded(L, w, s, chunks, s
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(1, 4, L, 8, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(1, 2, L, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    m = sw("auto", w, s)
-    state, outs, t, sizes = m.new_state(), [], 0, []
-    with torch.no_grad():
-        for n in [*chunks, L]:
-            if t >= L:
-                break
-            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state))
-            t += n
-            sizes.append(state.nbytes())
+    sizes = []
+    out = decode_in_chunks(sw("auto", w, s), q, k, v, chunks, on_step=lambda state: sizes.append(state.nbytes()))
     expected = float64_attention(q, k, v, definition_mask(L, L, w, s, True))
-    torch.testing.assert_close(torch.cat(outs, 2), expected, atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)
     assert max(sizes) <= 2 * 2 * (w + s) * 8 * 8  # k and v, 2 key heads, window + sinks tokens, fp64
 
 

@@ -112,7 +112,7 @@ def test_flex_matches_reference(w, causal):
 
 
 def test_auto_skips_the_flex_compile_for_short_inputs():
-    from attn.attention.sliding_window import FLEX_MIN_LEN
+    from attn.attention.flex import FLEX_MIN_LEN
 
     m = sw("auto", 8)
     q = torch.randn(1, 2, FLEX_MIN_LEN - 1, 16)

@@ -1,10 +1,10 @@
 """Logit softcapping (Gemma 2) in `full` and `sliding_window`: scores -> c * tanh(s / c) before the mask and the
 softmax. Every backend against a float64 construction from the definition (forward, gradients, GQA, sinks), decoding
 against one forward, `auto` never picking a backend that would ignore the cap, bad caps refused."""
-import math
 
 import pytest
 import torch
+from definitions import decode_in_chunks, float64_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,11 +14,7 @@ from attn.attention.base import UnsupportedBackend
 
 
 def definition(q, k, v, cap: float, causal: bool, window: int | None = None, sinks: int = 0):
-    """softmax(mask(c tanh(q k^T / sqrt(D) / c))) v in float64, keys repeated for GQA, written apart from the code."""
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
-    s = q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    s = cap * torch.tanh(s / cap)
+    """softmax(mask(c tanh(q k^T / sqrt(D) / c))) v in float64, the mask written from the definitions."""
     lq, lk = q.shape[2], k.shape[2]
     p = torch.arange(lq)[:, None] + (lk - lq)
     j = torch.arange(lk)[None, :]
@@ -26,7 +22,7 @@ def definition(q, k, v, cap: float, causal: bool, window: int | None = None, sin
     if window is not None:
         near = ((p - window < j) & (j <= p)) if causal else (p - j).abs() < window
         seen = near | (seen & (j < sinks))
-    return torch.softmax(s.masked_fill(~seen, -math.inf), -1) @ v
+    return float64_attention(q, k, v, seen, softcap=cap)
 
 
 @st.composite
@@ -92,16 +88,9 @@ def test_decoding_equals_one_forward(L, chunks, seed, name):
     q = torch.randn(1, 4, L, 8, generator=gen, dtype=torch.float64) * 4
     k, v = (torch.randn(1, 2, L, 8, generator=gen, dtype=torch.float64) * 4 for _ in range(2))
     params = {"softcap": 2.0, **({"window": 6, "sinks": 1} if name == "sliding_window" else {})}
-    m = attn.build_attention(name, **params)
-    state, outs, t = m.new_state(L), [], 0
-    with torch.no_grad():
-        for n in [*chunks, L]:
-            if t >= L:
-                break
-            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state))
-            t += n
+    out = decode_in_chunks(attn.build_attention(name, **params), q, k, v, chunks)
     expected = definition(q, k, v, 2.0, True, params.get("window"), params.get("sinks", 0))
-    torch.testing.assert_close(torch.cat(outs, 2), expected, atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(out, expected, atol=1e-10, rtol=1e-9)
 
 
 def test_backends_without_a_score_hook_refuse_rather_than_ignore_the_cap():

@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from attn.attention.flex import FLEX_MIN_LEN
+
 MODES = ("forward", "backward", "decode")
 # A training step = forward + backward; backward = 2 x forward (two matmuls per forward matmul).
 TRAIN_FLOPS_FACTOR = 3
@@ -187,6 +189,9 @@ class Attention(nn.Module):
         self.config = config
         self.backend = backend
         self.last_backend: str | None = None
+        # Queries of the call being dispatched while select_backend runs inside forward (None otherwise): a variant
+        # can skip a backend that would compile per shape for short inputs (flex.FLEX_MIN_LEN).
+        self.dispatch_queries: int | None = None
 
     # -- dispatch -----------------------------------------------------------------------
     def backend_info(self, name: str) -> Backend:
@@ -231,6 +236,10 @@ class Attention(nn.Module):
             raise TypeError(f"{cls.__qualname__} declares backend(s) {', '.join(missing)} without a method: write "
                             + ", ".join(f"def backend_{n}(self, q, k, v, causal)" for n in missing))
 
+    def short_for_flex(self) -> bool:
+        """Whether the call being dispatched has fewer queries than a Flex compile is worth (flex.FLEX_MIN_LEN)."""
+        return self.dispatch_queries is not None and self.dispatch_queries < FLEX_MIN_LEN
+
     def auto_candidates(self, device: str, mode: str) -> list[Backend]:
         """Backends in the order ``auto`` tries them on ``device`` (a device type: cpu, cuda) in ``mode``."""
         measured = self.auto_order.get(f"{device}/{mode}", ())
@@ -259,7 +268,11 @@ class Attention(nn.Module):
             raise ValueError(f"{self.name} does not support causal attention")
         if not causal and not self.supports_bidirectional:
             raise ValueError(f"{self.name} does not support bidirectional attention")
-        name = self.select_backend(q.device.type, q.dtype, self.mode_of(q, k, v))
+        self.dispatch_queries = q.shape[2]
+        try:
+            name = self.select_backend(q.device.type, q.dtype, self.mode_of(q, k, v))
+        finally:
+            self.dispatch_queries = None
         self.last_backend = name
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
             k, v = _repeated_for(type(self), q, k, v)

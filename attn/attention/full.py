@@ -203,21 +203,13 @@ class FullAttention(Attention):
     def backend_reference(self, q, k, v, causal):
         return dense_attention(q, k, v, self._mask(q, k, causal), softcap=self.config.softcap)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) -> (B, H, Lq, D)."""
-        self._short = q.dim() == 4 and q.shape[2] < flex.FLEX_MIN_LEN
-        try:
-            return super().forward(q, k, v, causal)
-        finally:
-            self._short = False
-
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
         """With a softcap ``auto`` skips SDPA and xformers (no score hook); with a prefix it prefers Flex over SDPA's
         explicit L x L mask; below ``FLEX_MIN_LEN`` queries it never compiles Flex (SDPA or the reference run); plain
         attention never picks Flex (SDPA's fused kernels are the fast path there)."""
         if self.backend != "auto":
             return super().select_backend(device, dtype, mode)
-        short = getattr(self, "_short", False)
+        short = self.short_for_flex()
         if self.config.softcap:
             skip = ("sdpa", "xformers")
         elif self.config.prefix:  # SDPA needs an L x L mask for it: Flex from FLEX_MIN_LEN queries

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 
 from attn.attention import flex, gqa
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes, visible_pairs
-from attn.attention.flex import FLEX_MIN_LEN
 from attn.attention.full import (
     XFORMERS,
     causal_mask,
@@ -279,17 +278,9 @@ class SlidingWindowAttention(Attention):
     def window(self) -> int:
         return self.config.window
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """q: (B, H, Lq, D), k, v: (B, H, Lk, D) -> (B, H, Lq, D)."""
-        self._short = q.dim() == 4 and q.shape[2] < FLEX_MIN_LEN
-        try:
-            return super().forward(q, k, v, causal)
-        finally:
-            self._short = False
-
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
         name = super().select_backend(device, dtype, mode)
-        if name == "flex" and self.backend == "auto" and getattr(self, "_short", False):
+        if name == "flex" and self.backend == "auto" and self.short_for_flex():
             return "blocked"  # runs wherever flex does, with no compile
         return name
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import attn
 from harness.cost.cells import DTYPES, Cell, Measured, attention_flops, json_normal, train_factor
 
 
@@ -58,19 +59,23 @@ def hf_position(hf_config: str, position: str | None) -> tuple[str, dict[str, An
     return position_from_hf(config)
 
 
+def _spec_text(name: str, params: dict[str, Any]) -> str:
+    return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
 def _spec(cell: Cell) -> str:
-    params = {**cell.variant_params, **({"backend": cell.backend_requested} if cell.backend_requested != "auto" else {})}
-    return cell.variant + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    backend = {"backend": cell.backend_requested} if cell.backend_requested != "auto" else {}
+    return _spec_text(cell.variant, {**cell.variant_params, **backend})
 
 
-def _position_spec(cell: Cell) -> str | None:
+def _position_spec(cell: Cell, config: Any) -> str | None:
+    """The cell's RoPE as a spec to override ``config``'s with, or None when it is the config's own."""
     from attn.hf import position_from_hf
 
-    name, params = position_from_hf(load(cell.hf_config))
+    name, params = position_from_hf(config)
     if (cell.position, cell.position_params) == (name, json_normal(params)):
         return None
-    return cell.position + (":" + ",".join(f"{k}={v}" for k, v in cell.position_params.items())
-                            if cell.position_params else "")
+    return _spec_text(cell.position, cell.position_params)
 
 
 def hf_flops(model: nn.Module, cell: Cell, module: Any) -> int:
@@ -94,16 +99,13 @@ def build_hf(cell: Cell) -> Measured:
 
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     config = load(cell.hf_config, cell.kv_heads)  # num_kv_heads None = as many as the query heads, not the config's
-    model = build_model(config, _spec(cell), position=_position_spec(cell), dtype=dtype).to(dev)
-    modules = attention_modules(model)
+    model = build_model(config, _spec(cell), position=_position_spec(cell, config), dtype=dtype).to(dev)
     B, L, V = cell.batch_size, cell.seq_len, model.config.vocab_size
     idx = torch.randint(0, V, (B, L), device=dev)
 
     def backend() -> str | None:
         ran = sorted({m.last_backend for m in attention_modules(model) if m.last_backend})
         return ",".join(ran) or None
-
-    import attn
 
     flops = hf_flops(model, cell, attn.build_attention(cell.variant, **cell.variant_params))
     if cell.mode == "decode":
@@ -132,7 +134,6 @@ def build_hf(cell: Cell) -> Measured:
         with torch.no_grad():
             return model(idx, use_cache=False, logits_to_keep=1).logits
 
-    del modules
     return Measured(forward, flops, B * L, backend)
 
 

@@ -1,0 +1,37 @@
+"""Shared by the property tests of the variants: attention computed from its definition in float64, written apart
+from the code under test, and a variant's decoding driven in chunks."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+def float64_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      softcap: float = 0.0) -> torch.Tensor:
+    """softmax(mask(cap(q k^T / sqrt(D)))) v in float64; k, v repeated to q's heads (GQA); rows with no key give 0."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
+    scores = q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    return torch.softmax(scores.masked_fill(~mask, -math.inf), -1).nan_to_num(0.0) @ v
+
+
+def decode_in_chunks(m: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: Sequence[int],
+                     on_step: Callable[[Any], None] | None = None) -> torch.Tensor:
+    """``m.run_step`` on a fresh state, fed chunks of the given sizes and then the rest; the outputs concatenated.
+    ``on_step(state)`` runs after each step (to watch the state's size)."""
+    L = q.shape[2]
+    state, outs, t = m.new_state(L), [], 0
+    with torch.no_grad():
+        for n in [*chunks, L]:
+            if t >= L:
+                break
+            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state))
+            t += n
+            if on_step is not None:
+                on_step(state)
+    return torch.cat(outs, 2)
