@@ -54,6 +54,7 @@ class TransformerConfig:
             self.d_ff = 4 * self.d_model if self.ffn != "swiglu" else 64 * math.ceil(8 * self.d_model / 3 / 64)
         ATTENTION.get(self.attention)  # unknown names fail here, with the registered list
         POSITIONS.get(self.position)
+        attention_params_for(self)  # a position method that needs an attention parameter the variant lacks
 
     @property
     def head_dim(self) -> int:
@@ -85,24 +86,46 @@ def position_params_for(config: TransformerConfig) -> dict[str, Any]:
     return {**{k: v for k, v in shape.items() if k in names}, **config.position_params}
 
 
+def attention_params_for(config: TransformerConfig) -> dict[str, Any]:
+    """The attention's params: the position method's (ALiBi asks the attention for its bias) under the user's."""
+    wanted = POSITIONS.get(config.position).cls.attention_params
+    fields = {f.name for f in dataclasses.fields(ATTENTION.get(config.attention).config)}
+    missing = [k for k in wanted if k not in fields]
+    check(not missing, f"position {config.position!r} needs an attention variant with parameter(s) {', '.join(missing)} "
+                       f"({config.attention!r} has none)")
+    return {**wanted, **config.attention_params}
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config: TransformerConfig, position: nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.causal = config.n_heads, config.num_kv_heads, config.causal
         self.qkv = nn.Linear(config.d_model, config.d_model + 2 * config.num_kv_heads * config.head_dim, bias=config.bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
-        self.attn = build_attention(config.attention, backend=config.backend, **config.attention_params)
+        self.attn = build_attention(config.attention, backend=config.backend, **attention_params_for(config))
+        # the variant's per-token inputs (gates, decays): one projection each, per key head (token_inputs.py)
+        self.inputs = nn.ModuleDict({t.name: nn.Linear(config.d_model, config.num_kv_heads * t.channels(config.head_dim),
+                                                       bias=True) for t in self.attn.token_inputs})
         self.position = position  # shared with the model; rotary methods act here
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         hs = C // self.n_heads
         qkv = self.qkv(x).view(B, T, self.n_heads + 2 * self.n_kv_heads, hs).transpose(1, 2)  # (B, nh + 2 n_kv, T, hs)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)  # k, v: (B, n_kv, T, hs)
         q = self.position.rotate(q, start, seq_len)
         k = self.position.rotate(k, start, seq_len)
-        y = self.attn(q, k, v, causal=self.causal) if state is None else self.attn.run_step(q, k, v, state)
+        extra = {t.name: t.activation(self.inputs[t.name](x).view(B, T, self.n_kv_heads, -1).transpose(1, 2))
+                 for t in self.attn.token_inputs}  # each (B, n_kv, T, width)
+        if state is None:
+            y = self.attn(q, k, v, causal=self.causal, documents=documents, **extra)
+        else:
+            check(documents is None, "decoding packed documents is not supported: start a new state per document")
+            y = self.attn.run_step(q, k, v, state, **extra)
+        if self.attn.output_norm:  # per-head RMS norm, as the gated linear family's layers do (see Attention)
+            y = F.rms_norm(y, (hs,))
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y))
 
@@ -135,11 +158,12 @@ class Block(nn.Module):
         self.attn = SelfAttention(config, position)
         self.ffn = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
         if self.pre:
-            x = x + self.attn(self.ln1(x), start, seq_len, state)
+            x = x + self.attn(self.ln1(x), start, seq_len, state, documents)
             return x + self.ffn(self.ln2(x))
-        x = self.ln1(x + self.attn(x, start, seq_len, state))
+        x = self.ln1(x + self.attn(x, start, seq_len, state, documents))
         return self.ln2(x + self.ffn(x))
 
 
@@ -182,14 +206,16 @@ class Transformer(nn.Module):
             raise ValueError("incremental decoding needs a causal model")
         return DecodeState([b.attn.attn.new_state(max_len) for b in self.blocks], max_len=max_len)
 
-    def forward(self, idx: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab). With ``state``, continues a generation."""
+    def forward(self, idx: torch.Tensor, state: DecodeState | None = None,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab). With ``state``, continues a generation. ``documents``:
+        a document id per token, (T,) or (B, T), for packed sequences (no attention across documents)."""
         B, T = idx.shape
         start = 0 if state is None else state.start
         seq_len = start + T if state is None or not state.max_len else max(state.max_len, start + T)
         x = self.drop(self.position.embed(self.tok_emb(idx), start))
         for i, block in enumerate(self.blocks):
-            x = block(x, start, seq_len, None if state is None else state.layers[i])
+            x = block(x, start, seq_len, None if state is None else state.layers[i], documents)
         if state is not None:
             state.start += T
         return self.head(self.ln_f(x))

@@ -20,7 +20,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from attn.attention.documents import document_spans, per_document
 from attn.attention.flex import FLEX_MIN_LEN
+from attn.attention.token_inputs import TokenInput
 
 MODES = ("forward", "backward", "decode")
 # A training step = forward + backward; backward = 2 x forward (two matmuls per forward matmul).
@@ -176,6 +178,16 @@ class Attention(nn.Module):
     # that does not declare it still runs GQA calls: its keys are repeated to H heads first (a warning says so).
     supports_gqa: ClassVar[bool] = False
     backends: ClassVar[tuple[Backend, ...]] = ()
+    # Per-token inputs besides q, k, v (gates, decays): the backbone projects them from the layer input, sweeps
+    # draw them; each backend and ``step`` receives them as keyword arguments (see token_inputs.py).
+    token_inputs: ClassVar[tuple[TokenInput, ...]] = ()
+    # True when the layer RMS-normalises each head's output (no weight) before its output projection: the
+    # decayed/gated linear family's layers do (RetNet's GroupNorm, GLA's and Gated DeltaNet's RMSNorm), since
+    # their raw outputs scale with the decay's horizon. The op itself never normalises: it equals the paper's sum.
+    output_norm: ClassVar[bool] = False
+    # True when the backends mask across packed documents themselves (``documents=``); otherwise the base
+    # class runs each document as its own call (equal-length documents folded into the batch).
+    supports_documents: ClassVar[bool] = False
     # "<device>/<mode>" -> backends fastest first, as measured on that device class (see module docstring)
     auto_order: ClassVar[dict[str, tuple[str, ...]]] = {}
 
@@ -254,8 +266,13 @@ class Attention(nn.Module):
             return "decode"
         return "forward"
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) with H % H_kv == 0 (GQA) -> (B, H, Lq, D)."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, *,
+                documents: torch.Tensor | None = None, **inputs: torch.Tensor) -> torch.Tensor:
+        """q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D) with H % H_kv == 0 (GQA) -> (B, H, Lq, D).
+
+        ``documents``: packed sequences, a document id per key position, (Lk,) or (B, Lk), constant over each
+        document and non-decreasing; no query sees a key of another document. ``inputs``: the variant's
+        :attr:`token_inputs` by name, each (B, H_kv, Lk, width)."""
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError(f"expected (B, H, L, D) tensors, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
         if (k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]
@@ -268,6 +285,13 @@ class Attention(nn.Module):
             raise ValueError(f"{self.name} does not support causal attention")
         if not causal and not self.supports_bidirectional:
             raise ValueError(f"{self.name} does not support bidirectional attention")
+        self.check_inputs(inputs, k, k.shape[2])
+        if documents is not None:
+            spans = document_spans(documents, k.shape[0], k.shape[2])
+            if len(spans) > 1 and not self.supports_documents:
+                return per_document(self, q, k, v, causal, spans, inputs)
+            if len(spans) > 1:
+                inputs = {**inputs, "documents": documents}
         self.dispatch_queries = q.shape[2]
         try:
             name = self.select_backend(q.device.type, q.dtype, self.mode_of(q, k, v))
@@ -276,7 +300,22 @@ class Attention(nn.Module):
         self.last_backend = name
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
             k, v = _repeated_for(type(self), q, k, v)
-        return getattr(self, f"backend_{name}")(q, k, v, causal)
+        return getattr(self, f"backend_{name}")(q, k, v, causal, **inputs)
+
+    def check_inputs(self, inputs: dict[str, torch.Tensor], k: torch.Tensor, length: int) -> None:
+        """ValueError unless ``inputs`` are exactly this variant's token inputs, each (B, H_kv, length, width)."""
+        want = {t.name: t for t in self.token_inputs}
+        if set(inputs) != set(want):
+            missing, unknown = sorted(set(want) - set(inputs)), sorted(set(inputs) - set(want))
+            needs = ", ".join(want) or "none"
+            raise ValueError(f"{self.name} takes token inputs: {needs}"
+                             + (f"; missing {', '.join(missing)}" if missing else "")
+                             + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+        for name, t in inputs.items():
+            shape = want[name].shape(k.shape[0], k.shape[1], length, k.shape[3])
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{self.name}: token input {name!r} must be (B, H_kv, L, width) = {shape}, "
+                                 f"got {tuple(t.shape)}")
 
     # -- cost ---------------------------------------------------------------------------
     def flops(self, batch: int, heads: int, q_len: int, k_len: int, head_dim: int, causal: bool = True,
@@ -327,17 +366,21 @@ class Attention(nn.Module):
         """Per-layer decoding state; the default keeps every key and value."""
         return KVCache(capacity_hint=max_len)
 
-    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any) -> torch.Tensor:
-        """Attend new tokens (q, k, v: (B, H, T, D)) to everything before them; updates ``state``."""
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any, **inputs: torch.Tensor) -> torch.Tensor:
+        """Attend new tokens (q, k, v: (B, H, T, D)) to everything before them; updates ``state``.
+        ``inputs``: the new tokens' :attr:`token_inputs` (a variant that declares some overrides this)."""
         keys, values = state.append(k, v)
         return self(q, keys, values, causal=True)
 
-    def run_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any) -> torch.Tensor:
-        """:meth:`step` as callers (the backbone, the harness, the checker) make it: a variant that does not declare
-        ``supports_gqa`` is given keys and values repeated to the query heads, so its own ``step`` sees H heads."""
+    def run_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any,
+                 **inputs: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` as callers (the backbone, the harness, the checker) make it: token inputs checked, and a
+        variant that does not declare ``supports_gqa`` is given keys and values repeated to the query heads, so
+        its own ``step`` sees H heads."""
+        self.check_inputs(inputs, k, k.shape[2])
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
             k, v = _repeated_for(type(self), q, k, v)
-        return self.step(q, k, v, state)
+        return self.step(q, k, v, state, **inputs)
 
     @classmethod
     def auto_orders(cls) -> dict[str, list[str]]:
@@ -366,6 +409,8 @@ class Attention(nn.Module):
             "exact": cls.exact,
             "decode": cls.supports_decode,
             "gqa": "native" if cls.supports_gqa else "keys repeated to the query heads",
+            "token_inputs": [t.name for t in cls.token_inputs],
+            "documents": "masked in the kernel" if cls.supports_documents else "one call per document",
             "backends": [b.describe() for b in cls.backends],
             "auto_order": cls.auto_orders(),
             "doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",

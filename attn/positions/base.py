@@ -17,7 +17,10 @@ class Position(nn.Module):
 
     name: ClassVar[str]
     config_class: ClassVar[type]
-    kind: ClassVar[str] = "none"  # "none" | "additive" | "rotary"
+    kind: ClassVar[str] = "none"  # "none" | "additive" | "rotary" | "bias"
+    # Parameters the method sets on the attention variant: a bias method (ALiBi) is computed inside the
+    # attention scores, so the backbone builds the variant with these (e.g. {"alibi": True}).
+    attention_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: Any):
         super().__init__()
