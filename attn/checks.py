@@ -9,7 +9,8 @@
 - gradients of q, k, v, where the backend declares ``backward`` on the device;
 - each dtype the backend declares, fp32 and bf16 (fp16 too when declared and asked for);
 - decoding: the variant's own ``new_state``/``step``, token by token and in chunks, equals one forward;
-- grouped-query attention: k, v with H_kv < H heads (a variant without ``supports_gqa`` gets them repeated).
+- grouped-query attention: k, v with H_kv < H heads (a variant without ``supports_gqa`` gets them repeated);
+- token inputs (gates, decays) drawn as a fresh layer makes them, with their gradients too.
 
 Tolerance: a backend in a low precision may be off from the fp64 reference by at most 4x what the
 reference itself is off when run in that precision on those inputs, or by a floor of 2 unit
@@ -44,16 +45,19 @@ def tolerance(dtype: torch.dtype, baseline: float) -> float:
 
 
 def mismatches(fast: Any, ref: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, grad: bool,
-               seed: int = 1) -> list[str]:
+               seed: int = 1, inputs: dict[str, torch.Tensor] | None = None) -> list[str]:
     """Compare ``fast`` (inputs in q's dtype) with ``ref`` in fp64; return what is off, with the figures.
 
-    The reference also runs in q's dtype: its error at this dtype and shape sets the tolerance.
+    The reference also runs in q's dtype: its error at this dtype and shape sets the tolerance. ``inputs``: the
+    variant's token inputs (their gradients are compared too).
     """
-    dtype = q.dtype
-    exact, low, mine = ([t.detach().to(dt).requires_grad_(grad) for t in (q, k, v)]
+    dtype, inputs = q.dtype, inputs or {}
+    names = ["q", "k", "v", *inputs]
+    exact, low, mine = ([t.detach().to(dt).requires_grad_(grad) for t in (q, k, v, *inputs.values())]
                         for dt in (torch.float64, dtype, dtype))
+    call = lambda m, ts: m(*ts[:3], causal=causal, **dict(zip(inputs, ts[3:], strict=True)))
     with torch.set_grad_enabled(grad):
-        expected, baseline, out = ref(*exact, causal=causal), ref(*low, causal=causal), fast(*mine, causal=causal)
+        expected, baseline, out = call(ref, exact), call(ref, low), call(fast, mine)
     found = []
     tol = tolerance(dtype, rel_err(baseline, expected))
     if not rel_err(out, expected) <= tol:  # NaN fails too
@@ -64,7 +68,7 @@ def mismatches(fast: Any, ref: Any, q: torch.Tensor, k: torch.Tensor, v: torch.T
         expected.backward(dout)
         baseline.backward(dout.to(dtype))
         out.backward(dout.to(dtype))
-        for name, e, b, a in zip("qkv", exact, low, mine, strict=True):
+        for name, e, b, a in zip(names, exact, low, mine, strict=True):
             tol = tolerance(dtype, rel_err(b.grad, e.grad))
             if a.grad is None or not rel_err(a.grad, e.grad) <= tol:
                 err = "no gradient" if a.grad is None else f"off by {rel_err(a.grad, e.grad):.2e} (tolerance {tol:.2e})"
@@ -83,12 +87,17 @@ class Finding:
     detail: str = ""
 
 
-def _inputs(shape: tuple[int, ...], device: str, seed: int) -> tuple[torch.Tensor, ...]:
+def _inputs(shape: tuple[int, ...], device: str, seed: int,
+            token_inputs: tuple = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """q, k, v in fp64 and the variant's token inputs (over the Lk key positions)."""
+    from attn.attention.token_inputs import draw_inputs
+
     B, H, Hkv, lq, lk, D = shape
     g = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(B, H, lq, D, device=device, generator=g, dtype=torch.float64)
     k, v = (torch.randn(B, Hkv, lk, D, device=device, generator=g, dtype=torch.float64) for _ in range(2))
-    return q, k, v
+    extra = draw_inputs(token_inputs, B, Hkv, lk, D, device=device, dtype=torch.float64, generator=g)
+    return q, k, v, extra
 
 
 def check_backend(name: str, params: dict[str, Any], backend: str, device: str = "cpu",
@@ -116,9 +125,10 @@ def check_backend(name: str, params: dict[str, Any], backend: str, device: str =
                     if why:
                         out.append(Finding(name, backend, label, "skipped", why))
                         continue
-                    q, k, v = (t.to(dtype) for t in _inputs(shape, device, seed=sum(shape)))
+                    q, k, v, extra = _inputs(shape, device, sum(shape), fast.token_inputs)
+                    q, k, v = (t.to(dtype) for t in (q, k, v))
                     try:
-                        found = mismatches(fast, ref, q, k, v, causal, grad)
+                        found = mismatches(fast, ref, q, k, v, causal, grad, inputs=extra)
                     except UnsupportedBackend as e:
                         out.append(Finding(name, backend, label, "skipped", str(e)))
                         continue
@@ -152,16 +162,19 @@ def _check_decode_once(m: Any, name: str, params: dict[str, Any], device: str, l
                        heads: tuple[int, int]) -> Finding:
     import attn
 
-    q, k, v = _inputs((2, *heads, length, length, 16), device, seed=7)
+    from attn.attention.token_inputs import sliced
+
+    q, k, v, extra = _inputs((2, *heads, length, length, 16), device, 7, m.token_inputs)
     ref = attn.build_attention(name, backend="reference", **params).to(device)
     with torch.no_grad():
-        expected = ref(q, k, v, causal=True)
+        expected = ref(q, k, v, causal=True, **extra)
         state, outs, t = m.new_state(length), [], 0
         for n in DECODE_CHUNKS:
-            outs.append(m.run_step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state))
+            outs.append(m.run_step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state,
+                                   **sliced(extra, t, t + n)))
             t += n
         if t < length:
-            outs.append(m.run_step(q[:, :, t:], k[:, :, t:], v[:, :, t:], state))
+            outs.append(m.run_step(q[:, :, t:], k[:, :, t:], v[:, :, t:], state, **sliced(extra, t)))
         got = torch.cat(outs, dim=2)
     err = rel_err(got, expected)
     ok = err <= FLOOR[torch.float64] * 1e3

@@ -1,0 +1,43 @@
+"""The decoding state of the decayed and gated linear family: one (D_k x D_v) matrix per key head.
+
+RetNet, GLA and Gated DeltaNet all carry S_t (B, H_kv, D_k, D_v) in fp32 (fp64 for fp64 inputs): the same size at
+every length. A recurrent state cannot forget tokens, so ``truncate`` only undoes the last update (the harness
+rewinds one timed decoding step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MatrixState:
+    S: torch.Tensor | None = None  # (B, H_kv, D_k, D_v)
+    length: int = 0
+    _undo: tuple | None = None
+
+    def update(self, S: torch.Tensor, new_tokens: int) -> None:
+        self._undo = (self.S, self.length)
+        self.S, self.length = S, self.length + new_tokens
+
+    def truncate(self, length: int) -> None:
+        if length >= self.length:
+            return
+        if self._undo is None or self._undo[1] != length:
+            last = "nothing" if self._undo is None else f"only to {self._undo[1]}"
+            raise ValueError(f"a recurrent state cannot forget tokens: at {self.length}, it can rewind {last}, "
+                             f"not to {length}")
+        self.S, self.length = self._undo
+        self._undo = None
+
+    def nbytes(self) -> int:
+        return 0 if self.S is None else self.S.numel() * self.S.element_size()
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """State and sums in fp32 at least (fp64 stays fp64): a bf16 running sum drifts over thousands of tokens."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+__all__ = ["MatrixState", "compute_dtype"]
