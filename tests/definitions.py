@@ -21,16 +21,19 @@ def float64_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 
 def decode_in_chunks(m: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: Sequence[int],
-                     on_step: Callable[[Any], None] | None = None) -> torch.Tensor:
+                     on_step: Callable[[Any], None] | None = None,
+                     inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """``m.run_step`` on a fresh state, fed chunks of the given sizes and then the rest; the outputs concatenated.
-    ``on_step(state)`` runs after each step (to watch the state's size)."""
+    ``on_step(state)`` runs after each step (to watch the state's size); ``inputs``: token inputs, sliced alike."""
+    inputs = inputs or {}
     L = q.shape[2]
     state, outs, t = m.new_state(L), [], 0
     with torch.no_grad():
         for n in [*chunks, L]:
             if t >= L:
                 break
-            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state))
+            outs.append(m.run_step(q[:, :, t:t + n], k[:, :, t:t + n], v[:, :, t:t + n], state,
+                                   **{name: x[:, :, t:t + n] for name, x in inputs.items()}))
             t += n
             if on_step is not None:
                 on_step(state)
