@@ -161,7 +161,6 @@ def check_decode(name: str, params: dict[str, Any], device: str = "cpu", length:
 def _check_decode_once(m: Any, name: str, params: dict[str, Any], device: str, length: int,
                        heads: tuple[int, int]) -> Finding:
     import attn
-
     from attn.attention.token_inputs import sliced
 
     q, k, v, extra = _inputs((2, *heads, length, length, 16), device, 7, m.token_inputs)

@@ -220,8 +220,9 @@ class Transformer(nn.Module):
             state.start += T
         return self.head(self.ln_f(x))
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        logits = self(idx)
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+             documents: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self(idx, documents=documents)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 COST_FIELDS = (
     "run_id", "variant", "variant_params", "backend", "position", "scope", "mode", "device", "device_name",
-    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "status", "error", "latency_ms",
+    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "docs", "status", "error", "latency_ms",
     "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
     # how far to trust it (harness.cost.noise): the matmul peak timed before and after the cell, the load
     "peak_before_flops_per_s", "peak_after_flops_per_s", "peak_flops_per_s", "peak_fraction", "other_cpu",

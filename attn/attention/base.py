@@ -159,11 +159,14 @@ def _gqa_warning(cls: type) -> None:
                   "H_kv heads)", stacklevel=4)
 
 
-def _repeated_for(cls: type, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """k, v repeated to q's heads, for a variant without GQA support (warned once per class)."""
+def _repeated_for(cls: type, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """k, v and the token inputs (per key head) repeated to q's heads, for a variant without GQA support (warned
+    once per class)."""
     _gqa_warning(cls)
     g = q.shape[1] // k.shape[1]
-    return k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1),
+            {n: t.repeat_interleave(g, dim=1) for n, t in inputs.items()})
 
 
 class Attention(nn.Module):
@@ -299,7 +302,7 @@ class Attention(nn.Module):
             self.dispatch_queries = None
         self.last_backend = name
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
-            k, v = _repeated_for(type(self), q, k, v)
+            k, v, inputs = _repeated_for(type(self), q, k, v, inputs)
         return getattr(self, f"backend_{name}")(q, k, v, causal, **inputs)
 
     def check_inputs(self, inputs: dict[str, torch.Tensor], k: torch.Tensor, length: int) -> None:
@@ -379,7 +382,7 @@ class Attention(nn.Module):
         its own ``step`` sees H heads."""
         self.check_inputs(inputs, k, k.shape[2])
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
-            k, v = _repeated_for(type(self), q, k, v)
+            k, v, inputs = _repeated_for(type(self), q, k, v, inputs)
         return self.step(q, k, v, state, **inputs)
 
     @classmethod

@@ -24,8 +24,9 @@ from harness.results import STATUSES, scan_rows, warn_skipped
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
 ACCURACY_REQUIRED = ("task", "variant", "metric", "value")
 # What, besides the label and the length, tells two cost cells apart on one device.
-COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers")
-SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers")
+COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers",
+                "docs")
+SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers", "docs")
 COST_NUMERIC = (
     "seq_len", "latency_ms", "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
     "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
@@ -201,7 +202,8 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     df["label"] = df["variant_label"] + "/" + df["backend_label"]
     # Shape fields that vary within the frame go into the series name, so two shapes never share a line.
     varying = [c for c in SHAPE_FIELDS if c in df and df[c].astype(str).nunique() > 1]
-    short = {"batch_size": "B", "num_heads": "H", "num_kv_heads": "H_kv", "head_dim": "D", "causal": "causal", "layers": "layers"}
+    short = {"batch_size": "B", "num_heads": "H", "num_kv_heads": "H_kv", "head_dim": "D", "causal": "causal", "layers": "layers",
+             "docs": "docs"}
 
     def suffix(row: pd.Series) -> str:
         parts = [f"{short.get(c, '')}{'=' if c in short else ''}{_fmt_value(row[c])}" for c in varying

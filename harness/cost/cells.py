@@ -34,6 +34,9 @@ from torch import nn
 
 import attn
 from attn.attention.base import TRAIN_FLOPS_FACTOR, UnsupportedBackend
+from attn.attention.documents import even_documents
+from attn.attention.documents import lengths as document_lengths
+from attn.attention.token_inputs import draw_inputs
 from attn.registry import ATTENTION
 from harness.results import cell_key
 
@@ -45,7 +48,7 @@ VOCAB_SIZE = 256  # the backbone's byte-level default; the LM head is part of th
 # Identity of a cell in a results file: --resume skips rows with the same key.
 KEY_FIELDS = (
     "variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device",
-    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config",
+    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config", "docs",
 )
 
 
@@ -71,6 +74,11 @@ class Cell:
     variant_spec: str = ""  # the spec as written, minus defaults: labels tables and plots
     num_kv_heads: int | None = None  # GQA: key/value heads; None = as many as num_heads
     hf_config: str | None = None  # scope hf only: the transformers config (preset name or local path)
+    docs: int | None = None  # packed documents per sequence (equal lengths; no attention across them); None = one
+
+    def documents(self, device: torch.device | str = "cpu") -> torch.Tensor | None:
+        """The document id of each position (``--docs``), or None for one document."""
+        return None if not self.docs else even_documents(self.seq_len, self.docs, device)
 
     @property
     def kv_heads(self) -> int:
@@ -98,7 +106,7 @@ class Cell:
             parts.append(f"model/{self.position}")
         if self.scope == "hf":
             parts.append(f"hf:{self.hf_config}/{self.position}")
-        parts += [self.mode, f"L={self.seq_len}"]
+        parts += [self.mode, f"L={self.seq_len}"] + ([f"docs={self.docs}"] if self.docs else [])
         return " ".join(parts)
 
 
@@ -128,10 +136,15 @@ def train_factor(mode: str) -> int:
 def attention_flops(module: Any, cell: Cell) -> int:
     """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
     decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention)."""
-    args = (cell.mode, cell.batch_size, cell.num_heads, cell.seq_len, cell.head_dim, cell.causal)
-    if cell.num_kv_heads and "kv_heads" in inspect.signature(module.mode_flops).parameters:
-        return int(module.mode_flops(*args, kv_heads=cell.num_kv_heads))
-    return int(module.mode_flops(*args))  # a plugin's count without GQA: as multi-head
+    packed = cell.mode != "decode" and cell.docs  # only within-document pairs (a decode step is in its last document)
+    total = 0
+    for length in document_lengths(cell.documents(), cell.seq_len) if packed else [cell.seq_len]:
+        args = (cell.mode, cell.batch_size, cell.num_heads, length, cell.head_dim, cell.causal)
+        if cell.num_kv_heads and "kv_heads" in inspect.signature(module.mode_flops).parameters:
+            total += int(module.mode_flops(*args, kv_heads=cell.num_kv_heads))
+        else:
+            total += int(module.mode_flops(*args))  # a plugin's count without GQA: as multi-head
+    return total
 
 
 def op_flops(module: Any, cell: Cell) -> int:
@@ -201,39 +214,43 @@ def build_op(cell: Cell) -> Measured:
     module = attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params).to(dev, dtype)
     flops = op_flops(module, cell)
     backend = lambda: module.last_backend
+    extra = lambda n: draw_inputs(module.token_inputs, B, Hkv, n, D, device=dev, dtype=dtype)  # gates, decays: (B, H_kv, n, .)
 
     if cell.mode == "decode":
         state = module.new_state(L + 1)
         with torch.no_grad():
             prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
-            module.run_step(*prompt, state)  # prefill: the cache now holds L tokens
+            module.run_step(*prompt, state, **extra(L))  # prefill: the cache now holds L tokens
             del prompt
         q1, k1, v1 = (torch.randn(B, h, 1, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, 1, D)
+        inputs1 = extra(1)
         rewind = Rewind([state], L)
 
         def decode_step() -> torch.Tensor:
             with torch.no_grad():
-                out = module.run_step(q1, k1, v1, state)
+                out = module.run_step(q1, k1, v1, state, **inputs1)
             rewind()
             return out
 
         return Measured(decode_step, flops, B, backend, state)
 
     q, k, v = (torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, L, D)
+    inputs, documents = extra(L), cell.documents(dev)
     if cell.mode == "train":
-        for t in (q, k, v):
+        leaves = (q, k, v, *inputs.values())  # a gate's gradient is part of the step
+        for t in leaves:
             t.requires_grad_(True)
         grad_out = torch.randn_like(q)
 
         def train_step() -> tuple[torch.Tensor, ...]:
-            out = module(q, k, v, causal=cell.causal)
-            return torch.autograd.grad(out, (q, k, v), grad_out)
+            out = module(q, k, v, causal=cell.causal, documents=documents, **inputs)
+            return torch.autograd.grad(out, leaves, grad_out)
 
         return Measured(train_step, flops, B * L, backend)
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
-            return module(q, k, v, causal=cell.causal)
+            return module(q, k, v, causal=cell.causal, documents=documents, **inputs)
 
     return Measured(forward, flops, B * L, backend)
 
@@ -276,13 +293,14 @@ def build_model(cell: Cell) -> Measured:
         return Measured(decode_step, flops, B, backend, state)
 
     idx = torch.randint(0, VOCAB_SIZE, (B, L), device=dev)  # (B, L)
+    documents = cell.documents(dev)
     if cell.mode == "train":
         model.train()
         targets = torch.randint(0, VOCAB_SIZE, (B, L), device=dev)
         params = [p for p in model.parameters() if p.requires_grad]
 
         def train_step() -> tuple[torch.Tensor, ...]:
-            return torch.autograd.grad(model.loss(idx, targets), params)
+            return torch.autograd.grad(model.loss(idx, targets, documents=documents), params)
 
         return Measured(train_step, flops, B * L, backend)
 
@@ -290,7 +308,7 @@ def build_model(cell: Cell) -> Measured:
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
-            return model(idx)
+            return model(idx, documents=documents)
 
     return Measured(forward, flops, B * L, backend)
 

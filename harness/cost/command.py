@@ -20,8 +20,8 @@ from harness.results import check_writable, exclusive
 
 def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
     """The options the user actually gave (click passes None / () for the others)."""
-    names = {"variant", "position", "lengths", "batch", "heads", "kv_heads", "head_dim", "hf_config", "dtype", "mode", "scope",
-             "causal", "layers", "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time",
+    names = {"variant", "position", "lengths", "batch", "heads", "kv_heads", "docs", "head_dim", "hf_config", "dtype", "mode",
+             "scope", "causal", "layers", "device", "time_limit", "mem_limit", "skip_after_failure", "seed", "min_run_time",
              "max_run_time", "retries", "threads", "plugin", *EXECUTOR_KEYS}
     layer = {}
     for k in names:
@@ -39,6 +39,8 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--batch", help="Batch sizes, comma list.")
 @click.option("--heads", help="Numbers of (query) heads, comma list.")
 @click.option("--kv-heads", help="Numbers of key/value heads (GQA; 1 = multi-query), comma list; default: as many as --heads.")
+@click.option("--docs", help="Documents packed per sequence (equal lengths, no attention across them), comma list; "
+              "forward and train cells (default 1).")
 @click.option("--head-dim", help="Head dimensions, comma list.")
 @click.option("--dtype", multiple=True, help="float32, bfloat16, float16, float64 (repeatable or comma list).")
 @click.option("--mode", multiple=True, help="forward, train, decode (repeatable or comma list).")
@@ -83,7 +85,7 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
         out = Path("results") / f"sweep-{spec.preset or 'custom'}-{dt.datetime.now():%Y%m%d-%H%M%S}.jsonl"
     if dry_run:
         for c in cells:
-            kv = f" H_kv={c.num_kv_heads}" if c.num_kv_heads else ""
+            kv = (f" H_kv={c.num_kv_heads}" if c.num_kv_heads else "") + (f" docs={c.docs}" if c.docs else "")
             click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads}{kv} D={c.head_dim}]")
         click.echo(f"{len(cells)} cells -> {out}")
         return

@@ -151,6 +151,7 @@ GRID_KEYS: dict[str, Callable[[Any, str], Any]] = {
     "batch": _ints,
     "heads": _ints,
     "kv_heads": _ints,
+    "docs": _ints,
     "head_dim": _ints,
     "dtype": _strs(split=True),
     "mode": _strs(split=True),
@@ -198,6 +199,7 @@ class Grid:
     batch: tuple[int, ...] = (1,)
     heads: tuple[int, ...] = (8,)
     kv_heads: tuple[int, ...] | None = None  # GQA key/value heads; None = as many as query heads
+    docs: tuple[int, ...] = (1,)  # packed documents per sequence (forward and train; decode cells take 1)
     head_dim: tuple[int, ...] = (64,)
     dtype: tuple[str, ...] = ("float32",)
     mode: tuple[str, ...] = ("forward",)
@@ -422,11 +424,17 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
             if set(grid.scope) != {"hf"}:
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
         hf = _hf_fields(grid.hf_config, grid.position, grid.kv_heads or (None,)) if "hf" in grid.scope else {}
-        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given in itertools.product(
+        if "hf" in grid.scope and grid.docs != (1,):
+            raise ValueError("--docs needs scope op or model (transformers models get packed documents another way)")
+        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs in itertools.product(
             variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads, grid.head_dim,
-            grid.kv_heads or (None,),
+            grid.kv_heads or (None,), grid.docs,
         ):
+            if docs > 1 and mode == "decode":
+                continue  # a decoding step of a packed row is a step of its last document: --docs is for forward/train
             for length in grid.lengths:
+                if docs > length:
+                    raise ValueError(f"docs {docs} exceeds length {length}: every document needs a token")
                 if scope == "hf":  # shapes and positions come from each model config
                     shapes = hf[(position, kv_given)]
                 else:  # op: the attention call alone, with no positions and no backbone
@@ -436,7 +444,7 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
                 for fields in shapes:
                     cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope, mode=mode,
                                 device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length, causal=grid.causal,
-                                variant_spec=label, **fields)
+                                variant_spec=label, docs=docs if docs > 1 else None, **fields)
                     cells.setdefault(cell.key(), cell)
     return list(cells.values())
 

@@ -42,7 +42,7 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
     df = pd.DataFrame(rows)
     df["variant"] = [r.get("variant_spec") or r.get("variant") for r in rows]
     dims = [c for c in ("scope", "position", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "causal",
-                        "layers", "device") if c in df and df[c].astype(str).nunique() > 1]
+                        "layers", "docs", "device") if c in df and df[c].astype(str).nunique() > 1]
     index = ["variant", *dims]
     for c in dims:  # pivot tables drop rows whose index holds None (e.g. layers of op-scope cells)
         df[c] = df[c].map(lambda v: "-" if v is None else str(v))
