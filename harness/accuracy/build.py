@@ -178,10 +178,17 @@ def set_position(model: attn.Transformer, name: str, params: dict[str, Any]) -> 
 
 
 def set_attention(model: attn.Transformer, variant: Spec) -> None:
-    """Replace every layer's attention (which holds no trained weights) with ``variant``."""
-    for block in model.blocks:
-        block.attn.attn = eval_attention(variant, *_where(model))
+    """Replace every layer's attention (which holds no trained weights) with ``variant``, with the parameters the
+    model's position method sets on it (ALiBi's bias)."""
+    needs = {t.name for t in attn.registry.ATTENTION.get(variant.name).cls.token_inputs}
+    have = set(model.blocks[0].attn.inputs)
+    if needs - have:
+        raise ValueError(f"{variant.name} needs trained projections for its token inputs ({', '.join(sorted(needs - have))}); "
+                         "a model trained with another variant has none: train with it instead")
     model.config.attention, model.config.attention_params = variant.name, dict(variant.params)
+    params = attn.model.attention_params_for(model.config)
+    for block in model.blocks:
+        block.attn.attn = eval_attention(Spec(variant.name, params, variant.backend), *_where(model))
 
 
 def eval_attention(variant: Spec, device: str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
