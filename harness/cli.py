@@ -83,6 +83,10 @@ def _print_listing(variants: list[dict[str, Any]], positions: list[dict[str, Any
         click.echo(f"  {v['name']:<16} {v.get('doc', '')}")
         click.echo(f"    params:       {_fmt_params(v['params'])}")
         click.echo(f"    capabilities: {', '.join(caps)}")
+        if v.get("token_inputs"):
+            click.echo(f"    token inputs: {', '.join(v['token_inputs'])} (projected by the backbone, drawn by op sweeps)")
+        if v.get("documents"):
+            click.echo(f"    documents:    {v['documents']}")
         for b in v.get("backends", []):
             where = "; ".join(f"{d}: {'/'.join(m)}" for d, m in b["devices"].items())
             avail = f"  [unavailable: {b['available']}]" if b["available"] else ""
