@@ -38,6 +38,9 @@ class TransformerConfig:
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = True
+    # > 0: a causal depthwise convolution of this many taps (SiLU after it) on the q/k/v projections, as the short
+    # convolutions of flash-linear-attention's layers (4 taps) and Zoology's conv + attention hybrid. 0 = none.
+    short_conv: int = 0
 
     def __post_init__(self) -> None:
         check(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -47,6 +50,7 @@ class TransformerConfig:
               f"num_kv_heads ({self.num_kv_heads}) must divide n_heads ({self.n_heads})")
         check(self.n_layers >= 1, "n_layers must be >= 1")
         check(self.vocab_size >= 1, "vocab_size must be >= 1")
+        check(self.short_conv >= 0, f"short_conv must be >= 0 (taps; 0 = none), got {self.short_conv}")
         check(0.0 <= self.dropout < 1.0, "dropout must be in [0, 1)")
         check(self.norm in ("pre", "post"), f"norm must be 'pre' or 'post', got {self.norm!r}")
         check(self.ffn in ("relu", "gelu", "swiglu"), f"ffn must be relu, gelu or swiglu, got {self.ffn!r}")
@@ -86,6 +90,16 @@ def position_params_for(config: TransformerConfig) -> dict[str, Any]:
     return {**{k: v for k, v in shape.items() if k in names}, **config.position_params}
 
 
+@dataclass
+class ConvCache:
+    """The last (taps - 1) q/k/v projections of a generation, for the short convolution (None before the first)."""
+
+    inputs: torch.Tensor | None = None  # (B, C, taps - 1)
+
+    def nbytes(self) -> int:
+        return 0 if self.inputs is None else self.inputs.numel() * self.inputs.element_size()
+
+
 def attention_params_for(config: TransformerConfig) -> dict[str, Any]:
     """The attention's params: the position method's (ALiBi asks the attention for its bias) under the user's."""
     wanted = POSITIONS.get(config.position).cls.attention_params
@@ -100,7 +114,9 @@ class SelfAttention(nn.Module):
     def __init__(self, config: TransformerConfig, position: nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.causal = config.n_heads, config.num_kv_heads, config.causal
-        self.qkv = nn.Linear(config.d_model, config.d_model + 2 * config.num_kv_heads * config.head_dim, bias=config.bias)
+        width = config.d_model + 2 * config.num_kv_heads * config.head_dim
+        self.qkv = nn.Linear(config.d_model, width, bias=config.bias)
+        self.conv = nn.Conv1d(width, width, config.short_conv, groups=width, bias=False) if config.short_conv else None
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.attn = build_attention(config.attention, backend=config.backend, **attention_params_for(config))
         # the variant's per-token inputs (gates, decays): one projection each, per key head (token_inputs.py)
@@ -109,11 +125,25 @@ class SelfAttention(nn.Module):
         self.position = position  # shared with the model; rotary methods act here
         self.dropout = nn.Dropout(config.dropout)
 
+    def short_conv(self, h: torch.Tensor, cache: ConvCache | None) -> torch.Tensor:
+        """Causal depthwise convolution + SiLU over (B, T, C) projections; ``cache`` holds the last taps - 1 inputs of a
+        generation (zeros before the first token)."""
+        taps = self.conv.kernel_size[0]
+        past = h.new_zeros(h.shape[0], h.shape[2], taps - 1) if cache is None or cache.inputs is None else cache.inputs
+        seq = torch.cat([past, h.transpose(1, 2)], 2)  # (B, C, taps - 1 + T)
+        if cache is not None:
+            cache.inputs = seq[:, :, seq.shape[2] - (taps - 1):]
+        return F.silu(F.conv1d(seq, self.conv.weight, groups=h.shape[2])).transpose(1, 2)
+
     def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+                documents: torch.Tensor | None = None, conv: ConvCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         hs = C // self.n_heads
-        qkv = self.qkv(x).view(B, T, self.n_heads + 2 * self.n_kv_heads, hs).transpose(1, 2)  # (B, nh + 2 n_kv, T, hs)
+        h = self.qkv(x)
+        if self.conv is not None:
+            check(documents is None, "short_conv would mix packed documents: run them without short_conv")
+            h = self.short_conv(h, conv)
+        qkv = h.view(B, T, self.n_heads + 2 * self.n_kv_heads, hs).transpose(1, 2)  # (B, nh + 2 n_kv, T, hs)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)  # k, v: (B, n_kv, T, hs)
         q = self.position.rotate(q, start, seq_len)
         k = self.position.rotate(k, start, seq_len)
@@ -159,21 +189,22 @@ class Block(nn.Module):
         self.ffn = FeedForward(config)
 
     def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+                documents: torch.Tensor | None = None, conv: ConvCache | None = None) -> torch.Tensor:
         if self.pre:
-            x = x + self.attn(self.ln1(x), start, seq_len, state, documents)
+            x = x + self.attn(self.ln1(x), start, seq_len, state, documents, conv)
             return x + self.ffn(self.ln2(x))
-        x = self.ln1(x + self.attn(x, start, seq_len, state, documents))
+        x = self.ln1(x + self.attn(x, start, seq_len, state, documents, conv))
         return self.ln2(x + self.ffn(x))
 
 
 @dataclass
 class DecodeState:
-    """Where a generation is: the next position, the announced length, per-layer caches."""
+    """Where a generation is: the next position, the announced length, per-layer caches (and short-conv inputs)."""
 
     layers: list[Any]
     max_len: int
     start: int = 0
+    convs: list[ConvCache] = field(default_factory=list)
 
 
 class Transformer(nn.Module):
@@ -204,7 +235,8 @@ class Transformer(nn.Module):
         """Fresh decoding state; ``max_len`` is the length the generation will reach, if known."""
         if not self.config.causal:
             raise ValueError("incremental decoding needs a causal model")
-        return DecodeState([b.attn.attn.new_state(max_len) for b in self.blocks], max_len=max_len)
+        return DecodeState([b.attn.attn.new_state(max_len) for b in self.blocks], max_len=max_len,
+                           convs=[ConvCache() for _ in self.blocks])
 
     def forward(self, idx: torch.Tensor, state: DecodeState | None = None,
                 documents: torch.Tensor | None = None) -> torch.Tensor:
@@ -215,7 +247,8 @@ class Transformer(nn.Module):
         seq_len = start + T if state is None or not state.max_len else max(state.max_len, start + T)
         x = self.drop(self.position.embed(self.tok_emb(idx), start))
         for i, block in enumerate(self.blocks):
-            x = block(x, start, seq_len, None if state is None else state.layers[i], documents)
+            x = block(x, start, seq_len, None if state is None else state.layers[i], documents,
+                      None if state is None else state.convs[i])
         if state is not None:
             state.start += T
         return self.head(self.ln_f(x))

@@ -27,8 +27,10 @@ def existing(tmp_path):
         (["--task", "mqar", "--variant", "nope"], "unknown attention variant 'nope'"),
         (["--task", "mqar", "--variant", "sliding_window:window=x"], "window must be an int"),
         (["--task", "mqar", "--position", "rope_yarn:factor=0.5"], "factor must be >= 1"),
-        (["--task", "mqar", "--train-len", "20", "--num-pairs", "8"], "too short for 8 pairs"),
-        (["--task", "mqar", "--num-pairs", "2", "--eval-lens", "4"], "eval length 4 is too short"),
+        (["--task", "mqar", "--train-len", "20", "--num-pairs", "8"], "8 pairs need length >= 32"),
+        (["--task", "mqar", "--num-pairs", "2", "--eval-lens", "4"], "2 pairs need length >= 8"),
+        (["--task", "mqar", "--train-len", "63"], "length must be even"),
+        (["--task", "mqar", "--d-model", "33"], "must be a positive multiple of the 2 heads"),
         (["--task", "passkey", "--eval-lens", "128,60"], "eval length 60 is too short"),
         (["--task", "lm", "--corpus", "/no/such/dir"], "does not exist"),
         (["--task", "lm", "--corpus", "EMPTY"], "no non-empty text files"),
@@ -57,17 +59,22 @@ def test_bad_input_exits_2_with_one_line_and_leaves_the_file(args, message, exis
 def test_mqar_run_writes_schema_rows_and_resume_skips_finished_cells(tmp_path, capsys):
     out = tmp_path / "acc.jsonl"
     args = ["accuracy", "--task", "mqar", "--variant", "full", "--variant", "sliding_window:window=4", "--position", "rope",
-            "--train-len", "16", "--eval-lens", "16", "--num-pairs", "2", "--num-keys", "8", "--eval-examples", "8",
-            "--seeds", "0,1", "--out", str(out), *TINY]
+            "--train-len", "16", "--eval-lens", "16,32", "--num-pairs", "2", "--vocab-size", "16", "--eval-examples", "8",
+            "--seeds", "0,1", "--d-model", "32", "--short-conv", "3", "--out", str(out), *TINY]
     assert main(args) == 0
     rows = read_rows(out)
-    cells = {(r["variant"], r["seed"], r["eval_len"], r["num_pairs"], r["gap"]) for r in rows}
-    assert len(rows) == len(cells) == 2 * 2 * 6  # one row per cell: (2 or 4 pairs x 3 gaps) x variants x seeds
+    cells = {(r["variant"], r["seed"], r["eval_len"], r["metric"]) for r in rows}
+    assert len(rows) == len(cells) == 2 * 2 * 2 * 2  # variants x seeds x eval lengths x (accuracy, exact_match)
     for r in rows:
-        assert set(ACCURACY_FIELDS) <= set(r) and r["status"] == "ok" and r["metric"] == "accuracy"
+        assert set(ACCURACY_FIELDS) <= set(r) and r["status"] == "ok" and r["metric"] in ("accuracy", "exact_match")
         assert r["task"] == "mqar" and r["train_len"] == 16 and 0 <= r["ci_low"] <= r["value"] <= r["ci_high"] <= 1
         assert r["device_name"] and r["torch_version"] and r["backend"]
-        assert r["eval_len"] >= 3 * r["num_pairs"] + r["gap"]
+        assert r["num_pairs"] == 2 and r["baseline"] == 0.5 and r["chance"] == 1 / 8 and r["n"] == 8
+        assert r["d_model"] == 32 and r["short_conv"] == 3 and r["lr"] is not None
+        # the decoding state of one layer at the eval length: KV cache (2 x L x 32 floats) or the window (2 x 4 x 32),
+        # plus the short convolution's last 2 inputs of the 3 x 32 q/k/v projections
+        cache = 2 * (r["eval_len"] if r["variant"] == "full" else 4) * 32
+        assert r["state_numbers"] == cache + 2 * 3 * 32 and r["state_bytes"] == 4 * r["state_numbers"]
     assert {r["variant_params"].get("window") for r in rows} == {None, 4}
     assert len(list((tmp_path / ".ckpt").glob("*.pt"))) == 4  # 2 variants x 2 seeds
 
@@ -76,7 +83,7 @@ def test_mqar_run_writes_schema_rows_and_resume_skips_finished_cells(tmp_path, c
     capsys.readouterr()
     assert main([*args, "--resume"]) == 0
     err = capsys.readouterr().err
-    assert "wrote 5 rows" in err and "  trained" not in err
+    assert "wrote 6 rows" in err and "  trained" not in err  # the torn cell's two metrics are rewritten together
     again = read_rows(out)
     assert sorted(cell_key(r, KEY_FIELDS) for r in again) == sorted(cell_key(r, KEY_FIELDS) for r in rows)
     assert main([*args, "--resume"]) == 0

@@ -9,65 +9,95 @@ from hypothesis import strategies as st
 
 from harness.accuracy import lm, mqar, passkey
 from harness.accuracy.common import IGNORE, split_of
-from harness.accuracy.stats import mean_ci, wilson
+from harness.accuracy.stats import cluster_se, clustered_accuracy, mean_ci, summarize, wilson
 
 # -- MQAR ------------------------------------------------------------------------------------
 
 
-@given(length=st.integers(12, 96), pairs=st.integers(1, 4), gap_frac=st.floats(0, 1), seed=st.integers(0, 10**6),
-       split=st.sampled_from(["train", "test"]))
-def test_mqar_layout_and_answers_recoverable(length, pairs, gap_frac, seed, split):
-    gap = int(gap_frac * (length - 3 * pairs))
-    x, y = mqar.generate(5, length, pairs, gap, split, seed, num_keys=16)
+def zoology(**kw):
+    return mqar.MQARConfig(**{"vocab_size": 64, **kw})
+
+
+@given(half_len=st.integers(4, 48), pairs=st.integers(1, 12), vocab=st.sampled_from([32, 64, 512]),
+       seed=st.integers(0, 10**6), split=st.sampled_from(["train", "test"]), noise=st.booleans())
+def test_mqar_follows_zoology_rules_and_answers_are_recoverable(half_len, pairs, vocab, seed, split, noise):
+    length = 2 * half_len
+    pairs = min(pairs, length // 4, vocab // 2 - 1)
+    cfg = zoology(vocab_size=vocab, random_non_queries=noise)
+    x, y = mqar.generate(5, length, split, seed, cfg, num_pairs=pairs)
     assert x.shape == y.shape == (5, length)
-    kv_start = length - 3 * pairs - gap
+    half = vocab // 2
     for seq, tgt in zip(x.tolist(), y.tolist(), strict=True):
+        keys, values = seq[0:2 * pairs:2], seq[1:2 * pairs:2]
+        assert len(set(keys)) == pairs and all(1 <= k < half for k in keys)  # keys: lower half, no repeats
+        assert len(set(values)) == pairs and all(half <= v < vocab for v in values)  # values: upper half, no repeats
         scored = [t for t in range(length) if tgt[t] != IGNORE]
-        assert scored == list(range(length - pairs, length))  # the queries close the sequence
-        keys = seq[kv_start : kv_start + 2 * pairs : 2]
-        assert len(set(keys)) == pairs and all(1 <= k <= 16 for k in keys)
-        assert sorted(seq[t] for t in scored) == sorted(keys)  # every key queried once
-        for t in scored:
-            first = seq.index(seq[t])  # the key's pair comes before its query
-            assert first - kv_start == 2 * keys.index(seq[t])
-            assert tgt[t] == seq[first + 1]  # the answer is the value stored with the key
-            assert 17 <= tgt[t] <= 32  # values have their own tokens
-            assert t - first >= gap + 2  # the gap is at least what was asked
-        assert all(v == mqar.FILLER for i, v in enumerate(seq) if i < kv_start or kv_start + 2 * pairs <= i < length - pairs)
-        mapping = np.stack([keys, seq[kv_start + 1 : kv_start + 2 * pairs : 2]]).astype(np.int64)
-        assert split_of(mapping.tobytes()) == split
+        assert len(scored) == pairs and all(t >= 2 * pairs and (t - 2 * pairs) % 2 == 0 for t in scored)  # even slots
+        answer = dict(zip(keys, values, strict=True))  # a plain program recovers every answer from the context
+        assert sorted(seq[t] for t in scored) == sorted(keys) and all(tgt[t] == answer[seq[t]] for t in scored)
+        if not noise:
+            assert all(v == 0 for t, v in enumerate(seq) if t >= 2 * pairs and t not in scored)
+        pair_set = sorted(zip(keys, values, strict=True))
+        assert split_of(np.array(pair_set, dtype=np.int64).T.copy().tobytes()) == split
 
 
-def test_mqar_is_deterministic_per_seed_and_differs_across_seeds():
-    a = mqar.generate(8, 64, 4, None, "train", 3)
-    b = mqar.generate(8, 64, 4, None, "train", 3)
-    c = mqar.generate(8, 64, 4, None, "train", 4)
-    assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
-    assert not torch.equal(a[0], c[0])
-    task = mqar.MQAR(mqar.MQARConfig(num_pairs=4, num_keys=16))
-    assert torch.equal(task.train_batch(0, 5, 4, 32)[0], task.train_batch(0, 5, 4, 32)[0])
-    assert not torch.equal(task.train_batch(0, 5, 4, 32)[0], task.train_batch(0, 6, 4, 32)[0])
+def test_mqar_split_depends_on_the_set_of_pairs_not_their_order():
+    keys, values = np.array([5, 2, 9]), np.array([40, 33, 50])
+    for perm in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        order = np.argsort(keys[perm])
+        assert (np.stack([keys[perm][order], values[perm][order]]) == np.stack([[2, 5, 9], [33, 40, 50]])).all()
+    # and the generator's examples of one split never hold a pair set of the other
+    def sets(split):
+        x, _ = mqar.generate(300, 8, split, 0, zoology(vocab_size=10), num_pairs=2)  # 4 keys x 5 values: a tiny space
+        return {frozenset(zip(r[0:4:2], r[1:4:2], strict=True)) for r in x.tolist()}
 
-
-def test_mqar_train_and_test_mappings_are_disjoint():
-    def mappings(split):
-        x, _ = mqar.generate(400, 16, 2, 0, split, 0, num_keys=4)  # tiny space: 12 key pairs x 16 value pairs
-        return {tuple(r[10:14]) for r in x.tolist()}  # the pairs: 16 - 3 * 2 = 10 filler tokens first
-
-    train, test = mappings("train"), mappings("test")
+    train, test = sets("train"), sets("test")
     assert train and test and not train & test
 
 
-def test_mqar_cells_fit_their_length():
-    task = mqar.MQAR(mqar.MQARConfig(num_pairs=4, num_keys=32))
-    cells = task.cells(64, [64, 128])
-    assert {c["num_pairs"] for c in cells} == {4, 8, 16}
-    for c in cells:
-        assert c["eval_len"] >= 3 * c["num_pairs"] + c["gap"]
-        assert c["gap"] == mqar.resolve_gap(c["gap_rule"], c["eval_len"], c["num_pairs"])
-    assert {c["gap"] for c in cells if c["eval_len"] == 128 and c["num_pairs"] == 4} == {0, 58, 116}
-    with pytest.raises(ValueError, match="too short"):
-        task.check(8, [64])
+def test_mqar_query_gaps_follow_the_power_law():
+    """Zoology's p_i ~ i^(a-1): with a = 0.01 the first slot holds ~1/H_space of the mass of a harmonic series."""
+    cfg = zoology(vocab_size=4096, power_a=0.01)
+    x, y = mqar.generate(3000, 64, "train", 1, cfg, num_pairs=1)
+    slots = ((y != IGNORE).nonzero()[:, 1] - 2) // 2  # the query's slot: 0 .. 30
+    observed = np.bincount(slots.numpy(), minlength=31) / len(slots)
+    expected = mqar.gap_probabilities(31, 0.01)
+    assert abs(observed - expected).max() < 0.03, (observed[:4], expected[:4])
+    assert expected[0] > 5 * expected[-1]  # far queries are rare but present
+    uniform = mqar.generate(3000, 64, "train", 1, zoology(vocab_size=4096, power_a=1.0), num_pairs=1)[1]
+    u = np.bincount((((uniform != IGNORE).nonzero()[:, 1] - 2) // 2).numpy(), minlength=31) / 3000
+    assert abs(u - 1 / 31).max() < 0.03
+
+
+def test_mqar_is_deterministic_per_seed_and_scales_pairs_with_length():
+    cfg = zoology()
+    a, b, c = (mqar.generate(8, 64, "train", s, cfg) for s in (3, 3, 4))
+    assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True)) and not torch.equal(a[0], c[0])
+    assert ((a[1] != IGNORE).sum(1) == 4).all()  # 64 / 16 pairs
+    task = mqar.MQAR(cfg)
+    assert [c["num_pairs"] for c in task.cells(64, [64, 128])] == [4, 8]
+    assert torch.equal(task.train_batch(0, 5, 4, 32)[0], task.train_batch(0, 5, 4, 32)[0])
+    with pytest.raises(ValueError, match="even"):
+        task.check(63, [63])
+    with pytest.raises(ValueError, match="need length >= 32"):
+        mqar.MQAR(zoology(num_pairs=8)).check(30, [30])
+
+
+def test_mqar_baseline_is_what_a_random_context_value_scores():
+    """The reported in-context baseline equals a plain simulation of 'answer a random value from the context'."""
+    cfg = zoology(vocab_size=32)
+    task = mqar.MQAR(cfg)
+    cell = task.cells(64, [64])[0]
+    x, y = task.test_set(64)
+    rng = np.random.default_rng(0)
+    hits = total = 0
+    for seq, tgt in zip(x.tolist(), y.tolist(), strict=True):
+        values = seq[1:8:2]
+        for t in (t for t in range(64) if tgt[t] != IGNORE):
+            hits += sum(rng.choice(values) == tgt[t] for _ in range(200))
+            total += 200
+    assert cell["baseline"] == pytest.approx(0.25) and hits / total == pytest.approx(cell["baseline"], abs=0.01)
+    assert cell["chance"] == pytest.approx(1 / 16)
 
 
 # -- passkey ---------------------------------------------------------------------------------
@@ -192,3 +222,47 @@ def test_mean_ci_t_interval():
     assert m.value == 2.0 and m.n == 3
     assert m.ci_high - 2.0 == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
     assert mean_ci([5.0]).ci_low is None
+
+
+def test_proportions_across_seeds_get_a_t_interval_clipped_to_0_1_and_marked():
+    rows = [dict(task="mqar", metric="accuracy", value=v, seed=i, status="ok") for i, v in enumerate([1.0, 0.99, 0.93])]
+    rows += [dict(task="lm", metric="bpb", value=v, seed=i, status="ok") for i, v in enumerate([1.0, 0.99, 0.93])]
+    by = {r["metric"]: r for r in summarize(rows)}
+    raw = mean_ci([1.0, 0.99, 0.93])
+    assert raw.ci_high > 1.0  # the unclipped t interval leaves [0, 1] (the 1.0039 the issue found)
+    assert by["accuracy"]["ci_high"] == 1.0 and by["accuracy"]["ci_low"] == pytest.approx(raw.ci_low)
+    assert by["accuracy"]["ci_clipped"] and not by["bpb"]["ci_clipped"] and by["bpb"]["ci_high"] == pytest.approx(raw.ci_high)
+
+
+@given(per=st.lists(st.tuples(st.integers(1, 8), st.floats(0, 1)), min_size=2, max_size=60))
+def test_cluster_standard_error_equals_statsmodels(per):
+    """The ratio estimator's sandwich variance is statsmodels' cluster-robust SE of an intercept-only OLS."""
+    import numpy as np
+    import statsmodels.api as sm
+
+    totals = [m for m, _ in per]
+    correct = [round(f * m) for m, f in per]
+    y = np.concatenate([[1.0] * c + [0.0] * (m - c) for c, m in zip(correct, totals, strict=True)])
+    groups = np.repeat(np.arange(len(totals)), totals)
+    fit = sm.OLS(y, np.ones_like(y)).fit(cov_type="cluster", cov_kwds={"groups": groups, "use_correction": False})
+    G = len(totals)
+    assert cluster_se(correct, totals) == pytest.approx(float(fit.bse[0]) * math.sqrt(G / (G - 1)), rel=1e-9, abs=1e-12)
+
+
+def test_clustered_interval_is_wider_than_treating_answers_as_independent():
+    # 100 examples of 4 answers each, all-or-nothing: really 100 trials, not 400
+    correct, totals = [4] * 70 + [0] * 30, [4] * 100
+    m = clustered_accuracy(correct, totals)
+    assert m.value == pytest.approx(0.7) and m.n == 100
+    assert (m.ci_low, m.ci_high) == pytest.approx(wilson(70, 100), abs=1e-3)  # deff = 4 x G/(G-1): effective n = 99
+    naive = wilson(280, 400)
+    assert m.ci_high - m.ci_low > 1.9 * (naive[1] - naive[0])
+    # independent answers (no clustering beyond chance): close to the plain Wilson interval
+    rng = np.random.default_rng(0)
+    ind = rng.random((2000, 4)) < 0.7
+    m2 = clustered_accuracy(ind.sum(1).tolist(), [4] * 2000)
+    w = wilson(int(ind.sum()), 8000)
+    assert m2.ci_high - m2.ci_low == pytest.approx(w[1] - w[0], rel=0.1)
+    # at 100 %: no collapse to a point; the examples count as the trials
+    top = clustered_accuracy([4] * 50, [4] * 50)
+    assert top.ci_high == 1.0 and top.ci_low == pytest.approx(wilson(50, 50)[0]) and top.ci_low < 1.0

@@ -12,8 +12,8 @@ from harness.accuracy.train import TrainConfig, lr_at, train
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def tiny_model(vocab: int, seed: int = 0, position: str = "none") -> attn.Transformer:
-    return make_model("tiny", vocab, Spec("full"), Spec(position), {}, 64, seed, d_model=32)
+def tiny_model(vocab: int, seed: int = 0, position: str = "none", short_conv: int = 0) -> attn.Transformer:
+    return make_model("tiny", vocab, Spec("full"), Spec(position), {}, 64, seed, d_model=32, short_conv=short_conv)
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
@@ -28,20 +28,23 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 
 def test_mqar_is_learned_by_a_tiny_transformer():
-    """Real learning, in seconds: one pair among 8 keys/values, so chance is 1/8 per answer. The test
-    mappings never occur in training (split by hash), so success means recall from the context."""
-    task = MQAR(MQARConfig(num_pairs=1, num_keys=8, eval_examples=128))
-    model = tiny_model(task.vocab_size, position="rope")
-    untrained = task.evaluate(model, {"eval_len": 16, "num_pairs": 1, "gap": 6}, 16)["accuracy"]
-    train(model, lambda s: task.train_batch(0, s, 32, 16), TrainConfig(steps=150, lr=1e-2), progress=False)
-    for gap in (0, 6, 12):
-        acc = task.evaluate(model, {"eval_len": 16, "num_pairs": 1, "gap": gap}, 16)["accuracy"]
-        assert acc.value >= 0.95 and acc.ci_low > 0.5, (gap, acc)
-    assert untrained.value < 0.5
+    """Real learning, in seconds: 2 pairs at the training length (Zoology's protocol), so the in-context baseline is
+    1/2 per answer and chance 1/16. Test pair sets never occur in training (split by hash), so success means recall
+    from the context. With Zoology's short convolution (its conv + attention hybrid): without it this model sits at the
+    baseline for hundreds of steps (measured: 0.50 after 300 steps, 1.00 with it)."""
+    task = MQAR(MQARConfig(vocab_size=32, num_pairs=2, eval_examples=128))
+    model = tiny_model(task.vocab_size, position="rope", short_conv=4)
+    cell = task.cells(16, [16])[0]
+    untrained = task.evaluate(model, cell, 16)["accuracy"]
+    train(model, lambda s: task.train_batch(0, s, 32, 16), TrainConfig(steps=300, lr=1e-2), progress=False)
+    got = task.evaluate(model, cell, 16)
+    assert got["accuracy"].value >= 0.9 and got["accuracy"].ci_low > cell["baseline"], got
+    assert got["exact_match"].value >= 0.8
+    assert untrained.value < cell["baseline"]
 
 
 def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
-    task = MQAR(MQARConfig(num_pairs=2, num_keys=8))
+    task = MQAR(MQARConfig(vocab_size=32, num_pairs=2))
     cfg = TrainConfig(steps=12, batch_size=8, lr=3e-3, warmup=3, ckpt_every=1000)
     batches = lambda s: task.train_batch(0, s, 8, 16)  # noqa: E731
 
@@ -65,7 +68,7 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
 
 
 def test_checkpoints_load_without_pickle(tmp_path):
-    task = MQAR(MQARConfig(num_pairs=2, num_keys=8))
+    task = MQAR(MQARConfig(vocab_size=32, num_pairs=2))
     train(tiny_model(task.vocab_size), lambda s: task.train_batch(0, s, 4, 16), TrainConfig(steps=2, batch_size=4),
           tmp_path / "c.pt", identity="c", progress=False)
     state = torch.load(tmp_path / "c.pt", weights_only=True)  # would raise on arbitrary pickled objects

@@ -208,6 +208,26 @@ def pin_backend(model: attn.Transformer) -> None:
             a.backend = a.select_backend(*_where(model), "backward")
 
 
+@torch.no_grad()
+def state_size(model: attn.Transformer, length: int) -> dict[str, int | None]:
+    """What one layer carries while decoding one sequence after ``length`` tokens: its decoding state's bytes and
+    numbers (KV cache for full and block_sparse, the window for sliding_window, S and z for linear, the
+    matrix state of the gated family). Zoology's x axis for recall vs state size. None where a model cannot decode."""
+    if not model.config.causal:
+        return {"state_bytes": None, "state_numbers": None}
+    was_training = model.training
+    model.eval()
+    try:
+        state = model.init_state(1, length)
+        model(torch.zeros(1, length, dtype=torch.long, device=next(model.parameters()).device), state=state)
+        size = int(state.layers[0].nbytes()) + sum(c.nbytes() for c in state.convs[:1])  # the layer's short-conv inputs too
+    except (NotImplementedError, ValueError, AttributeError):
+        return {"state_bytes": None, "state_numbers": None}
+    finally:
+        model.train(was_training)
+    return {"state_bytes": size, "state_numbers": size // next(model.parameters()).element_size()}
+
+
 def _where(model: nn.Module) -> tuple[str, torch.dtype]:
     w = next(model.parameters())
     return w.device.type, w.dtype
@@ -220,5 +240,5 @@ def last_backends(model: attn.Transformer) -> str:
 
 __all__ = [
     "Spec", "adapts_to_length", "eval_attention", "has_weights", "last_backends", "make_model", "parse_position",
-    "parse_variant", "pin_backend", "scaled_params", "set_attention", "set_position", "training_spec",
+    "parse_variant", "pin_backend", "state_size", "scaled_params", "set_attention", "set_position", "training_spec",
 ]

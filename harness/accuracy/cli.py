@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # option -> (task config field, tasks it applies to)
 TASK_OPTIONS = {
     "num_pairs": ("num_pairs", ("mqar",)),
-    "num_keys": ("num_keys", ("mqar",)),
+    "vocab_size": ("vocab_size", ("mqar",)),
     "depths": ("depths", ("passkey",)),
     "digits": ("digits", ("passkey",)),
     "eval_examples": ("eval_examples", ("mqar", "passkey")),
@@ -79,6 +79,10 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
             job.eval_lens = _ints(opts["eval_lens"], "--eval-lens")
         if opts["model"] is not None:
             job.model = opts["model"]
+        if opts["d_model"] is not None:
+            job.d_model = opts["d_model"]
+        if opts["short_conv"] is not None:
+            job.short_conv = opts["short_conv"]
         if opts["base_task"] is not None:
             job.base_task = opts["base_task"]
         for key in ("finetune_steps", "finetune_len", "finetune_lr"):
@@ -103,7 +107,7 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
 
 # Options that shape training: meaningless for a pretrained checkpoint, so refused with --hf-model.
 HF_REFUSED = ("preset", "seeds", "train_len", "steps", "batch_size", "lr", "model", "base_task", "finetune_steps",
-              "finetune_len", "finetune_lr", "num_pairs", "num_keys")
+              "finetune_len", "finetune_lr", "num_pairs", "vocab_size", "d_model", "short_conv")
 
 
 def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
@@ -153,7 +157,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 @click.command("accuracy")
 @click.option("--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Task to run (repeatable).")
-@click.option("--preset", type=click.Choice(["quick", "full"]), help="A named set of jobs (see harness/accuracy/presets.py).")
+@click.option("--preset", type=click.Choice(["quick", "full", "zoology"]), help="A named set of jobs (see harness/accuracy/presets.py).")
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
@@ -163,13 +167,17 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1))
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
 @click.option("--model", help="Backbone preset (attn.model.PRESETS): tiny, small, medium...")
+@click.option("--d-model", type=click.IntRange(min=1), help="Width overriding the preset's d_model (recall vs width).")
+@click.option("--short-conv", type=click.IntRange(min=0),
+              help="Taps of a short causal convolution on q/k/v (Zoology's hybrid, fla's layers use 4); 0 = none.")
 @click.option("--base-task", type=click.Choice(TRAINED_TASKS), help="Trained task of fidelity/lengthgen.")
 @click.option("--finetune-steps", type=click.IntRange(min=0), help="lengthgen: fine-tune steps at --finetune-len.")
 @click.option("--finetune-len", type=click.IntRange(min=1), help="Fine-tune length (default 2 x train length).")
 @click.option("--finetune-lr", type=click.FloatRange(min=0, min_open=True),
               help="lengthgen/passkey: peak learning rate of the fine-tune (default: --lr).")
-@click.option("--num-pairs", type=click.IntRange(min=1), help="mqar: key-value pairs at training.")
-@click.option("--num-keys", type=click.IntRange(min=1), help="mqar: key vocabulary size.")
+@click.option("--num-pairs", type=click.IntRange(min=0),
+              help="mqar: key-value pairs per example (default 0 = length / 16, Zoology's scaling).")
+@click.option("--vocab-size", type=click.IntRange(min=8), help="mqar: vocabulary (keys its lower half, values its upper).")
 @click.option("--depths", help="passkey: comma-separated depths in [0, 1].")
 @click.option("--digits", type=click.IntRange(min=1), help="passkey: digits of the key.")
 @click.option("--eval-examples", type=click.IntRange(min=1), help="mqar/passkey: test examples per cell.")

@@ -31,6 +31,8 @@ class Job:
     train_len: int = 128
     eval_lens: list[int] = field(default_factory=list)  # [] -> task default
     model: str = "tiny"  # attn.model.PRESETS name
+    d_model: int | None = None  # the preset's width, overridden (MQAR's recall vs width); heads stay the preset's
+    short_conv: int = 0  # taps of the backbone's short convolution (Zoology's conv + attention hybrid); 0 = none
     init_std: float | None = None  # weight init; None -> d_model^-1/2 (see build.make_model)
     train: TrainConfig = field(default_factory=TrainConfig)
     task_params: dict[str, Any] = field(default_factory=dict)  # fields of the task's config dataclass

@@ -9,30 +9,67 @@ The runner does the work; this module holds the table of the results.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
 
-from harness.accuracy.stats import summarize
+from harness.accuracy.stats import summarize, summarize_best_lr
 
 MAIN_METRIC = {"lm": "bpb", "passkey": "exact_match", "mqar": "accuracy"}
 
 
 def table(rows: Iterable[dict[str, Any]], task: str, metric: str | None = None) -> pd.DataFrame:
-    """Position method (and stage) x evaluation length: the mean over seeds (and depths, pairs...)."""
+    """Position method (and stage) x evaluation length: the mean over seeds (and depths, pairs...).
+
+    MQAR: variant (and width, pairs... where they vary) x evaluation length, each seed at its best learning rate."""
     metric = metric or MAIN_METRIC.get(task, "bpb")
     rows = [r for r in rows if r.get("task") == task and r.get("metric") == metric]
+    if task == "mqar":
+        return _mqar_table(pd.DataFrame(summarize_best_lr(rows)), metric)
     s = pd.DataFrame(summarize(rows))
     if s.empty:
         return s
     s["stage"] = s["stage"].fillna("zero_shot")
     index = ["variant_spec", "position_spec", "stage"] if s["variant_spec"].nunique() > 1 else ["position_spec", "stage"]
-    if task == "mqar":  # where recall breaks: by pairs and by gap (named by its rule, as lengths differ)
-        index = ["variant_spec", "num_pairs", "gap_rule"] + (["position_spec"] if s["position_spec"].nunique() > 1 else [])
     t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean")
     t.columns.name = f"{task} {metric} at eval length"
     return t
+
+
+def _mqar_table(s: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows: variant_spec, then d_model, the pairs, the old protocol's gap rule, training length, position and short
+    convolution, each only where it takes several values at one evaluation length; columns: evaluation length.
+
+    Under Zoology's protocol the pairs (length / 16) and the training length follow the evaluation length, so the
+    header names them instead of the index making a diagonal table."""
+    if s.empty:
+        return s
+    s = s.assign(d_model=[PRESET_WIDTH if _missing(v) else int(v) for v in s["d_model"]],
+                 **{c: ["" if _missing(v) else str(v) for v in s[c]] for c in ("gap_rule", "position_spec", "short_conv")})
+    per_len = s.groupby("eval_len")
+    index = ["variant_spec", *[c for c in ("d_model", "num_pairs", "gap_rule", "train_len", "position_spec", "short_conv")
+                               if per_len[c].nunique().max() > 1]]
+    s = s.sort_values([*index, "eval_len"],  # the preset's width first, then widths in numeric order
+                      key=lambda col: col.map(lambda v: -1 if v == PRESET_WIDTH else v) if col.name == "d_model" else col)
+    t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean", sort=False)
+    t = t.reindex(columns=sorted(t.columns))
+    notes = []
+    if "num_pairs" not in index:
+        notes.append("pairs " + ", ".join(f"{int(n)} at {int(L)}" for L, n in per_len["num_pairs"].first().items()
+                                          if not _missing(n)))
+    if "train_len" not in index and (s["train_len"] == s["eval_len"]).all():
+        notes.append("trained at the length evaluated")
+    t.columns.name = f"mqar {metric} at eval length" + (f" ({'; '.join(notes)})" if notes else "")
+    return t
+
+
+PRESET_WIDTH = "preset"  # rows whose d_model is None: the model preset's own width
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 __all__ = ["MAIN_METRIC", "table"]

@@ -1,18 +1,26 @@
-"""Multi-query associative recall, MQAR (Arora et al. 2023, Zoology, https://arxiv.org/abs/2312.04927).
+"""Multi-query associative recall, MQAR, as Zoology defines it (Arora et al. 2023, https://arxiv.org/abs/2312.04927;
+the generator ``zoology/data/multiquery_ar.py``).
 
-A sequence holds N key-value pairs, filler, then every key again in a random order. At each
-queried key the model must output that key's value: it must look the key up across the gap.
-As in Zoology, a query is the key alone (its value is not fed back), so no query can be
-answered by elimination from earlier answers. Layout of one example of length L, gap G::
+One example of length L with N key-value pairs::
 
-    [filler P] [k1 v1 k2 v2 ... kN vN] [filler G] [kq1 kq2 ... kqN]      P = L - 3N - G
+    [k1 v1 k2 v2 ... kN vN] [query region: L - 2N tokens]
 
-The distance from a pair to its query is between G + 2 and G + 3N - 2 tokens, so G controls
-what a sliding window must reach; N controls how much a fixed-size state (linear attention)
-must hold. Tokens: 0 = filler, keys 1..K, values K+1..2K. Training uses N = num_pairs and draws
-G uniformly; the split (train/test) is decided by a hash of the whole key-value mapping.
-Unlike Zoology, the queries sit together at the end (so the gap is one number, not a power-law
-draw) and the filler is one token, not random noise.
+Keys come from the lower half of the vocabulary (1 .. V/2 - 1) and values from the upper half (V/2 .. V - 1),
+both drawn *without replacement*, so every value in an example is different. The query region has
+(L - 2N) / 2 even slots; N distinct slots are drawn with probability p_i ~ i^(a - 1) (i = 1, 2, ..., a = 0.01:
+Zoology's power law, so most queries come soon after the pairs and a few far away), and each holds one
+key; the model must output that key's value at the key's position (the value is never fed back). Every
+other token of the query region is random noise from the whole vocabulary. Zoology scales N with L
+(its configs: 64 -> 4, 128 -> 8, 256 -> 16 pairs): ``num_pairs = 0`` means L / 16.
+
+Train and test never share an example: the split is decided by a hash of the *set* of (key, value) pairs
+(the order they appear in does not change the split). Models are trained and evaluated at the same length,
+as in Zoology; other evaluation lengths are allowed but measure length extrapolation too.
+
+Two reference points ride on every row: ``chance`` (1 / number of values) and ``baseline``, the trivial
+in-context strategy that answers a random value from the context -- computed from the test examples
+themselves (with distinct values it is 1 / N). A model between the two has learned something about the
+format but not the key binding.
 """
 from __future__ import annotations
 
@@ -24,73 +32,98 @@ import numpy as np
 import torch
 
 from harness.accuracy.common import IGNORE, Task, check_split, predictions, rng_for, split_of, tokens_per_batch_for
-from harness.accuracy.stats import Measure, accuracy
+from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
 
-FILLER = 0
-SPAN = 3  # tokens per pair: key and value in the context, the key again as a query
+PAIRS_PER_LENGTH = 16  # Zoology's configs: N = L / 16
 
 
 @dataclass(frozen=True)
 class MQARConfig:
-    num_pairs: int = 8  # pairs in every training example
-    num_keys: int = 64  # key vocabulary K (values use another K tokens)
-    eval_pairs: tuple[int, ...] = ()  # () -> num_pairs, 2x, 4x (those that fit)
-    eval_gaps: tuple[str, ...] = ("0", "half", "max")  # filler between pairs and queries: ints or half/max
+    vocab_size: int = 8192  # Zoology's; keys are the lower half, values the upper half
+    num_pairs: int = 0  # pairs per example; 0 -> length / 16 at every length (Zoology's scaling)
+    power_a: float = 0.01  # the query gaps' power law p_i ~ i^(a - 1); 1.0 = uniform
+    random_non_queries: bool = True  # noise tokens between queries (Zoology's default), else 0
     eval_examples: int = 256
     data_seed: int = 1234  # the test set is the same for every trained model
 
     def __post_init__(self) -> None:
-        if self.num_pairs < 1:
-            raise ValueError(f"mqar num_pairs must be >= 1, got {self.num_pairs}")
-        if self.num_keys < max(self.num_pairs, *self.eval_pairs, 1):
-            raise ValueError(f"mqar num_keys ({self.num_keys}) must be >= the number of pairs (keys are distinct)")
-        for g in self.eval_gaps:
-            if g not in ("half", "max") and not (g.isdigit()):
-                raise ValueError(f"mqar gap must be a non-negative int, 'half' or 'max', got {g!r}")
+        if self.vocab_size < 8:
+            raise ValueError(f"mqar vocab_size must be >= 8, got {self.vocab_size}")
+        if self.num_pairs < 0:
+            raise ValueError(f"mqar num_pairs must be >= 0 (0 = length / {PAIRS_PER_LENGTH}), got {self.num_pairs}")
+        if not 0 < self.power_a <= 1:
+            raise ValueError(f"mqar power_a must be in (0, 1], got {self.power_a}")
+        if self.eval_examples < 1:
+            raise ValueError(f"mqar eval_examples must be >= 1, got {self.eval_examples}")
+
+    def pairs(self, length: int) -> int:
+        return self.num_pairs or max(1, length // PAIRS_PER_LENGTH)
 
 
-def example(rng: np.random.Generator, length: int, num_pairs: int, gap: int, num_keys: int,
+def gap_probabilities(space: int, power_a: float) -> np.ndarray:
+    """Zoology's power law over the query slots 1..space: p_i ~ a i^(a - 1), normalised."""
+    p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+    return p / p.sum()
+
+
+def check_fits(length: int, num_pairs: int, vocab_size: int) -> None:
+    """ValueError unless an example of this length, pair count and vocabulary can be built."""
+    if length % 2:
+        raise ValueError(f"mqar: length must be even (query slots are every other token), got {length}")
+    if 4 * num_pairs > length:
+        raise ValueError(f"mqar: {num_pairs} pairs need length >= {4 * num_pairs} (pairs, then as many query slots)")
+    if num_pairs > vocab_size // 2 - 1:
+        raise ValueError(f"mqar: {num_pairs} pairs need a vocabulary of at least {2 * num_pairs + 2} (distinct keys)")
+
+
+def example(rng: np.random.Generator, length: int, num_pairs: int, config: MQARConfig,
             split: str) -> tuple[np.ndarray, np.ndarray]:
-    """One sequence and its targets (IGNORE except at queried keys, where it is the key's value)."""
-    n = num_pairs
-    prefix = length - SPAN * n - gap
-    if prefix < 0:
-        raise ValueError(f"mqar: {n} pairs with gap {gap} need length >= {SPAN * n + gap}, got {length}")
-    for _ in range(10_000):  # resample the whole mapping until it belongs to the split
-        keys = rng.choice(num_keys, n, replace=False) + 1
-        values = rng.integers(0, num_keys, n) + 1 + num_keys
-        if split_of(np.stack([keys, values]).astype(np.int64).tobytes()) == split:
+    """One sequence and its targets (IGNORE except at query positions, where it is the key's value)."""
+    n, half = num_pairs, config.vocab_size // 2
+    for _ in range(10_000):  # resample the whole mapping until its set of pairs belongs to the split
+        keys = rng.choice(np.arange(1, half), n, replace=False)
+        values = rng.choice(np.arange(half, config.vocab_size), n, replace=False)
+        order = np.argsort(keys)
+        if split_of(np.stack([keys[order], values[order]]).astype(np.int64).tobytes()) == split:
             break
     else:
-        raise ValueError(f"mqar: no {split} mapping found for {n} pairs of {num_keys} keys (key space too small)")
-    seq = np.full(length, FILLER, dtype=np.int64)
+        raise ValueError(f"mqar: no {split} example found for {n} pairs in a vocabulary of {config.vocab_size}")
+    space = (length - 2 * n) // 2
+    slots = rng.choice(space, n, replace=False, p=gap_probabilities(space, config.power_a))
+    seq = np.zeros(length, dtype=np.int64)
     tgt = np.full(length, IGNORE, dtype=np.int64)
-    seq[prefix : prefix + 2 * n : 2], seq[prefix + 1 : prefix + 2 * n : 2] = keys, values
-    order = rng.permutation(n)
-    seq[length - n :], tgt[length - n :] = keys[order], values[order]
+    seq[0:2 * n:2], seq[1:2 * n:2] = keys, values
+    if config.random_non_queries:
+        seq[2 * n:] = rng.integers(0, config.vocab_size, length - 2 * n)
+    where = 2 * n + 2 * slots
+    seq[where], tgt[where] = keys, values
     return seq, tgt
 
 
-def generate(n: int, length: int, num_pairs: int, gap: int | None, split: str, seed: int,
-             num_keys: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """n examples: (inputs, targets), each (n, length); ``gap=None`` draws the gap uniformly per example."""
+def generate(n: int, length: int, split: str, seed: int, config: MQARConfig,
+             num_pairs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """n examples of ``split``: (inputs, targets), each (n, length)."""
     check_split(split)
-    rng = rng_for(seed, length, num_pairs, 0 if gap is None else gap + 1, SPLIT_CODE[split])
-    xs, ys = [], []
-    for _ in range(n):
-        g = int(rng.integers(0, length - SPAN * num_pairs + 1)) if gap is None else gap
-        x, y = example(rng, length, num_pairs, g, num_keys, split)
-        xs.append(x)
-        ys.append(y)
+    pairs = config.pairs(length) if num_pairs is None else num_pairs
+    check_fits(length, pairs, config.vocab_size)
+    rng = rng_for(seed, length, pairs, SPLIT_CODE[split])
+    xs, ys = zip(*(example(rng, length, pairs, config, split) for _ in range(n)), strict=True)
     return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
 
 
 SPLIT_CODE = {"train": 0, "test": 1}
 
 
-def resolve_gap(gap: str, length: int, num_pairs: int) -> int:
-    room = length - SPAN * num_pairs
-    return {"max": room, "half": room // 2}.get(gap, int(gap) if gap.isdigit() else -1)
+def in_context_baseline(inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> float:
+    """Accuracy of answering each query with a value drawn uniformly from the example's context: the mean over
+    queries of (how many context values equal the answer) / (how many values the context holds). Only the pairs
+    (the tokens before the first query) count as context; noise tokens are not answers."""
+    half, total = vocab_size // 2, []
+    for x, y in zip(inputs.tolist(), targets.tolist(), strict=True):
+        scored = [i for i, t in enumerate(y) if t != IGNORE]
+        context = [t for t in x[: 2 * len(scored)] if t >= half]  # the values of the pairs
+        total += [context.count(y[i]) / len(context) for i in scored]
+    return float(np.mean(total))
 
 
 class MQAR(Task):
@@ -98,61 +131,53 @@ class MQAR(Task):
 
     def __init__(self, config: MQARConfig | None = None):
         self.config = config or MQARConfig()
-        self.vocab_size = 1 + 2 * self.config.num_keys
-
-    def eval_pairs(self) -> tuple[int, ...]:
-        c = self.config
-        return c.eval_pairs or tuple(p for p in (c.num_pairs, 2 * c.num_pairs, 4 * c.num_pairs) if p <= c.num_keys)
+        self.vocab_size = self.config.vocab_size
 
     def check(self, train_len: int, eval_lens: Sequence[int]) -> None:
-        need = SPAN * self.config.num_pairs
-        if train_len < need:
-            raise ValueError(f"mqar: train length {train_len} is too short for {self.config.num_pairs} pairs "
-                             f"(needs >= {SPAN} * num_pairs = {need})")
-        for L in eval_lens:
-            if L < need:
-                raise ValueError(f"mqar: eval length {L} is too short for {self.config.num_pairs} pairs (needs >= {need})")
-        for p in self.eval_pairs():
-            if p > self.config.num_keys:
-                raise ValueError(f"mqar: eval pairs {p} exceed num_keys {self.config.num_keys}")
+        for L in (train_len, *eval_lens):
+            check_fits(L, self.config.pairs(L), self.config.vocab_size)
 
     def train_batch(self, seed: int, step: int, batch_size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return generate(batch_size, length, self.config.num_pairs, None, "train", seed * 1_000_003 + step,
-                        self.config.num_keys)
+        return generate(batch_size, length, "train", seed * 1_000_003 + step, self.config)
+
+    def test_set(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        return generate(c.eval_examples, length, "test", c.data_seed, c)
 
     def cells(self, train_len: int, eval_lens: Sequence[int]) -> list[dict[str, Any]]:
         out = []
         for L in eval_lens:
-            for n in self.eval_pairs():
-                if SPAN * n > L:
-                    continue
-                rules: dict[int, str] = {}  # gap -> the rule that named it first ("0", "half", "max")
-                for rule in self.config.eval_gaps:
-                    g = resolve_gap(rule, L, n)
-                    if 0 <= g <= L - SPAN * n:
-                        rules.setdefault(g, rule)
-                out += [{"eval_len": L, "num_pairs": n, "gap": g, "gap_rule": r} for g, r in sorted(rules.items())]
+            x, y = self.test_set(L)
+            out.append({"eval_len": L, "num_pairs": self.config.pairs(L), "chance": 2 / self.config.vocab_size,
+                        "baseline": in_context_baseline(x, y, self.config.vocab_size)})
         return out
 
     def metrics(self, cell: dict[str, Any], train_len: int) -> tuple[str, ...]:
-        return ("accuracy",)
+        return ("accuracy", "exact_match")
 
     def evaluate(self, model: torch.nn.Module, cell: dict[str, Any], train_len: int) -> dict[str, Measure]:
-        c = self.config
-        x, y = generate(c.eval_examples, cell["eval_len"], cell["num_pairs"], cell["gap"], "test", c.data_seed, c.num_keys)
+        """Per-query accuracy with an interval clustered by example (the queries of one example are not independent
+        trials), and exact match per example (every query right) with a Wilson interval over examples."""
+        x, y = self.test_set(cell["eval_len"])
         pred = predictions(model, x, tokens_per_batch_for(cell["eval_len"]))
         scored = y != IGNORE
-        return {"accuracy": accuracy(int((pred[scored] == y[scored]).sum()), int(scored.sum()))}
+        right = ((pred == y) & scored).sum(1)  # (examples,) correct queries of each example
+        per_example = scored.sum(1)
+        return {"accuracy": clustered_accuracy(right.tolist(), per_example.tolist()),
+                "exact_match": accuracy(int((right == per_example).sum()), len(right))}
 
     def sample_inputs(self, n: int, length: int) -> torch.Tensor:
-        c = self.config
-        return generate(n, length, min(c.num_pairs, length // SPAN), None, "test", c.data_seed, c.num_keys)[0]
+        return generate(n, length, "test", self.config.data_seed, self.config)[0]
 
     def train_params(self) -> dict[str, Any]:
-        return {"num_pairs": self.config.num_pairs, "num_keys": self.config.num_keys}
+        c = self.config
+        return {"vocab_size": c.vocab_size, "num_pairs": c.num_pairs, "power_a": c.power_a,
+                "random_non_queries": c.random_non_queries}
 
     def eval_params(self) -> dict[str, Any]:
-        return {"eval_examples": self.config.eval_examples, "data_seed": self.config.data_seed}
+        return {"eval_examples": self.config.eval_examples, "data_seed": self.config.data_seed,
+                "generator": "zoology"}
 
 
-__all__ = ["FILLER", "MQAR", "MQARConfig", "SPAN", "example", "generate", "resolve_gap"]
+__all__ = ["MQAR", "MQARConfig", "PAIRS_PER_LENGTH", "check_fits", "example", "gap_probabilities", "generate",
+           "in_context_baseline"]

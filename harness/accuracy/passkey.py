@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from harness.accuracy.common import IGNORE, Task, check_split, predictions, rng_for, split_of, tokens_per_batch_for
-from harness.accuracy.stats import Measure, accuracy
+from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key. "
@@ -148,7 +148,9 @@ class Passkey(Task):
         pos = answer_positions(L, c.digits)
         right = pred[:, pos] == y[:, pos]  # (n, digits)
         exact = int(right.all(dim=1).sum())
-        return {"exact_match": accuracy(exact, len(x)), "digit_accuracy": accuracy(int(right.sum()), right.numel())}
+        per_example = [c.digits] * len(x)  # the digits of one example are one cluster, not independent trials
+        return {"exact_match": accuracy(exact, len(x)),
+                "digit_accuracy": clustered_accuracy(right.sum(1).tolist(), per_example)}
 
     def sample_inputs(self, n: int, length: int) -> torch.Tensor:
         return generate(n, length, None, "test", self.config.data_seed, self.config.digits)[0]

@@ -45,7 +45,16 @@ FLOAT_BYTES = 4  # models train in float32
 TOKEN_BYTES = 8  # int64 token ids
 # Columns a cell may add to the accuracy schema; all of them are part of a row's identity.
 CELL_FIELDS = ("stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "eval_id")
-KEY_FIELDS = tuple(f for f in ACCURACY_FIELDS if f not in ("value", "ci_low", "ci_high", "n")) + CELL_FIELDS
+# What tells two trained models of one task apart beyond the spec columns: width and learning rate (a grid over
+# them picks the best rate per point, as Zoology does).
+TRAIN_FIELDS = ("d_model", "short_conv", "lr")
+KEY_FIELDS = tuple(f for f in ACCURACY_FIELDS if f not in ("value", "ci_low", "ci_high", "n")) + CELL_FIELDS + TRAIN_FIELDS
+
+
+def width(job: Job) -> dict[str, Any]:
+    """The backbone overrides of a job: its width (MQAR's recall vs width) and short convolution, when it sets them
+    (left out otherwise, so the identity of runs made before they existed does not change)."""
+    return ({} if job.d_model is None else {"d_model": job.d_model}) | ({"short_conv": job.short_conv} if job.short_conv else {})
 
 
 def make_task(name: str, params: dict[str, Any]) -> Task:
@@ -64,6 +73,8 @@ def default_eval_lens(job: Job) -> list[int]:
         return [L * m for m in (1, 2, 4, 8, 16)]
     if job.task == "fidelity":
         return [L, 4 * L]
+    if job.task == "mqar":
+        return [L]  # Zoology's protocol: recall at the length trained (other lengths add extrapolation)
     return [L, 2 * L, 4 * L]
 
 
@@ -85,7 +96,7 @@ def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, 
     """
     budget = memory_budget() if budget is None else budget
     preset = attn.PRESETS[job.model]
-    d, layers = preset["d_model"], preset.get("n_layers", 1)
+    d, layers = job.d_model or preset["d_model"], preset.get("n_layers", 1)
     per_train_token = job.train.batch_size * (FLOAT_BYTES * d * (layers + 1) + 2 * TOKEN_BYTES)
     per_eval_token = FLOAT_BYTES * d + TOKEN_BYTES
     if job.task == "fidelity":
@@ -168,7 +179,9 @@ def plan(job: Job) -> Plan:
     if eval_lens[0] < 1:
         raise ValueError(f"evaluation lengths must be >= 1, got {eval_lens}")
     preset = attn.PRESETS[job.model]
-    head_dim = preset["d_model"] // preset["n_heads"]
+    if job.d_model is not None and (job.d_model < 1 or job.d_model % preset["n_heads"]):
+        raise ValueError(f"d_model {job.d_model} must be a positive multiple of the {preset['n_heads']} heads of {job.model}")
+    head_dim = (job.d_model or preset["d_model"]) // preset["n_heads"]
     variants = [build.parse_variant(v) for v in job.variants]
     positions = [build.parse_position(p, head_dim) for p in job.positions]
     if job.task == "fidelity":
@@ -184,7 +197,7 @@ def plan(job: Job) -> Plan:
         for p in positions:  # builds every model once, so bad params fail now, not after hours
             for ctx in {job.train_len, max_len}:
                 build.make_model(job.model, task.vocab_size, v, p, build.scaled_params(p, job.train_len, ctx, head_dim),
-                                 max_len, 0)
+                                 max_len, 0, **width(job))
     runs = []
     trained_variants = [Spec("full")] if job.task == "fidelity" else variants
     for seed in job.seeds:
@@ -193,7 +206,7 @@ def plan(job: Job) -> Plan:
                 t = build.training_spec(p, job.train_len, head_dim)
                 ident = {"task": task.name, "task_params": task.train_params(), "variant": v.label, "position": t.label,
                          "train_len": job.train_len, "model": job.model, "init_std": job.init_std, "seed": seed,
-                         "train": dataclasses.asdict(job.train) | {"ckpt_every": 0}}
+                         "train": dataclasses.asdict(job.train) | {"ckpt_every": 0}} | width(job)
                 if build.has_weights(t, head_dim, max_len):  # learned positions: the table is sized by max_len
                     ident["max_seq_len"] = max_len
                 runs.append(Run(v, p, t, seed, short_hash(ident)))
@@ -245,7 +258,7 @@ class Runner:
         job = p.job
         params = build.scaled_params(run.trained_as, job.train_len, job.train_len, p.head_dim)
         model = build.make_model(job.model, p.task.vocab_size, run.variant, run.trained_as, params, p.max_len, run.seed,
-                                 job.init_std)
+                                 job.init_std, **width(job))
         ckpt = self.ckpt_dir / f"{p.task.name}-{run.train_id}.pt"
         desc = f"{p.task.name} {run.variant.label} {run.trained_as.label} s{run.seed}"
         result = train(model, lambda step: p.task.train_batch(run.seed, step, job.train.batch_size, job.train_len),
@@ -281,7 +294,8 @@ class Runner:
             "variant_params": resolved("attention", run.variant), "backend_requested": run.variant.backend,
             "position": run.position.name,
             "variant_spec": run.variant.label, "position_spec": run.position.label,
-            "train_len": job.train_len, "stage": stage, "model": job.model, "steps": job.train.steps,
+            "train_len": job.train_len, "stage": stage, "model": job.model, "d_model": job.d_model,
+            "short_conv": job.short_conv or None, "steps": job.train.steps,
             "batch_size": job.train.batch_size, "lr": job.train.lr, "trained_as": run.trained_as.label,
             "task_params": p.task.train_params(), "eval_id": short_hash(p.task.eval_params()), "status": "ok", "error": None,
         } | ({"finetune_steps": job.finetune_steps, "finetune_len": p.finetune_len,
@@ -327,7 +341,7 @@ class Runner:
             except Exception as e:
                 self.fail({**row, **extra}, metrics, e)
                 continue
-            self.append({**row, **extra, "backend": build.last_backends(model),
+            self.append({**row, **extra, **build.state_size(model, cell["eval_len"]), "backend": build.last_backends(model),
                          "eval_seconds": time.perf_counter() - t0}, measures)
 
 
