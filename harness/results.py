@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,48 @@ ACCURACY_FIELDS = (
     "metric", "value", "ci_low", "ci_high", "n", "seed",
 )
 STATUSES = ("ok", "oom", "timeout", "error", "unsupported", "skipped")
+# Accuracy metrics that are proportions, in [0, 1]: an interval over seeds is clipped to that range.
+PROPORTIONS = ("accuracy", "exact_match", "digit_accuracy")
+
+
+def best_lr(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], higher: bool = True) -> list[int]:
+    """Positions of the rows to keep when one configuration was trained at several learning rates.
+
+    Rows that agree on ``keys`` (``lr`` and ``seed`` aside) are one point; within each seed of a point only
+    the rows of the rate with the best mean ``value`` stay (highest, or lowest with ``higher=False``;
+    ties go to the smaller rate), so a point is then the mean over seeds of each seed's best rate --
+    Zoology's rule (Arora et al. 2023) for its MQAR figures. A seed trained at one rate keeps every row;
+    values that are None or NaN never make a rate best. Shared by the accuracy summary and the figures,
+    so the tables and the plots pick the same rate."""
+    groups: dict[str, dict[Any, list[int]]] = {}
+    for i, r in enumerate(rows):
+        point = json.dumps({k: r.get(k) for k in keys if k not in ("lr", "seed")} | {"seed": r.get("seed")},
+                           sort_keys=True, default=str)
+        lr = r.get("lr")
+        lr = None if lr is None or (isinstance(lr, float) and math.isnan(lr)) else float(lr)
+        groups.setdefault(point, {}).setdefault(lr, []).append(i)
+    keep: list[int] = []
+    for by_lr in groups.values():
+        if len(by_lr) == 1:
+            keep += next(iter(by_lr.values()))
+            continue
+        best, best_score = None, None
+        for lr in sorted(by_lr, key=lambda v: (v is None, v or 0.0)):
+            vals = [float(rows[i]["value"]) for i in by_lr[lr] if _finite(rows[i].get("value"))]
+            if not vals:
+                continue
+            score = sum(vals) / len(vals)
+            if best_score is None or (score > best_score if higher else score < best_score):
+                best, best_score = lr, score
+        keep += by_lr[best] if best_score is not None else [i for ids in by_lr.values() for i in ids]
+    return sorted(keep)
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return v is not None and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
 
 
 def _clean(value: Any) -> Any:
@@ -315,6 +357,6 @@ class ResultsStore:
 
 
 __all__ = [
-    "ACCURACY_FIELDS", "COST_FIELDS", "ROW_KEYS", "STATUSES", "ResultsStore", "cell_key", "check_rows", "check_writable",
-    "exclusive", "numbered_rows", "read_rows", "scan_rows", "warn_skipped",
+    "ACCURACY_FIELDS", "COST_FIELDS", "PROPORTIONS", "ROW_KEYS", "STATUSES", "ResultsStore", "best_lr", "cell_key",
+    "check_rows", "check_writable", "exclusive", "numbered_rows", "read_rows", "scan_rows", "warn_skipped",
 ]
