@@ -10,14 +10,24 @@ import torch
 
 
 def float64_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      softcap: float = 0.0) -> torch.Tensor:
-    """softmax(mask(cap(q k^T / sqrt(D)))) v in float64; k, v repeated to q's heads (GQA); rows with no key give 0."""
+                      softcap: float = 0.0, bias: torch.Tensor | None = None,
+                      sink: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(mask(cap(q k^T / sqrt(D)))) v in float64; k, v repeated to q's heads (GQA); rows with no key give 0.
+
+    ``bias``: added to the (capped) scores, broadcastable to (B, H, Lq, Lk) (ALiBi). ``sink``: (H,) logits, one more
+    column of each row's softmax whose value is zero: out = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij})."""
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
     scores = q.double() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
-    return torch.softmax(scores.masked_fill(~mask, -math.inf), -1).nan_to_num(0.0) @ v
+    if bias is not None:
+        scores = scores + bias.double()
+    scores = scores.masked_fill(~mask, -math.inf)
+    if sink is None:
+        return torch.softmax(scores, -1).nan_to_num(0.0) @ v
+    column = sink.double().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, column], -1), -1)[..., :-1] @ v
 
 
 def decode_in_chunks(m: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: Sequence[int],

@@ -437,41 +437,208 @@ def test_accuracy_seeds_are_averaged_with_a_t_interval_and_task_columns_split_li
         band = by_gid(fig, f"band:rope [num_pairs={num_pairs}]", "collections").get_paths()[0].vertices[:, 1]
         vals = np.array([base + n for n in (-0.05, 0.0, 0.08)])  # at L = 64
         half = stats.t.ppf(0.975, len(vals) - 1) * vals.std(ddof=1) / np.sqrt(len(vals))
-        assert band.max() == pytest.approx(vals.mean() + half)
+        assert band.max() == pytest.approx(min(1.0, vals.mean() + half))  # an accuracy's interval stops at 1
+        assert band.min() == pytest.approx(vals.mean() - 0.2 - half)  # at L = 128: the lower edge is not clipped
+    assert by_gid(fig, "band:rope [num_pairs=4]", "collections").get_paths()[0].vertices[:, 1].max() == 1.0  # 0.91 + 0.16
 
 
-def _mqar_rows() -> list[dict]:
-    """Two variants; the sliding window fails once the gap rule is not 0, 'full' degrades with pairs."""
+# -- MQAR (Zoology's protocol) ---------------------------------------------------------------------
+
+MQAR_PRESET = "tiny"
+MQAR_VOCAB = 64  # chance = 1 / (vocab / 2)
+MQAR_LRS = (1e-3, 3e-3)
+# seed -> value added at each learning rate: the best rate differs by seed, so "best per seed, then mean" differs
+# from "best mean rate", from "mean over rates" and from "best over everything"
+MQAR_LR_NOISE = {0: (0.05, -0.10), 1: (-0.08, 0.02), 2: (0.01, 0.03)}
+# (family, variant_spec, variant_params, {d_model: base accuracy}); None = the preset's own width
+MQAR_MODELS = [
+    ("full", "full", {}, {None: 0.5, 128: 0.8, 256: 0.96}),  # 256: per-seed bests near 1, interval clipped at 1
+    ("sliding_window", "sliding_window:window=8", {"window": 8}, {64: 0.0, 128: 0.3}),  # 64: clipped at 0
+    ("sliding_window", "sliding_window:window=32", {"window": 32}, {64: 0.4, 128: 0.6}),
+]
+
+
+def mqar_state(params: dict, L: int, width: int) -> int:
+    """Numbers one layer carries to decode: a KV cache over the context, or over the window."""
+    return 2 * min(params.get("window", L), L) * width
+
+
+def mqar_rows() -> list[dict]:
+    """2 families x 2-3 widths x 2 learning rates x 3 seeds x 2 training lengths, two metrics; plus extrapolation
+    rows (eval at 2L) and a failed run, neither of which may reach the figure."""
+    import attn
+
+    preset = attn.PRESETS[MQAR_PRESET]["d_model"]
     rows = []
-    for variant, spec in [("full", "full"), ("sliding_window", "sliding_window:window=8")]:
-        for num_pairs in (4, 8):
-            for rule in ("0", "half", "max"):
-                for L in (32, 64, 128):
-                    gap = {"0": 0, "half": (L - 3 * num_pairs) // 2, "max": L - 3 * num_pairs}[rule]
-                    if variant == "full":
-                        v = 1.0 - 0.1 * (num_pairs == 8)
-                    else:
-                        v = 0.9 if rule == "0" else 0.1 + L / 10_000
-                    rows.append(dict(task="mqar", variant=variant, variant_params={"window": 8} if spec != "full" else {},
-                                     variant_spec=spec, position="rope", position_params={"rope_theta": 1e4},
-                                     position_spec="rope", train_len=32, eval_len=L, metric="accuracy", value=v,
-                                     ci_low=v - 0.01, ci_high=v + 0.01, n=256, seed=0, num_pairs=num_pairs, gap=gap,
-                                     gap_rule=rule, stage="zero_shot", status="ok"))
+    for family, spec, params, bases in MQAR_MODELS:
+        for d_model, base in bases.items():
+            for L in (64, 128):
+                for lr_i, lr in enumerate(MQAR_LRS):
+                    for seed, noise in MQAR_LR_NOISE.items():
+                        for eval_len in (L, 2 * L):
+                            state = mqar_state(params, eval_len, d_model or preset)
+                            acc = min(1.0, max(0.0, base - 0.1 * (L == 128) * (family == "full") + noise[lr_i]))
+                            row = dict(task="mqar", variant=family, variant_spec=spec, variant_params=params,
+                                       position="none", position_params={}, position_spec="none", train_len=L,
+                                       eval_len=eval_len, num_pairs=eval_len // 16, chance=2 / MQAR_VOCAB,
+                                       baseline=16 / eval_len, model=MQAR_PRESET, d_model=d_model, short_conv=None, lr=lr,
+                                       seed=seed, n=256, state_bytes=4 * state, state_numbers=state, status="ok",
+                                       stage="zero_shot", device="cpu", device_name=ENV["device_name"])
+                            if eval_len != L:
+                                acc = 0.0  # extrapolation: would pull every point down if it leaked in
+                            rows.append(dict(row, metric="accuracy", value=acc, ci_low=max(0, acc - 0.05),
+                                             ci_high=min(1, acc + 0.05)))
+                            rows.append(dict(row, metric="exact_match", value=acc / 2, ci_low=None, ci_high=None))
+    rows.append(dict(rows[0], lr=1e-2, value=None, ci_low=None, ci_high=None, status="error"))  # no value: never best
     return rows
 
 
-def test_mqar_figure_has_one_panel_per_pairs_and_gap_rule_with_the_rows_values(tmp_path):
-    fig = P.plot_mqar(F.prepare_accuracy(pd.DataFrame(_mqar_rows())), tmp_path)
+def mqar_expected(rows: list[dict], L: int) -> dict[tuple[str, int | None], tuple[float, float, float, float]]:
+    """(variant_spec, d_model) -> (mean over seeds of each seed's best accuracy over lr, t interval clipped to [0, 1],
+    state_numbers), from the rows trained and evaluated at L, by plain loops."""
+    from scipy import stats
+
+    best: dict = {}
+    state: dict = {}
+    for r in rows:
+        if r["metric"] != "accuracy" or r["status"] != "ok" or r["train_len"] != L or r["eval_len"] != L:
+            continue
+        key = (r["variant_spec"], r["d_model"])
+        seeds = best.setdefault(key, {})
+        seeds[r["seed"]] = max(seeds.get(r["seed"], -1.0), r["value"])
+        state[key] = r["state_numbers"]
+    out = {}
+    for key, seeds in best.items():
+        v = np.array(list(seeds.values()))
+        half = stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+        out[key] = (v.mean(), max(0.0, v.mean() - half), min(1.0, v.mean() + half), state[key])
+    return out
+
+
+def band_edges(fig, gid: str) -> dict[float, tuple[float, float]]:
+    """x -> (lowest, highest) y of a filled band."""
+    verts = by_gid(fig, gid, "collections").get_paths()[0].vertices
+    out: dict[float, tuple[float, float]] = {}
+    for x, y in verts:
+        lo, hi = out.get(x, (np.inf, -np.inf))
+        out[x] = (min(lo, y), max(hi, y))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mqar_acc() -> pd.DataFrame:
+    return F.prepare_accuracy(pd.DataFrame(mqar_rows()))
+
+
+def test_mqar_figure_is_best_lr_then_mean_over_seeds_against_state_size(mqar_acc, tmp_path):
+    fig = P.plot_mqar(mqar_acc, tmp_path)
     assert (tmp_path / "mqar.png").stat().st_size > 0
-    assert len([ax for ax in fig.axes if ax.get_visible() and ax.get_title()]) == 6
-    for rule in ("0", "half", "max"):
-        for num_pairs in (4, 8):
-            line = by_gid(fig, f"mqar:sliding_window(window=8) [num_pairs={num_pairs} gap_rule={rule}]")
-            assert list(line.get_xdata()) == [32, 64, 128]  # the gap grows with length: still one line per rule
-            want = [0.9] * 3 if rule == "0" else [0.1 + L / 10_000 for L in (32, 64, 128)]
-            assert list(line.get_ydata()) == pytest.approx(want)
-            full = by_gid(fig, f"mqar:full [num_pairs={num_pairs} gap_rule={rule}]")
-            assert list(full.get_ydata()) == pytest.approx([1.0 - 0.1 * (num_pairs == 8)] * 3)
+    assert sorted(ax.get_title() for ax in fig.axes) == ["trained and evaluated at 128", "trained and evaluated at 64"]
+    rows = mqar_rows()
+    clipped = set()
+    for L in (64, 128):
+        want = mqar_expected(rows, L)
+        for family in ("full", "sliding_window"):
+            points = sorted((st, mean, lo, hi) for (spec, _), (mean, lo, hi, st) in want.items()
+                            if spec.split(":")[0] == family)
+            line = by_gid(fig, f"mqar:{family} [train_len={L}]")
+            np.testing.assert_array_equal(line.get_xdata(), [p[0] for p in points])  # the rows' state sizes, sorted
+            np.testing.assert_allclose(line.get_ydata(), [p[1] for p in points], rtol=1e-12)
+            edges = band_edges(fig, f"band:{family} [train_len={L}]")
+            for st, _, lo, hi in points:
+                assert edges[st] == pytest.approx((lo, hi), abs=1e-12)
+                assert 0.0 <= edges[st][0] and edges[st][1] <= 1.0
+                clipped |= {"low"} if lo == 0.0 else set()
+                clipped |= {"high"} if hi == 1.0 else set()
+        ax = by_gid(fig, f"mqar:full [train_len={L}]").axes
+        assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+        assert ax.get_xlabel() == "decoding state per layer (numbers)"
+        baseline, chance = by_gid(fig, f"baseline [train_len={L}]"), by_gid(fig, f"chance [train_len={L}]")
+        assert baseline.get_ydata()[0] == pytest.approx(16 / L) and baseline.get_linestyle() == "--"
+        assert chance.get_ydata()[0] == pytest.approx(2 / MQAR_VOCAB) and chance.get_linestyle() == ":"
+        assert "baseline" in baseline.get_label() and "chance" in chance.get_label()
+    assert clipped == {"low", "high"}  # the data reach both edges, so a missing clip would fail above
+    assert "extrapolation" in fig.get_supxlabel()  # the 2L rows are counted, not drawn
+
+
+def test_mqar_width_figure_has_one_curve_per_variant_spec(mqar_acc, tmp_path):
+    import attn
+
+    fig = P.plot_mqar_width(mqar_acc, tmp_path)
+    assert (tmp_path / "mqar-width.png").stat().st_size > 0
+    preset = attn.PRESETS[MQAR_PRESET]["d_model"]
+    rows = mqar_rows()
+    for L in (64, 128):
+        gids = {ln.get_gid() for ax in fig.axes for ln in ax.lines if str(ln.get_gid()).startswith("mqar-width:")}
+        labels = {F.spec_label(family, params): spec for family, spec, params, _ in MQAR_MODELS}
+        assert {g for g in gids if g.endswith(f"[train_len={L}]")} == {f"mqar-width:{lab} [train_len={L}]" for lab in labels}
+        want = mqar_expected(rows, L)
+        for label, spec in labels.items():
+            points = sorted(((d or preset), mean) for (s, d), (mean, *_) in want.items() if s == spec)
+            line = by_gid(fig, f"mqar-width:{label} [train_len={L}]")
+            np.testing.assert_array_equal(line.get_xdata(), [p[0] for p in points])  # None = the preset's width
+            np.testing.assert_allclose(line.get_ydata(), [p[1] for p in points], rtol=1e-12)
+        assert by_gid(fig, f"baseline [train_len={L}]").get_ydata()[0] == pytest.approx(16 / L)
+    assert "mqar-width" in [f.name for f in P.FIGURES]
+
+
+def test_mqar_table_picks_the_same_learning_rate_as_the_figure():
+    from harness.accuracy.lengthgen import table
+
+    rows = mqar_rows()
+    t = table(rows, "mqar")  # with the extrapolation rows, two training lengths meet at eval length 128
+    assert list(t.columns) == [64, 128, 256] and list(t.index.names) == ["variant_spec", "d_model", "train_len"]
+    for L in (64, 128):
+        for (spec, d), (mean, *_) in mqar_expected(rows, L).items():
+            assert t.loc[(spec, d if d is not None else "preset", L), L] == pytest.approx(mean)
+            assert t.loc[(spec, d if d is not None else "preset", L), 2 * L] == 0.0
+    assert list(t.xs("sliding_window:window=8").index.get_level_values("d_model").unique()) == [64, 128]
+    zoology = table([r for r in rows if r["eval_len"] == r["train_len"]], "mqar")  # one length each: no diagonal
+    assert list(zoology.index.names) == ["variant_spec", "d_model"] and "pairs 4 at 64, 8 at 128" in zoology.columns.name
+
+
+def test_accuracy_points_take_the_best_rate_by_the_metric_s_direction_and_keep_widths_apart():
+    rows = [dict(task="lm", variant="full", variant_params={}, position="rope", position_params={}, train_len=64,
+                 eval_len=64, metric="bpb", value=v + (d == 128) * 0.5, ci_low=None, ci_high=None, n=10, seed=s, lr=lr,
+                 d_model=d) for d in (64, 128) for s in (0, 1) for lr, v in ((1e-3, 2.0 + s), (3e-3, 3.0 - s))]
+    pts = D.accuracy_points(F.prepare_accuracy(pd.DataFrame(rows)))
+    # bits per byte: lower is better; seed 0 is best at 1e-3 (2.0), seed 1 at 3e-3 (2.0)
+    assert sorted(zip(pts["d_model"], pts["value"], strict=True)) == [("128", 2.5), ("64", 2.0)]
+
+
+def test_plot_command_skips_old_mqar_rows_and_draws_new_ones(tmp_path, capsys):
+    old = []
+    for variant, params in [("full", {}), ("sliding_window", {"window": 8})]:
+        for rule in ("0", "half", "max"):
+            for L in (32, 64):
+                old.append(dict(task="mqar", variant=variant, variant_params=params, variant_spec="x", position="rope",
+                                position_params={}, train_len=32, eval_len=L, metric="accuracy", value=0.5, ci_low=0.4,
+                                ci_high=0.6, n=256, seed=0, num_pairs=4, gap=3, gap_rule=rule, d_model=None, lr=3e-3,
+                                stage="zero_shot", status="ok"))
+    path = write_jsonl(tmp_path / "old.jsonl", old)
+    assert main(["plot", str(path), "--out", str(tmp_path / "figs"), "--only", "mqar", "--only", "mqar-width"]) == 0
+    text = capsys.readouterr()
+    assert "Traceback" not in text.err
+    for name in ("mqar", "mqar-width"):
+        assert f"skipped {name}: no mqar rows trained and evaluated at one length with the current protocol " \
+               f"({len(old)} rows left out: old protocol" in text.out
+    both = write_jsonl(tmp_path / "both.jsonl", old + mqar_rows())
+    assert main(["plot", str(both), "--out", str(tmp_path / "figs"), "--only", "mqar", "--only", "mqar-width"]) == 0
+    assert (tmp_path / "figs" / "mqar.png").exists() and (tmp_path / "figs" / "mqar-width.png").exists()
+    fig = P.plot_mqar(F.load_results([both]).accuracy)
+    assert f"{len(old)} rows left out: old protocol" in fig.get_supxlabel()
+    want = mqar_expected(mqar_rows(), 64)
+    assert list(by_gid(fig, "mqar:full [train_len=64]").get_ydata()) == pytest.approx(
+        [mean for (spec, _), (mean, *_) in sorted(want.items(), key=lambda kv: kv[1][3]) if spec == "full"])
+
+
+def test_tradeoff_joins_mqar_at_each_seed_s_best_rate(cost):
+    rows = [r for r in mqar_rows() if r["eval_len"] == r["train_len"]]
+    pts, note = P.tradeoff_points(cost, F.prepare_accuracy(pd.DataFrame(rows)))
+    full = pts[(pts["variant_label"] == "full") & (pts["metric"] == "accuracy")]
+    means = [mean for L in (64, 128) for (spec, _), (mean, *_) in mqar_expected(rows, L).items() if spec == "full"]
+    assert list(full["value"]) == [pytest.approx(np.mean(means))]
+    assert "best learning rate per seed" in note
 
 
 def test_accuracy_figure_labels_a_position_by_the_spec_asked_for_not_its_per_length_factor():
@@ -490,8 +657,8 @@ def test_accuracy_figure_labels_a_position_by_the_spec_asked_for_not_its_per_len
     assert zero.get_color() == tuned.get_color()
 
 
-def test_accuracy_figure_leaves_mqar_to_its_own_figure():
-    acc = F.prepare_accuracy(pd.DataFrame(_mqar_rows()))
+def test_accuracy_figure_leaves_mqar_to_its_own_figure(mqar_acc):
+    acc = mqar_acc
     with pytest.raises(P.Skip, match="mqar"):
         P.plot_accuracy(acc)
 

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from attn.attention import flex, gqa
+from attn.attention import flex, gqa, score_terms
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module, modes
+from attn.attention.score_terms import softcap_score_mod
+from attn.attention.sink_logit import check_heads, init_sink_logits, needs_grad, with_sink_column
 from attn.registry import check, register_attention
 
 
@@ -25,26 +27,26 @@ def causal_mask(q_len: int, k_len: int, device: torch.device | str = "cpu", wind
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                    scale: float | None = None, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float | None = None, softcap: float = 0.0, *, bias: torch.Tensor | None = None,
+                    sink: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v with explicit matmuls: the shared reference computation.
 
     k, v may have fewer heads than q (GQA): each group of query heads broadcasts against its key head.
     ``mask``: (Lq, Lk) or anything that broadcasts to (B, H_kv, G, Lq, Lk). Rows with no visible key return 0
     (SDPA would return NaN), so references stay comparable. ``softcap`` c > 0 (Gemma 2): scores pass through
-    ``c * tanh(s / c)`` before the mask and the softmax.
+    ``c * tanh(s / c)`` before the mask and the softmax. ``bias``: added after the cap, (H, Lq, Lk) or (B, H, Lq, Lk)
+    (ALiBi); ``sink``: (H,) logits joining each row's softmax as a zero-valued column (see score_terms.py).
     """
     B, H, Lq, D = q.shape
     g = H // k.shape[1]  # GQA: query head h reads key head h // g
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qg = q.reshape(B, H // g, g, Lq, D)  # (B, H_kv, G, Lq, D)
-    scores = (qg @ k[:, :, None].transpose(-2, -1)) * scale  # (B, H_kv, G, Lq, Lk)
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
-    probs = probs.nan_to_num(0.0).to(q.dtype)
-    return (probs @ v[:, :, None]).reshape(B, H, Lq, D)
+    if bias is not None:
+        bias = bias.unflatten(-3, (H // g, g))  # (..., H_kv, G, Lq, Lk)
+    if sink is not None:
+        sink = sink.view(H // g, g, 1, 1)
+    out = score_terms.softmax_attention(qg, k[:, :, None], v[:, :, None], mask, scale, softcap, bias, sink)
+    return out.reshape(B, H, Lq, D)
 
 
 def _xformers_bias(causal: bool, q_len: int, k_len: int, window: int | None = None):
@@ -149,28 +151,24 @@ def check_softcap(softcap: float) -> None:
     check(math.isfinite(softcap) and softcap >= 0, f"softcap must be a finite number >= 0 (0 = off), got {softcap}")
 
 
-def softcap_score_mod(softcap: float, device: str):
-    """Flex ``score_mod`` of logit softcapping, the cap a captured tensor (one compile for every cap)."""
-    cap = torch.tensor(softcap, device=device)
-
-    def softcap_scores(score, b, h, q_idx, kv_idx):
-        return cap * torch.tanh(score / cap)
-
-    return softcap_scores
-
-
 @dataclass(frozen=True)
 class FullConfig:
     """``softcap`` c > 0: logit softcapping, scores -> c * tanh(s / c) (Gemma 2 uses 50); 0 = off. ``prefix`` P > 0:
     prefix-LM (T5 / UniLM): the first P tokens see each other both ways, the rest is causal (query i sees j <= i or
-    j < P); a decoder must be given the whole prefix in its first step."""
+    j < P); a decoder must be given the whole prefix in its first step. ``alibi``: ALiBi's linear distance bias
+    (alibi.py; the position method ``alibi`` sets it). ``sink_logit``: a learnable logit per query head in every
+    softmax (gpt-oss; sink_logit.py), ``heads`` of them made at construction, or at the first call when 0."""
 
     softcap: float = 0.0
     prefix: int = 0
+    alibi: bool = False
+    sink_logit: bool = False
+    heads: int = 0
 
     def __post_init__(self) -> None:
         check_softcap(self.softcap)
         check(self.prefix >= 0, f"prefix must be >= 0, got {self.prefix}")
+        check_heads(self.heads, self.sink_logit)
 
 
 def prefix_mask(q_len: int, k_len: int, prefix: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -186,12 +184,22 @@ class FullAttention(Attention):
 
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="explicit matmul + softmax"),
-        Backend("sdpa", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="torch scaled_dot_product_attention (no softcap)"),
+        Backend("sdpa", {"cpu": ALL_MODES, "cuda": ALL_MODES},
+                note="torch scaled_dot_product_attention (no softcap; ALiBi as an H x L x L float mask)"),
         Backend("flex", {"cpu": modes("forward"), "cuda": modes("forward", "backward")},
                 dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=flex.flex_unavailable,
-                note="compiled FlexAttention, softcap as its score_mod (auto picks it only with a softcap)"),
+                note="compiled FlexAttention, softcap/ALiBi/sink logit in its score_mod (auto: with a softcap, prefix "
+                     "or ALiBi)"),
         XFORMERS,
     )
+
+    def __init__(self, config: FullConfig, backend: str = "auto"):
+        super().__init__(config, backend)
+        init_sink_logits(self, config.sink_logit, config.heads)
+
+    def mode_of(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+        """As for every variant, except that a call whose sink logits need a gradient is a backward call."""
+        return "backward" if needs_grad(self) else super().mode_of(q, k, v)
 
     def _mask(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
         if not causal:
@@ -201,30 +209,36 @@ class FullAttention(Attention):
         return causal_mask(q.shape[2], k.shape[2], q.device)
 
     def backend_reference(self, q, k, v, causal):
-        return dense_attention(q, k, v, self._mask(q, k, causal), softcap=self.config.softcap)
+        pos = torch.arange(k.shape[2], device=q.device)  # queries are the last Lq positions
+        terms = score_terms.reference_terms(self, q, pos[k.shape[2] - q.shape[2]:], pos)
+        return dense_attention(q, k, v, self._mask(q, k, causal), softcap=self.config.softcap, **terms)
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
-        """With a softcap ``auto`` skips SDPA and xformers (no score hook); with a prefix it prefers Flex over SDPA's
-        explicit L x L mask; below ``FLEX_MIN_LEN`` queries it never compiles Flex (SDPA or the reference run); plain
-        attention never picks Flex (SDPA's fused kernels are the fast path there)."""
+        """With a softcap ``auto`` runs only Flex (SDPA and xformers have no score hook); with a prefix or ALiBi it
+        prefers Flex over SDPA's explicit L x L mask (with ALiBi, SDPA where Flex cannot run, e.g. a CPU backward);
+        below ``FLEX_MIN_LEN`` queries it never compiles Flex (SDPA or the reference run); plain attention never picks
+        Flex (SDPA's fused kernels are the fast path there); xformers runs neither ALiBi nor sink logits."""
         if self.backend != "auto":
             return super().select_backend(device, dtype, mode)
-        short = self.short_for_flex()
-        if self.config.softcap:
-            skip = ("sdpa", "xformers")
-        elif self.config.prefix:  # SDPA needs an L x L mask for it: Flex from FLEX_MIN_LEN queries
-            skip = ("xformers",) if short else ("sdpa", "xformers")
+        short, cfg = self.short_for_flex(), self.config
+        if cfg.softcap:
+            order = ["flex"]
+        elif cfg.prefix:  # SDPA needs an L x L mask for it: Flex from FLEX_MIN_LEN queries
+            order = ["sdpa"] if short else ["flex"]
+        elif cfg.alibi:  # SDPA needs an H x L x L float mask
+            order = ["flex", "sdpa"]
         else:
-            skip = ("flex",)
+            order = ["sdpa", "xformers"]
         if short:
-            skip += ("flex",)
-        for b in self.auto_candidates(device, mode):
-            if b.name not in skip and b.name != "reference" and b.why_not(device, dtype, mode) is None:
-                return b.name
-        return "reference"
+            order = [n for n in order if n != "flex"]
+        if cfg.alibi or cfg.sink_logit:
+            order = [n for n in order if n != "xformers"]
+        able = {b.name for b in self.auto_candidates(device, mode) if b.why_not(device, dtype, mode) is None}
+        return next((n for n in order if n in able), "reference")
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
-        """Causal pairs, plus with a prefix the prefix keys after each query (closed form)."""
+        """Causal pairs, plus with a prefix the prefix keys after each query (closed form). ALiBi's bias and the sink
+        logit's column are not counted (adds, not matmul work)."""
         pairs = super().pairs(q_len, k_len, causal)
         if causal and self.config.prefix:
             pos = torch.arange(k_len - q_len, k_len, dtype=torch.int64)
@@ -232,15 +246,23 @@ class FullAttention(Attention):
         return pairs
 
     def backend_flex(self, q, k, v, causal):
-        block_mask = full_block_mask(q.shape[2], k.shape[2], causal, str(q.device), self.config.prefix if causal else 0)
-        cap = self.config.softcap
-        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1],
-                             score_mod=softcap_score_mod(cap, str(q.device)) if cap else None)
+        sink = score_terms.sink_for(self, q)
+        block_mask = full_block_mask(q.shape[2], k.shape[2], causal, str(q.device), self.config.prefix if causal else 0,
+                                     sink is not None)
+        return score_terms.flex_attention(q, k, v, block_mask, self.config.softcap, score_terms.slopes_for(self, q), sink)
 
     def backend_sdpa(self, q, k, v, causal):
-        if self.config.softcap:
+        cfg = self.config
+        if cfg.softcap:
             raise UnsupportedBackend("SDPA has no score hook for softcap: use flex or reference")
-        if causal and self.config.prefix:
+        if cfg.alibi or cfg.sink_logit:
+            Lq, Lk = q.shape[2], k.shape[2]
+            fused_causal = causal and Lq == Lk and not cfg.prefix and not cfg.alibi
+            mask = None if fused_causal or (causal and Lq == 1 and not cfg.alibi) else self._mask(q, k, causal)
+            pos = torch.arange(Lk, device=q.device)
+            bias = score_terms.bias_for(self, q, pos[Lk - Lq:], pos)
+            return score_terms.sdpa(q, k, v, mask, fused_causal, bias, score_terms.sink_for(self, q))
+        if causal and cfg.prefix:
             return gqa.sdpa(q, k, v, attn_mask=self._mask(q, k, causal))
         if causal and q.shape[2] != k.shape[2]:
             # SDPA's is_causal is top-left aligned; decoding needs bottom-right (one query sees every key).
@@ -251,13 +273,16 @@ class FullAttention(Attention):
     def backend_xformers(self, q, k, v, causal):
         if self.config.softcap or self.config.prefix:
             raise UnsupportedBackend("xformers has no softcap and no prefix-LM mask")
+        if self.config.alibi or self.config.sink_logit:
+            raise UnsupportedBackend("xformers here runs no ALiBi bias and no sink logit: use sdpa, flex or reference")
         return xformers_attention(q, k, v, causal)
 
 
 @functools.lru_cache(maxsize=16)
-def full_block_mask(q_len: int, k_len: int, causal: bool, device: str, prefix: int = 0) -> flex.BlockMask:
+def full_block_mask(q_len: int, k_len: int, causal: bool, device: str, prefix: int = 0,
+                    sink_key: bool = False) -> flex.BlockMask:
     """The causal (bottom-right, with a prefix-LM prefix) or empty mask as a BlockMask built from its block layout,
-    never from L x L pairs."""
+    never from L x L pairs; ``sink_key``: one more key (position k_len) every query sees (the sink logit's)."""
     block = 128
     nq, nk = -(-q_len // block), -(-k_len // block)
     off = k_len - q_len
@@ -273,7 +298,10 @@ def full_block_mask(q_len: int, k_len: int, causal: bool, device: str, prefix: i
     def full_mask(b, h, q_idx, kv_idx):
         return ((kv_idx <= q_idx + offset + horizon) | (kv_idx < p)) & (kv_idx < k_end)
 
-    return flex.block_mask_from_layout(any_ & ~full, full, block, q_len, k_len, full_mask).to(device)
+    partial, mask_mod = any_ & ~full, full_mask
+    if sink_key:
+        partial, full, mask_mod = with_sink_column(partial, full, block, k_len, mask_mod, device)
+    return flex.block_mask_from_layout(partial, full, block, q_len, k_len + sink_key, mask_mod).to(device)
 
 
 __all__ = ["FullAttention", "FullConfig", "causal_mask", "check_softcap", "prefix_mask", "dense_attention", "full_block_mask",

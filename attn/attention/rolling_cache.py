@@ -62,6 +62,14 @@ class RollingKVCache:
         lo = 0 if extra == s else s  # every sink needed: they sit right before the ring
         return self.store_k[:, :, lo:s + n], self.store_v[:, :, lo:s + n]
 
+    def window_positions(self) -> torch.Tensor:
+        """After writing a token: the absolute positions of the keys :meth:`window` returns, in its order (ALiBi's bias
+        depends on them). Ring slot r holds the one position p = r (mod w) among the last min(length, w)."""
+        n, extra = min(self.length, self.capacity), self.evicted_sinks()
+        last = self.length - 1
+        ring = last - (last - torch.arange(n, device=self.store_k.device)) % self.capacity
+        return ring if not extra else torch.cat([torch.arange(extra, device=ring.device), ring])
+
     def ordered(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last ``cached`` tokens' keys and values, oldest first (None before the first token)."""
         if self.store_k is None:

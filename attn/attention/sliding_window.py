@@ -20,17 +20,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attn.attention import flex, gqa
+from attn.attention import flex, gqa, score_terms
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes, visible_pairs
+from attn.attention.chunk_groups import chunk_groups
 from attn.attention.full import (
     XFORMERS,
     causal_mask,
     check_softcap,
     dense_attention,
-    softcap_score_mod,
     xformers_attention,
 )
 from attn.attention.rolling_cache import RollingKVCache
+from attn.attention.sink_logit import check_heads, init_sink_logits, needs_grad, with_sink_column
 from attn.registry import check, register_attention
 
 FLEX_BLOCK = 128  # FlexAttention's default tile; the BlockMask layout is built at this granularity
@@ -47,6 +48,9 @@ class SlidingWindowConfig:
     sinks: int = 0
     softcap: float = 0.0  # logit softcapping c * tanh(s / c) (Gemma 2: 50); 0 = off
     dilation: int = 1  # d > 1: the w keys are every d-th position, i - m d for m < w (Longformer's dilated window)
+    alibi: bool = False  # ALiBi's linear distance bias (alibi.py); the position method `alibi` sets it
+    sink_logit: bool = False  # a learnable logit per query head in every softmax (gpt-oss's s_aux; sink_logit.py)
+    heads: int = 0  # query heads: the sink logits are made at construction (0: at the first call)
 
     def __post_init__(self):
         check(self.window >= 1, f"window must be >= 1, got {self.window}")
@@ -54,6 +58,7 @@ class SlidingWindowConfig:
         check_softcap(self.softcap)
         check(self.dilation >= 1, f"dilation must be >= 1, got {self.dilation}")
         check(self.dilation == 1 or self.sinks == 0, "sinks and dilation > 1 cannot be combined (pick one)")
+        check_heads(self.heads, self.sink_logit)
 
 
 def window_mask(q_len: int, k_len: int, window: int, causal: bool, sinks: int = 0,
@@ -154,17 +159,22 @@ def band_mask_mod(q_len: int, k_len: int, window: int, causal: bool, device: str
 
 
 @functools.lru_cache(maxsize=32)
-def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: str, sinks: int = 0) -> flex.BlockMask:
-    """Cached BlockMask of the band (and sink columns); O(nq * nk) to build, never O(L^2)."""
+def band_block_mask(q_len: int, k_len: int, window: int, causal: bool, device: str, sinks: int = 0,
+                    sink_key: bool = False) -> flex.BlockMask:
+    """Cached BlockMask of the band (and sink columns); O(nq * nk) to build, never O(L^2). ``sink_key``: one more key
+    (position k_len) every query sees, the sink logit's."""
     partial, full = band_block_layout(q_len, k_len, window, causal, sinks=sinks)
     mask_mod = band_mask_mod(q_len, k_len, window, causal, device, sinks)
-    mask = flex.block_mask_from_layout(partial, full, FLEX_BLOCK, q_len, k_len, mask_mod)
+    if sink_key:
+        partial, full, mask_mod = with_sink_column(partial, full, FLEX_BLOCK, k_len, mask_mod, device)
+    mask = flex.block_mask_from_layout(partial, full, FLEX_BLOCK, q_len, k_len + sink_key, mask_mod)
     return mask.to(device)
 
 
 # -- blocked: pure torch, O(L * w) time and memory -----------------------------------------------
 
-# With sinks, the keys of this many bytes of chunk spans (sinks in front) are copied and attended at a time.
+# With sinks (or softcap, ALiBi, sink logits), this many bytes of chunk spans (sinks in front) and of per-head float
+# masks or scores are formed and attended at a time.
 SINK_GROUP_BYTES = 64 << 20
 
 
@@ -175,7 +185,8 @@ def blocked_chunk(window: int, q_len: int) -> int:
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool,
-                      chunk: int | None = None, sinks: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                      chunk: int | None = None, sinks: int = 0, softcap: float = 0.0,
+                      slopes: torch.Tensor | None = None, sink: torch.Tensor | None = None) -> torch.Tensor:
     """Exact sliding-window attention in O(L * w): queries in chunks of c, each against its key span.
 
     q: (B, H, Lq, D), k, v: (B, H_kv, Lk, D), Lq <= Lk (queries are the last Lq positions).
@@ -184,6 +195,8 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     the overlaps back), and SDPA does the masked softmax per chunk, fused, with its own backward. ``sinks``:
     the first keys are put in front of every chunk's span, visible where the window does not already cover them.
     ``softcap``: the chunks' scores are formed explicitly (SDPA has no score hook), capped, then softmaxed.
+    ``slopes`` (H,): ALiBi's bias of each chunk against its span's (and the sinks') positions; ``sink`` (H,): sink
+    logits (score_terms.py). With any of these the chunks go a group at a time (see :func:`chunk_groups`).
     """
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -212,30 +225,24 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     # Padded query rows (past Lq) see every key so their (discarded) softmax is not NaN.
     mask = (band & (key_pos >= 0) & (key_pos < Lk)) | (chunks + a >= Lq)  # (n, c, span)
     s = min(sinks, Lk)
+    p = (Lk - Lq) + chunks + a  # (n, c, 1) absolute query positions
     if s:  # sink keys before each span; visible to query p when outside its window (causal: j <= p - w)
-        p = (Lk - Lq) + chunks + a  # (n, c, 1) absolute query positions
         j = torch.arange(s, device=q.device)
         seen = j <= p - w  # (n, c, s)
         if not causal:
             seen = seen | (j >= p + w)
         seen = seen | (chunks + a >= Lq)  # padded query rows see everything (discarded)
         mask = torch.cat([seen, mask], dim=-1)  # (n, c, s + span)
+        key_pos = torch.cat([j.expand(n, 1, s), key_pos], -1)  # (n, 1, s + span)
     if g > 1:
         mask = mask.repeat(1, g, 1)  # (n, g c, span): the same band for each query head of the group
-
-    def attend(qs, ks, vs, ms):  # (m, B H_kv, g c, D) against (m, B H_kv, keys, D) -> (m, B H_kv, g c, D)
-        if softcap:
-            return dense_attention(qs, ks, vs, ms[:, None, None], softcap=softcap)
-        return F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms[:, None])
-
-    if not s:
-        out = attend(qq, k_spans, v_spans, mask)
-    else:  # the spans are views; with the sinks in front they become copies: a group of chunks at a time
-        sk, sv = (x[:, :, :s].reshape(1, B * Hkv, s, D) for x in (k, v))
-        step = max(1, SINK_GROUP_BYTES // (B * Hkv * (s + span) * D * k.element_size()))
-        out = torch.cat([attend(qq[i:i + step], torch.cat([sk.expand(len(ks), -1, -1, -1), ks], 2),
-                                torch.cat([sv.expand(len(vs), -1, -1, -1), vs], 2), mask[i:i + step])
-                         for i, ks, vs in zip(range(0, n, step), k_spans.split(step), v_spans.split(step), strict=True)])
+    if not (s or softcap or slopes is not None or sink is not None):
+        out = F.scaled_dot_product_attention(qq, k_spans, v_spans, attn_mask=mask[:, None])
+    else:
+        sink_kv = tuple(x[:, :, :s].reshape(1, B * Hkv, s, D) for x in (k, v)) if s else None
+        out = chunk_groups(qq, k_spans, v_spans, mask, sink_kv, B, SINK_GROUP_BYTES, groups=g, softcap=softcap,
+                           positions=(p[..., 0], key_pos[:, 0]) if slopes is not None else None, slopes=slopes,
+                           sink=sink)
     out = out.reshape(n, B * Hkv, g, c, D).permute(1, 2, 0, 3, 4)  # (B H_kv, g, n, c, D)
     return out.reshape(B, H, n * c, D)[:, :, :Lq]
 
@@ -274,6 +281,14 @@ class SlidingWindowAttention(Attention):
     # blocked anyway (no compile for short inputs). CUDA: not measured yet; declaration order.
     auto_order = {"cpu/forward": ("flex", "blocked")}
 
+    def __init__(self, config: SlidingWindowConfig, backend: str = "auto"):
+        super().__init__(config, backend)
+        init_sink_logits(self, config.sink_logit, config.heads)
+
+    def mode_of(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+        """As for every variant, except that a call whose sink logits need a gradient is a backward call."""
+        return "backward" if needs_grad(self) else super().mode_of(q, k, v)
+
     @property
     def window(self) -> int:
         return self.config.window
@@ -290,13 +305,18 @@ class SlidingWindowAttention(Attention):
 
     def backend_reference(self, q, k, v, causal):
         mask = window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device, self.config.dilation)
-        return dense_attention(q, k, v, mask, softcap=self.config.softcap)
+        pos = torch.arange(k.shape[2], device=q.device)  # queries are the last Lq positions
+        terms = score_terms.reference_terms(self, q, pos[k.shape[2] - q.shape[2]:], pos)
+        return dense_attention(q, k, v, mask, softcap=self.config.softcap, **terms)
 
     def _per_class(self, q, k, v, causal, plain) -> torch.Tensor:
-        """``plain(q, k, v, causal)``, or with dilation > 1 run on each residue class (:func:`by_residue`)."""
-        if self.config.dilation == 1:
-            return plain(q, k, v, causal)
-        return by_residue(q, k, v, self.config.dilation, lambda qc, kc, vc: plain(qc, kc, vc, causal))
+        """``plain(q, k, v, causal, slopes)``, or with dilation d > 1 run on each residue class (:func:`by_residue`),
+        whose neighbours are d positions apart: ALiBi's slopes times d there."""
+        slopes, d = score_terms.slopes_for(self, q), self.config.dilation
+        if d == 1:
+            return plain(q, k, v, causal, slopes)
+        slopes = None if slopes is None else slopes * d
+        return by_residue(q, k, v, d, lambda qc, kc, vc: plain(qc, kc, vc, causal, slopes))
 
     def backend_flex(self, q, k, v, causal):
         return self._per_class(q, k, v, causal, self._flex)
@@ -305,17 +325,20 @@ class SlidingWindowAttention(Attention):
         return self._per_class(q, k, v, causal, self._blocked)
 
     def backend_xformers(self, q, k, v, causal):
-        if self.sinks or self.config.softcap:
-            raise UnsupportedBackend("xformers has no local mask with sink tokens and no softcap")
-        return self._per_class(q, k, v, causal, lambda *a: xformers_attention(*a, window=self.window))
+        if self.sinks or self.config.softcap or self.config.alibi or self.config.sink_logit:
+            raise UnsupportedBackend("xformers has no local mask with sink tokens, no softcap, and here no ALiBi bias "
+                                     "and no sink logit")
+        return self._per_class(q, k, v, causal, lambda q, k, v, c, _: xformers_attention(q, k, v, c, window=self.window))
 
-    def _flex(self, q, k, v, causal):
-        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device), self.sinks)
-        score_mod = softcap_score_mod(self.config.softcap, str(q.device)) if self.config.softcap else None
-        return flex.run_flex(q, k, v, block_mask, enable_gqa=q.shape[1] != k.shape[1], score_mod=score_mod)
+    def _flex(self, q, k, v, causal, slopes):
+        sink = score_terms.sink_for(self, q)
+        block_mask = band_block_mask(q.shape[2], k.shape[2], self.window, causal, str(q.device), self.sinks,
+                                     sink is not None)
+        return score_terms.flex_attention(q, k, v, block_mask, self.config.softcap, slopes, sink)
 
-    def _blocked(self, q, k, v, causal):
-        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks, softcap=self.config.softcap)
+    def _blocked(self, q, k, v, causal, slopes):
+        return blocked_attention(q, k, v, self.window, causal, sinks=self.sinks, softcap=self.config.softcap,
+                                 slopes=slopes, sink=score_terms.sink_for(self, q))
 
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
         if self.config.dilation > 1:
@@ -336,12 +359,15 @@ class SlidingWindowAttention(Attention):
             # <= w + sinks keys -- what `blocked` computes for one query, without the mask or the dispatch.
             state.write(k, v)
             keys, values = state.window()
+            q_pos = k_pos = None  # positions: ALiBi's bias needs them (the ring is out of order)
+            if self.config.alibi:
+                q_pos, k_pos = torch.full((1,), state.length - 1, device=q.device), state.window_positions()
             if self.config.dilation > 1:  # every d-th position back from the new token (no sinks with dilation)
                 d, p = self.config.dilation, state.length - 1
-                slots = (p - torch.arange(min(self.window, p // d + 1), device=q.device) * d) % state.capacity
-                keys, values = state.k[:, :, slots], state.v[:, :, slots]
+                k_pos = p - torch.arange(min(self.window, p // d + 1), device=q.device) * d
+                keys, values = state.k[:, :, k_pos % state.capacity], state.v[:, :, k_pos % state.capacity]
             self.last_backend = "blocked"
-            return self._attend(q, keys, values, None)
+            return self._attend(q, keys, values, None, q_pos, k_pos)
         if self.sinks and state.length:  # a prompt (empty state) goes through the backends below, sinks and all
             return self._step_with_sinks(q, k, v, state)
         keys, values = state.append(k, v)  # (B, H, cached + T, D); queries are the last T
@@ -363,15 +389,21 @@ class SlidingWindowAttention(Attention):
         if extra:
             keys, values = torch.cat([sink_k, keys], 2), torch.cat([sink_v, values], 2)
             k_pos = torch.cat([torch.arange(extra, device=q.device), k_pos])
-        d = torch.arange(start, start + T, device=q.device)[:, None] - k_pos[None, :]  # (T, keys)
+        q_pos = torch.arange(start, start + T, device=q.device)
+        d = q_pos[:, None] - k_pos[None, :]  # (T, keys)
         mask = (d >= 0) & ((d < self.window) | (k_pos[None, :] < self.sinks))
         self.last_backend = "blocked"
-        return self._attend(q, keys, values, mask)
+        return self._attend(q, keys, values, mask, q_pos, k_pos)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """A decoding step over gathered keys: fused SDPA, or the explicit form when scores are softcapped."""
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                q_pos: torch.Tensor | None, k_pos: torch.Tensor | None) -> torch.Tensor:
+        """A decoding step over gathered keys at positions ``k_pos`` (any order; needed with ALiBi only): fused SDPA, or
+        the explicit form when scores are softcapped; ALiBi's bias from the positions, the sink logits as everywhere."""
+        terms = score_terms.reference_terms(self, q, q_pos, k_pos)
         if self.config.softcap:
-            return dense_attention(q, k, v, mask, softcap=self.config.softcap)
+            return dense_attention(q, k, v, mask, softcap=self.config.softcap, **terms)
+        if terms:
+            return score_terms.sdpa(q, k, v, mask, bias=terms.get("bias"), sink=terms.get("sink"))
         return gqa.sdpa(q, k, v, attn_mask=mask)
 
 

@@ -157,7 +157,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 @click.command("accuracy")
 @click.option("--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Task to run (repeatable).")
-@click.option("--preset", type=click.Choice(["quick", "full", "zoology"]), help="A named set of jobs (see harness/accuracy/presets.py).")
+@click.option("--preset", type=click.Choice(["quick", "full", "zoology"]),
+              help="A named set of jobs (see harness/accuracy/presets.py).")
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")

@@ -46,15 +46,14 @@ def _mqar_table(s: pd.DataFrame, metric: str) -> pd.DataFrame:
     header names them instead of the index making a diagonal table."""
     if s.empty:
         return s
-    s = s.assign(d_model=[PRESET_WIDTH if _missing(v) else int(v) for v in s["d_model"]],
+    s = s.assign(d_model=[-1 if _missing(v) else int(v) for v in s["d_model"]],  # -1: the preset's width, sorted first
                  **{c: ["" if _missing(v) else str(v) for v in s[c]] for c in ("gap_rule", "position_spec", "short_conv")})
     per_len = s.groupby("eval_len")
     index = ["variant_spec", *[c for c in ("d_model", "num_pairs", "gap_rule", "train_len", "position_spec", "short_conv")
                                if per_len[c].nunique().max() > 1]]
-    s = s.sort_values([*index, "eval_len"],  # the preset's width first, then widths in numeric order
-                      key=lambda col: col.map(lambda v: -1 if v == PRESET_WIDTH else v) if col.name == "d_model" else col)
-    t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean", sort=False)
-    t = t.reindex(columns=sorted(t.columns))
+    t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean")
+    if "d_model" in index:
+        t = t.rename(index={-1: PRESET_WIDTH}, level="d_model")
     notes = []
     if "num_pairs" not in index:
         notes.append("pairs " + ", ".join(f"{int(n)} at {int(L)}" for L, n in per_len["num_pairs"].first().items()

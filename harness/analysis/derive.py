@@ -12,8 +12,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis.frames import FAILED, MEM_LIMIT_COLUMNS, _fmt_value, cells, lower_is_better, ok_rows, prepare_cost
+from harness.analysis.frames import (
+    FAILED,
+    MEM_LIMIT_COLUMNS,
+    _fmt_value,
+    cells,
+    lower_is_better,
+    ok_rows,
+    prepare_cost,
+    preset_width,
+)
 from harness.messages import one_line
+from harness.results import PROPORTIONS, best_lr
 
 # -- trust: noisy and suspect cells -----------------------------------------------------------------
 
@@ -225,7 +235,8 @@ def short_reason(text: Any, width: int = 120) -> str:
 
 
 # Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
-SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap_rule", "gap", "model", "steps")
+# (``d_model`` and ``short_conv``: a model's width and short convolution make it another model, never a seed.)
+SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap_rule", "gap", "model", "steps", "d_model", "short_conv")
 AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
 
 
@@ -233,8 +244,10 @@ def _dim_text(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt_value(v)
 
 
-def _seed_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
-    """Student t interval of the mean over seeds (as the accuracy harness reports it)."""
+def _seed_ci(values: np.ndarray, confidence: float = 0.95,
+             bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+    """Student t interval of the mean over seeds (as the accuracy harness reports it), clipped to ``bounds``
+    (a proportion's t interval can leave [0, 1])."""
     from scipy import stats
 
     sem = stats.sem(values)
@@ -242,21 +255,37 @@ def _seed_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float
         m = float(np.mean(values))
         return m, m
     lo, hi = stats.t.interval(confidence, len(values) - 1, loc=float(np.mean(values)), scale=sem)
+    if bounds is not None:
+        lo, hi = max(bounds[0], lo), min(bounds[1], hi)
     return float(lo), float(hi)
+
+
+def best_lr_rows(acc: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """The rows of each seed's best learning rate, per point (rows equal on ``keys``): Zoology's rule, as
+    :func:`harness.results.best_lr` defines it for the accuracy summary too; best follows the metric's direction."""
+    if "lr" not in acc or acc["lr"].nunique() < 2:
+        return acc
+    keep = np.zeros(len(acc), dtype=bool)
+    for metric, g in acc.groupby("metric", sort=False):
+        at = np.flatnonzero(acc["metric"].to_numpy() == metric)
+        records = g[[c for c in (*keys, "seed", "lr", "value") if c in g]].to_dict("records")
+        keep[at[best_lr(records, keys, higher=not lower_is_better(str(metric)))]] = True
+    return acc[keep]
 
 
 def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFrame:
     """One value per (task, metric, variant, position, train length, eval length, task columns, *extra).
 
-    Rows that differ only in the seed are averaged, with a t interval over seeds (a single row keeps
-    its own CI). Averaged dimensions (passkey ``depth``) not named in ``extra`` are then averaged
-    too, and such points have no CI. ``extra_label`` names the task columns that vary within a
-    task/metric panel (``"num_pairs=8"``), for legends.
+    Where one configuration was trained at several learning rates, each seed keeps only its best rate
+    (:func:`best_lr_rows`). Rows that differ only in the seed are then averaged, with a t interval over
+    seeds, clipped to [0, 1] for proportions (a single row keeps its own CI). Averaged dimensions (passkey
+    ``depth``) not named in ``extra`` are then averaged too, and such points have no CI. ``extra_label``
+    names the task columns that vary within a task/metric panel (``"num_pairs=8"``), for legends.
     """
     acc = acc[acc["value"].notna() & np.isfinite(acc["value"].astype(float))]
     if "status" in acc:
         acc = acc[acc["status"].fillna("ok") == "ok"]
-    acc = acc.copy()
+    acc = acc.reset_index(drop=True)
     acc["train_len"] = acc["train_len"].fillna(-1.0) if "train_len" in acc else -1.0
     dims = [c for c in SERIES_DIMS if c in acc and c not in extra]
     if "gap_rule" in dims:  # MQAR's gap as a rule (0, half, max): its token count grows with the length
@@ -268,11 +297,12 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
     for c in (*kept, *averaged):
         acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(_dim_text)
     base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
+    acc = best_lr_rows(acc, [*base, *averaged])
     rows = []
     for key, g in acc.groupby([*base, *averaged], sort=True, dropna=False):
         vals = g["value"].to_numpy(dtype=float)
         if len(vals) > 1:
-            lo, hi = _seed_ci(vals)
+            lo, hi = _seed_ci(vals, bounds=(0.0, 1.0) if key[1] in PROPORTIONS else None)
         else:
             lo = float(g["ci_low"].iloc[0]) if "ci_low" in g and pd.notna(g["ci_low"].iloc[0]) else np.nan
             hi = float(g["ci_high"].iloc[0]) if "ci_high" in g and pd.notna(g["ci_high"].iloc[0]) else np.nan
@@ -295,6 +325,53 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
                                for vals in g[varying].itertuples(index=False)]
     pts["extra_label"] = labels
     return pts
+
+
+# What tells MQAR points apart beyond the variant label: the family (``variant``), the width and the state size.
+MQAR_POINT = ("variant", "d_model", "state_numbers")
+
+
+def mqar_points(acc: pd.DataFrame, metric: str = "accuracy") -> tuple[pd.DataFrame, dict[str, int]]:
+    """Zoology's MQAR points (Arora et al. 2023, Fig. 2): one per variant label, width and state size at each
+    training length, evaluated at that length; each seed at its best learning rate, then the mean over seeds
+    with a t interval clipped to [0, 1] (:func:`accuracy_points`).
+
+    Columns: ``panel`` (``"train_len=64"``, plus ``num_pairs`` where pairs vary at one training length),
+    ``family`` (the variant name), ``suffix`` (position, and the series columns that vary, for labels),
+    ``width`` (``d_model``, the preset's own where the row has None), ``state_numbers``, ``value``,
+    ``ci_low``/``ci_high``, ``rows``, and the panel's ``baseline`` and ``chance`` (means of its rows').
+    Also returns how many rows were left out, by reason: the old protocol (rows with a ``gap_rule``: a fixed
+    key-query gap, no state size) and extrapolation (evaluated at another length than trained)."""
+    df = acc[(acc["task"] == "mqar") & (acc["metric"] == metric) & acc["value"].notna()]
+    old = df["gap_rule"].map(_dim_text) != "" if "gap_rule" in df else pd.Series(False, index=df.index)
+    extrapolation = ~old & (df["length"] != df["train_len"])
+    left_out = {"old protocol (gap_rule, no state size)": int(old.sum()),
+                "extrapolation (eval_len != train_len)": int(extrapolation.sum())}
+    df = df[~old & ~extrapolation].copy()
+    for c in ("d_model", "state_numbers", "baseline", "chance", "num_pairs"):
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else np.nan
+    pts = accuracy_points(df, extra=MQAR_POINT) if len(df) else pd.DataFrame()
+    if len(pts) == 0:
+        return pts, left_out
+    df["pairs"] = df["num_pairs"].map(_dim_text)
+    several_pairs = set(df.groupby("train_len")["pairs"].nunique().loc[lambda n: n > 1].index)
+    df["panel"] = [_panel(t, n, t in several_pairs) for t, n in zip(df["train_len"], df["pairs"], strict=True)]
+    pts["panel"] = [_panel(t, n, t in several_pairs) for t, n in zip(pts["train_len"], pts["num_pairs"], strict=True)]
+    refs = df.groupby("panel")[["baseline", "chance"]].mean()
+    pts = pts.join(refs, on="panel")
+    several_positions = pts["position_label"].nunique() > 1
+    varying = [c for c in SERIES_DIMS if c in pts and c not in ("d_model", "num_pairs") and pts[c].nunique() > 1]
+    extras = [" ".join(f"{c}={r[c]}" for c in varying if r[c]) for _, r in pts.iterrows()]
+    pts["suffix"] = [(f" · {pos}" if several_positions else "") + (f" [{e}]" if e else "")
+                     for pos, e in zip(pts["position_label"], extras, strict=True)]
+    pts["family"] = pts["variant"]
+    models = pts["model"] if "model" in pts else pd.Series("", index=pts.index)
+    pts["width"] = [d if pd.notna(d) else preset_width(m) for d, m in zip(pts["d_model"], models, strict=True)]
+    return pts, left_out
+
+
+def _panel(train_len: float, pairs: str, with_pairs: bool) -> str:
+    return f"train_len={int(train_len)}" + (f" num_pairs={pairs}" if with_pairs else "")
 
 
 def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
@@ -328,8 +405,8 @@ def mem_limit(cost: pd.DataFrame) -> float | None:
 
 
 __all__ = [
-    "AVERAGED_DIMS", "MIN_FIT_POINTS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points", "best_positions",
-    "crossovers", "fit_exponents", "longest_reached", "mem_limit", "noisy_mask", "noisy_rows", "peak_fraction",
-    "plausible_exponent", "scaling_exponent", "scaling_fit", "short_reason", "speedups", "suspect_mask", "suspect_rows",
-    "untrusted", "without_suspect",
+    "AVERAGED_DIMS", "MIN_FIT_POINTS", "MQAR_POINT", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points",
+    "best_lr_rows", "best_positions", "crossovers", "fit_exponents", "longest_reached", "mem_limit", "mqar_points", "noisy_mask",
+    "noisy_rows", "peak_fraction", "plausible_exponent", "scaling_exponent", "scaling_fit", "short_reason", "speedups",
+    "suspect_mask", "suspect_rows", "untrusted", "without_suspect",
 ]

@@ -86,6 +86,17 @@ def params_dict(params: Any) -> dict[str, Any]:
 
 
 @functools.cache
+def preset_width(model: str) -> float:
+    """``d_model`` of a model preset (``attn.PRESETS``): the width of rows that set none; NaN if unknown."""
+    try:
+        import attn
+
+        return float(attn.PRESETS[model]["d_model"])
+    except Exception:  # plotting old results must not depend on the models importing
+        return math.nan
+
+
+@functools.cache
 def registered_defaults(kind: str, name: str) -> dict[str, Any] | None:
     """Config fields and defaults of a registered variant (``kind="attention"``) or position; None if unknown."""
     try:
@@ -390,6 +401,6 @@ def _int_str(s: str | None) -> str | None:
 
 __all__ = [
     "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "caption", "cells", "check_single_device", "devices", "fmt_len",
-    "latest", "load_results", "lower_is_better", "ok_rows", "params_dict", "prepare_accuracy", "prepare_cost",
+    "latest", "load_results", "lower_is_better", "ok_rows", "params_dict", "prepare_accuracy", "prepare_cost", "preset_width",
     "require_ok", "select_device", "spec_label", "status_counts",
 ]

@@ -277,7 +277,11 @@ DESCRIPTIONS = {
     "speedup": "Speed-up over full attention at the same length and shape (log2 axis; 1× = parity).",
     "fidelity": "How far each variant's output is from full attention's, per length.",
     "accuracy": "Task accuracy (or bits per byte) per evaluation length and position method.",
-    "mqar": "Multi-query associative recall accuracy per number of key-value pairs.",
+    "mqar": "Multi-query associative recall (Zoology's protocol) against the decoding state one layer carries, one line "
+            "per variant family; each seed at its best learning rate, mean over seeds. Dashed: the in-context baseline "
+            "(a random value of the context); dotted: chance.",
+    "mqar-width": "Multi-query associative recall against model width, one line per variant; same points and reference "
+                  "lines as the state-size figure.",
     "position_heatmap": "Each position method's score per evaluation length.",
     "passkey": "Passkey retrieval accuracy by context length and depth.",
     "tradeoff": "Accuracy against throughput: each point one variant.",

@@ -2,9 +2,8 @@
 command line layer (in that order of precedence), and its expansion into validated cells.
 
 The file's keys are the command-line option names (``head_dim`` for ``--head-dim``) and an optional
-``[[grid]]`` list adds sub-grids that override a few keys each. Everything is validated -- names
-against the registries, parameters against their dataclasses -- before the first cell runs and
-before the results file is opened. (One module: parse, merge and expand share the key tables.)
+``[[grid]]`` list adds sub-grids that override a few keys each. Everything is validated (names, parameters) before
+the first cell runs and before the results file is opened. (One module: parse, merge and expand share the key tables.)
 """
 from __future__ import annotations
 
@@ -103,28 +102,24 @@ def _ints(value: Any, where: str) -> list[int]:
     return sorted(set(out))
 
 
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where}: expected an integer, got {value!r}")
-    return value
+def _of(test: Callable[[Any], bool], what: str) -> Callable[[Any, str], Any]:
+    """A parser that accepts a value passing ``test`` as it is, else says it expected ``what``."""
+    def parse(value: Any, where: str) -> Any:
+        if not test(value):
+            raise ValueError(f"{where}: expected {what}, got {value!r}")
+        return value
+    return parse
+
+
+_int = _of(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+_bool = _of(lambda v: isinstance(v, bool), "true or false")
+_str = _of(lambda v: isinstance(v, str) and bool(v), "text")
 
 
 def _positive(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{where}: expected a positive number, got {value!r}")
     return float(value)
-
-
-def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{where}: expected true or false, got {value!r}")
-    return value
-
-
-def _str(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{where}: expected text, got {value!r}")
-    return value
 
 
 def _count(minimum: int) -> Callable[[Any, str], int]:

@@ -1,6 +1,6 @@
 """``attn-bench plot``: the figures of a sweep, drawn from its results files alone.
 
-One function per figure (in :mod:`.cost`, :mod:`.accuracy`, :mod:`.layout`; the shared look in
+One function per figure (in :mod:`.cost`, :mod:`.accuracy`, :mod:`.mqar`, :mod:`.layout`; the shared look in
 :mod:`.style`); each takes a frame prepared by :mod:`harness.analysis.frames`, returns the matplotlib
 Figure and, given ``out``, writes ``out/<name>.<format>``. A figure the data cannot support raises
 :class:`Skip` saying why; ``plot`` reports those and draws the rest. This module holds the registry
@@ -21,7 +21,6 @@ from harness.analysis import frames as F
 from harness.analysis.figures.accuracy import (
     plot_accuracy,
     plot_fidelity,
-    plot_mqar,
     plot_passkey,
     plot_position_heatmap,
     plot_tradeoff,
@@ -30,6 +29,7 @@ from harness.analysis.figures.accuracy import (
 )
 from harness.analysis.figures.cost import plot_flops_fraction, plot_latency, plot_memory, plot_speedup, plot_throughput
 from harness.analysis.figures.layout import plot_block_sparse_layout
+from harness.analysis.figures.mqar import plot_mqar, plot_mqar_width
 from harness.analysis.figures.style import FORMATS, Skip, mem_unit, palette, palette_for, save
 
 # -- the command ---------------------------------------------------------------------------------
@@ -50,6 +50,7 @@ FIGURES = (
     FigureSpec("fidelity", plot_fidelity, "accuracy"),
     FigureSpec("accuracy", plot_accuracy, "accuracy"),
     FigureSpec("mqar", plot_mqar, "accuracy"),
+    FigureSpec("mqar-width", plot_mqar_width, "accuracy"),
     FigureSpec("position_heatmap", plot_position_heatmap, "accuracy"),
     FigureSpec("passkey", plot_passkey, "accuracy"),
     FigureSpec("tradeoff", plot_tradeoff, "both"),
@@ -143,6 +144,6 @@ def plot_command(results: tuple[str, ...], out: str, formats: tuple[str, ...], d
 __all__ = [
     "FIGURES", "FORMATS", "FigureSpec", "Skip", "check_plottable", "draw", "figures", "mem_unit", "palette", "palette_for",
     "plot_accuracy", "plot_block_sparse_layout", "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency",
-    "plot_memory", "plot_mqar", "plot_passkey", "plot_position_heatmap", "plot_speedup", "plot_throughput", "plot_tradeoff",
-    "position_table", "save", "tradeoff_points",
+    "plot_memory", "plot_mqar", "plot_mqar_width", "plot_passkey", "plot_position_heatmap", "plot_speedup", "plot_throughput",
+    "plot_tradeoff", "position_table", "save", "tradeoff_points",
 ]

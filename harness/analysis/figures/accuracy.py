@@ -1,7 +1,7 @@
-"""Accuracy figures: fidelity to full attention, task metric vs length, MQAR, position heatmap, passkey, trade-off.
+"""Accuracy figures: fidelity to full attention, task metric vs length, position heatmap, passkey, trade-off.
 
 Each takes accuracy rows prepared by :mod:`harness.analysis.frames` (the trade-off also cost rows) and
-averages seeds through :func:`harness.analysis.derive.accuracy_points`.
+averages seeds through :func:`harness.analysis.derive.accuracy_points`. MQAR's figures are in :mod:`.mqar`.
 """
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from matplotlib.ticker import NullFormatter
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis.figures.mqar import plot_mqar  # noqa: F401 -- re-exported for the harness.plots shim
 from harness.analysis.figures.style import (
     Skip,
+    _band,
     _figure,
     _finish,
     _frame_palette,
@@ -46,14 +48,6 @@ def _acc_frame(acc: pd.DataFrame, fidelity: bool) -> pd.DataFrame:
     if len(sel) == 0:
         raise Skip("no fidelity rows (task 'fidelity')" if fidelity else "no accuracy rows with a value and an eval length")
     return sel
-
-
-def _band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str) -> None:
-    if {"ci_low", "ci_high"} <= set(g.columns):
-        b = g["ci_low"].notna() & g["ci_high"].notna()
-        if b.any():
-            ax.fill_between(g.loc[b, "length"], g.loc[b, "ci_low"], g.loc[b, "ci_high"], color=colour, alpha=0.2,
-                            linewidth=0, gid=gid)
 
 
 def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
@@ -120,7 +114,7 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
                   formats: Sequence[str] = ("png",)) -> Figure:
     """Task metric vs evaluation length, one panel per task and metric; training lengths drawn as dashed lines.
 
-    MQAR has a figure of its own (:func:`plot_mqar`): its pairs x gap grid would crowd one panel."""
+    MQAR has figures of its own (:mod:`.mqar`): recall against state size and width, not length."""
     df = _acc_frame(acc, fidelity=False)
     df = df[df["task"] != "mqar"]
     if len(df) == 0:
@@ -147,50 +141,9 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
 
 
 def _gap_order(rule: str) -> tuple[int, float, str]:
+    """Order of the old MQAR protocol's gap rules; only the ``harness.plots`` shim still imports it (goes with it)."""
     named = {"0": 0, "half": 2, "max": 3}
     return (named.get(rule, 1), float(rule) if rule.isdigit() else 0.0, rule)
-
-
-def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
-              formats: Sequence[str] = ("png",)) -> Figure:
-    """MQAR recall vs length, one line per variant; columns: pairs in the context, rows: the key-query gap rule.
-
-    Where a sliding window breaks shows along the gap axis, where a fixed-size state (linear
-    attention) breaks along the pairs axis."""
-    df = _acc_frame(acc, fidelity=False)
-    df = df[(df["task"] == "mqar") & (df["metric"] == "accuracy")]
-    if len(df) == 0:
-        raise Skip("no mqar accuracy rows")
-    pts = D.accuracy_points(df)
-    for c in ("num_pairs", "gap_rule"):
-        if c not in pts:
-            pts[c] = ""
-    pal = palette or _frame_palette(df)
-    pairs = sorted(pts["num_pairs"].unique(), key=lambda v: (len(v), v))
-    gaps = sorted(pts["gap_rule"].unique(), key=_gap_order)
-    positions = pts["position_label"].nunique() > 1
-    styles = _styles(pts["position_label"])
-    with _style():
-        fig, axes = _figure(len(pairs) * len(gaps), width=4.2, height=3.2, ncols=len(pairs))
-        for ax, (gap, npairs) in zip(axes, [(g, n) for g in gaps for n in pairs], strict=True):
-            sub = pts[(pts["gap_rule"] == gap) & (pts["num_pairs"] == npairs)]
-            for (variant, position), g in sorted(sub.groupby(["variant_label", "position_label"]),
-                                                 key=lambda kv: _order_key(kv[0][0])):
-                g = g.sort_values("length")
-                label = f"{variant} · {position}" if positions else variant
-                style = styles[position] if positions else {"linestyle": "-", "marker": "o"}
-                ax.plot(g["length"], g["value"], color=pal[variant], label=label, markersize=4,
-                        gid=f"mqar:{label} [num_pairs={npairs} gap_rule={gap}]", **style)
-                _band(ax, g, pal[variant], f"band:{label} [num_pairs={npairs} gap_rule={gap}]")
-            _train_marks(ax, sub)
-            if len(sub):
-                _length_axis(ax, sub["length"], "evaluation length (tokens)")
-            ax.set_ylim(-0.03, 1.03)
-            ax.set_ylabel("accuracy")
-            ax.set_title(f"{npairs or '?'} pairs · gap {gap or '?'}")
-        _finish(fig, "MQAR recall by length, pairs and key-query gap", F.caption(accuracy=df), _legend_entries(axes))
-    save(fig, out, "mqar", formats)
-    return fig
 
 
 def _heat_rows(pts: pd.DataFrame) -> pd.Series:
@@ -292,9 +245,12 @@ def tradeoff_points(cost: pd.DataFrame, acc: pd.DataFrame) -> tuple[pd.DataFrame
         raise Skip(f"no length at which all of {', '.join(shared)} ran ok")
     length = float(common.index.max())
     best = ok[ok["seq_len"] == length].sort_values("tokens_per_s").groupby("variant_label").tail(1)
-    score = acc[acc["variant_label"].isin(shared)].groupby(["task", "metric", "variant_label"], as_index=False)["value"].mean()
+    # each seed at its best learning rate, seeds averaged (accuracy_points), then the mean over a variant's points
+    points = D.accuracy_points(acc[acc["variant_label"].isin(shared)])
+    score = points.groupby(["task", "metric", "variant_label"], as_index=False)["value"].mean()
     pts = score.merge(best[["variant_label", "backend_label", "tokens_per_s", "peak_mem_bytes"]], on="variant_label")
-    note = f"throughput and memory at {F.fmt_len(length)} tokens ({mode}, fastest backend); accuracy = mean over rows"
+    note = (f"throughput and memory at {F.fmt_len(length)} tokens ({mode}, fastest backend); accuracy = mean over points "
+            "(best learning rate per seed, mean over seeds)")
     return pts, note
 
 

@@ -200,6 +200,15 @@ def save(fig: Figure, out: str | Path | None, name: str, formats: Sequence[str] 
     return paths
 
 
+def _band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str, x: str = "length") -> None:
+    """The rows' confidence interval (``ci_low`` to ``ci_high``) as a shaded band along ``x``."""
+    if {"ci_low", "ci_high"} <= set(g.columns):
+        b = g["ci_low"].notna() & g["ci_high"].notna()
+        if b.any():
+            ax.fill_between(g.loc[b, x], g.loc[b, "ci_low"], g.loc[b, "ci_high"], color=colour, alpha=0.2,
+                            linewidth=0, gid=gid)
+
+
 def _legend_entries(axes: Sequence[Axes]) -> list[tuple[Any, str]]:
     seen: dict[str, Any] = {}
     for ax in axes:

@@ -1,0 +1,136 @@
+"""MQAR figures after Zoology (Arora et al. 2023, https://arxiv.org/abs/2312.04927, Fig. 2): recall against the
+decoding state one layer carries, and recall against width.
+
+A fixed-size state (a window, a linear-attention memory) can hold only so many key-value bindings, so recall
+is read against the state size rather than the sequence length. The points are
+:func:`harness.analysis.derive.mqar_points`: per-query accuracy at the length trained, each seed at its best
+learning rate, then the mean over seeds with a t interval clipped to [0, 1]. Every panel shows the in-context
+baseline (answer a random value of the context: 1 / pairs) dashed and chance (1 / values) dotted.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from harness.analysis import derive as D
+from harness.analysis import frames as F
+from harness.analysis.figures.style import (
+    Skip,
+    _band,
+    _figure,
+    _finish,
+    _frame_palette,
+    _legend_entries,
+    _order_key,
+    _style,
+    save,
+)
+from harness.analysis.figures.style import palette as stable_palette
+
+REFERENCES = (  # column, line style, legend label
+    ("baseline", "--", "in-context baseline (a random value of the context)"),
+    ("chance", ":", "chance (1 / number of values)"),
+)
+
+
+def _points(acc: pd.DataFrame) -> tuple[pd.DataFrame, list[str], pd.DataFrame]:
+    """The MQAR points, what was left out (as caption notes), and the rows they come from."""
+    if len(acc) == 0:
+        raise Skip("no accuracy rows")
+    if "length" not in acc:
+        acc = F.prepare_accuracy(acc)
+    df = acc[(acc["task"] == "mqar") & (acc["metric"] == "accuracy")]
+    if len(df) == 0:
+        raise Skip("no mqar accuracy rows")
+    pts, left_out = D.mqar_points(df)
+    notes = [f"{n} rows left out: {why}" for why, n in left_out.items() if n]
+    if len(pts) == 0:
+        raise Skip("no mqar rows trained and evaluated at one length with the current protocol"
+                   + (f" ({'; '.join(notes)}): re-run the mqar job" if notes else ""))
+    return pts, notes, df
+
+
+def _references(ax: Axes, sub: pd.DataFrame, panel: str) -> None:
+    for col, style, label in REFERENCES:
+        values = sub[col].dropna() if col in sub else pd.Series(dtype=float)
+        if len(values):
+            ax.axhline(float(values.iloc[0]), color="0.35", linestyle=style, linewidth=1, label=label,
+                       gid=f"{col} [{panel}]")
+
+
+def _draw(pts: pd.DataFrame, x: str, curve: pd.Series, colour_of: dict, name: str, title: str, xlabel: str,
+          notes: list[str], df: pd.DataFrame, out: str | Path | None, formats: Sequence[str]) -> Figure:
+    """One panel per training length; one line per ``curve`` label through its points sorted by ``x`` (log2)."""
+    pts = pts.assign(curve=curve)
+    panels = [p for _, p in sorted({(t, p) for t, p in zip(pts["train_len"], pts["panel"], strict=True)})]
+    with _style():
+        fig, axes = _figure(len(panels), width=4.6, height=3.6)
+        for ax, panel in zip(axes, panels, strict=True):
+            sub = pts[pts["panel"] == panel]
+            for label, g in sorted(sub.groupby("curve"), key=lambda kv: _order_key(kv[0])):
+                g = g.sort_values(x)
+                colour = colour_of[g["colour_key"].iloc[0]]
+                ax.plot(g[x], g["value"], color=colour, marker="o", markersize=4, label=label, gid=f"{name}:{label} [{panel}]")
+                _band(ax, g, colour, f"band:{label} [{panel}]", x=x)
+            _references(ax, sub, panel)
+            ax.set_xscale("log", base=2)
+            ticks = sorted(set(sub[x]))
+            if len(ticks) <= 8:  # the measured sizes as ticks; more would collide
+                ax.set_xticks(ticks, [f"{t:,.0f}" for t in ticks], rotation=30)
+                ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel(xlabel)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_ylabel("accuracy (per query)")
+            ax.set_title(panel.replace("train_len=", "trained and evaluated at ").replace(" num_pairs=", " · pairs "))
+        caption = " · ".join(s for s in [F.caption(accuracy=df), "best learning rate per seed, mean over seeds, 95% t "
+                                         "interval", *notes] if s)
+        _finish(fig, title, caption, _legend_entries(axes))
+    save(fig, out, name, formats)
+    return fig
+
+
+def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
+              formats: Sequence[str] = ("png",)) -> Figure:
+    """MQAR accuracy vs decoding state per layer (numbers), one line per variant family (its widths, windows, blocks:
+    whatever changes its state), one panel per training length. Points of models that cannot decode (no state)
+    are left out and counted in the caption."""
+    pts, notes, df = _points(acc)
+    stateless = pts["state_numbers"].isna()
+    if stateless.all():
+        raise Skip("no mqar rows with a decoding state size (state_numbers): rows written before it cannot be placed")
+    if stateless.any():
+        notes.append(f"{int(stateless.sum())} points without a decoding state left out")
+    pts = pts[~stateless].assign(colour_key=lambda p: p["family"])
+    return _draw(pts, "state_numbers", pts["family"] + pts["suffix"], _family_palette(pts["family"], palette), "mqar",
+                 "MQAR recall vs state size (Zoology)", "decoding state per layer (numbers)", notes, df, out, formats)
+
+
+def plot_mqar_width(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
+                    formats: Sequence[str] = ("png",)) -> Figure:
+    """MQAR accuracy vs model width (``d_model``; the preset's own where a row has none), one line per variant
+    spec, one panel per training length."""
+    pts, notes, df = _points(acc)
+    unknown = pts["width"].isna()
+    if unknown.all():
+        raise Skip("no mqar rows with a known width (d_model, or a model preset attn knows)")
+    if unknown.any():
+        notes.append(f"{int(unknown.sum())} points of an unknown model preset left out")
+    pts = pts[~unknown].assign(colour_key=lambda p: p["variant_label"])
+    pal = palette if palette is not None and set(pts["variant_label"]) <= set(palette) else _frame_palette(pts)
+    return _draw(pts, "width", pts["variant_label"] + pts["suffix"], pal, "mqar-width", "MQAR recall vs width",
+                 "model width (d_model)", notes, df, out, formats)
+
+
+def _family_palette(families: pd.Series, given: dict | None) -> dict:
+    """One colour per variant family: the run-wide palette's where it names the family (``full``), else the stable
+    colour of the name."""
+    own = stable_palette(families.unique())
+    return own | {f: c for f, c in (given or {}).items() if f in own}
+
+
+__all__ = ["REFERENCES", "plot_mqar", "plot_mqar_width"]
