@@ -23,6 +23,7 @@ import torch
 
 import attn
 from attn.attention.base import UnsupportedBackend
+from attn.attention.token_inputs import draw_inputs
 from attn.checks import mismatches  # the one definition of "close enough" (tolerance and figures)
 
 # Parameters at which each built-in variant has structure at the test lengths.
@@ -39,9 +40,9 @@ def required_backends() -> set[str]:
     return {b.strip() for b in os.environ.get("ATTN_BENCH_REQUIRE_BACKENDS", "").split(",") if b.strip()}
 
 
-def decode_mismatches(fast, ref, q, k, v) -> list[str]:
+def decode_mismatches(fast, ref, q, k, v, inputs=None) -> list[str]:
     """The last few queries against every key (bottom-right aligned), without gradients."""
-    return mismatches(fast, ref, q[:, :, -DECODE_QUERIES:], k, v, causal=True, grad=False)
+    return mismatches(fast, ref, q[:, :, -DECODE_QUERIES:], k, v, causal=True, grad=False, inputs=inputs)
 
 
 def backend_cases(device: str):
@@ -63,8 +64,9 @@ def cuda_only_backends():
 def test_cuda_only_backends_refuse_on_cpu_with_a_reason(name, backend):
     m = attn.build_attention(name, backend=backend, **PARAMS.get(name, {}))
     q = torch.randn(1, 2, 8, 16)
+    extra = draw_inputs(m.token_inputs, 1, 2, 8, 16)  # gates of the gated linear family
     with pytest.raises(UnsupportedBackend, match=r"\w+"):
-        m(q, q, q)
+        m(q, q, q, **extra)
 
 
 def qkv(device: str, length: int = LENGTH):
@@ -117,6 +119,8 @@ def test_backend_matches_reference(device, name, backend, modes, dtype, causal):
     if why:
         (pytest.fail if required else pytest.skip)(f"{backend}: {why}")
     q, k, v = (t.to(dtype) for t in qkv(device))
+    extra = draw_inputs(fast.token_inputs, *k.shape, device=device, dtype=torch.float64,
+                        generator=torch.Generator(device=device).manual_seed(1))  # the gated family's gates
     runs = [("forward", False, False)]
     if "backward" in modes:
         runs.append(("backward", True, False))
@@ -125,7 +129,8 @@ def test_backend_matches_reference(device, name, backend, modes, dtype, causal):
     found = []
     for mode, grad, decode in runs:
         try:
-            found += decode_mismatches(fast, ref, q, k, v) if decode else mismatches(fast, ref, q, k, v, causal, grad)
+            found += (decode_mismatches(fast, ref, q, k, v, extra) if decode
+                      else mismatches(fast, ref, q, k, v, causal, grad, inputs=extra))
         except UnsupportedBackend as e:
             if required:
                 found.append(f"{mode}: refused although its wheel was carried: {e}")
