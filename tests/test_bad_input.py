@@ -286,7 +286,7 @@ def test_checkpoint_of_another_run_is_still_refused(tmp_path):
 
 def test_accuracy_rerun_over_a_corrupt_checkpoint_retrains_once(tmp_path):
     args = ["accuracy", "--task", "mqar", "--variant", "full", "--train-len", "32", "--eval-lens", "32", "--steps", "2",
-            "--batch-size", "2", "--model", "tiny", "--eval-examples", "4", "--num-pairs", "2", "--num-keys", "8",
+            "--batch-size", "2", "--model", "tiny", "--eval-examples", "4", "--num-pairs", "2", "--vocab-size", "16",
             "--ckpt-dir", "ck", "--no-progress", "--threads", "1"]
     assert cli(*args, "--out", "a.jsonl", cwd=tmp_path).returncode == 0
     (ckpt,) = (tmp_path / "ck").glob("*.pt")

@@ -131,7 +131,7 @@ ABSURD = "1000000000000"
 def test_the_issue_command_with_an_absurd_train_length_is_refused_by_dry_run(tmp_path):
     """The command of the report, as a user runs it: one line, exit 2, no traceback, nothing written."""
     out = tmp_path / "acc.jsonl"
-    proc = subprocess.run([ATTN_BENCH, "accuracy", "--task", "mqar", "--train-len", ABSURD, "--out", str(out),
+    proc = subprocess.run([ATTN_BENCH, "accuracy", "--task", "mqar", "--train-len", ABSURD, "--num-pairs", "2", "--out", str(out),
                            "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -169,7 +169,7 @@ def test_lengths_that_fit_are_accepted():
 def test_accuracy_allocation_past_the_memory_cap_is_an_oom_row(tmp_path):
     out = tmp_path / "acc.jsonl"
     proc = subprocess.run([ATTN_BENCH, "accuracy", "--task", "mqar", "--variant", "test_over_cap", "--position", "rope",
-                           "--train-len", "16", "--eval-lens", "16", "--num-pairs", "2", "--num-keys", "8",
+                           "--train-len", "16", "--eval-lens", "16", "--num-pairs", "2", "--vocab-size", "16",
                            "--eval-examples", "4", "--plugin", PLUGIN, *TINY, "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
