@@ -48,3 +48,42 @@ def decode_in_chunks(m: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             if on_step is not None:
                 on_step(state)
     return torch.cat(outs, 2)
+
+
+def fla_naive(relative: str) -> Any:
+    """fla's naive reference ``fla/<relative>``, loaded from the installed package's file by path (its package
+    ``__init__`` needs Triton; nothing of fla is copied here). pytest.skip says why when there is none, or when the
+    file needs a module that is not installed (its naive.py files import einops)."""
+    import importlib.util
+    from pathlib import Path
+
+    import pytest
+
+    spec = importlib.util.find_spec("fla")
+    if spec is None or spec.origin is None:
+        pytest.skip("fla (flash-linear-attention / fla-core) is not installed (pip install 'attn-bench[gpu]')")
+    path = Path(spec.origin).parent / relative
+    if not path.exists():
+        pytest.skip(f"this fla has no {relative}")
+    file_spec = importlib.util.spec_from_file_location(f"fla_naive_{path.parent.name}", path)
+    module = importlib.util.module_from_spec(file_spec)
+    try:
+        file_spec.loader.exec_module(module)
+    except ModuleNotFoundError as e:
+        pytest.skip(f"fla's {relative} imports {e.name}, which is not installed")
+    return module
+
+
+def backbone_steps_and_forward(attention: str, params: dict[str, Any]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """A seeded ``tiny`` backbone with ``attention``: (model, logits decoded as a 6-token prefill then one token at a
+    time, logits of one forward over the same 17 tokens)."""
+    import attn
+
+    torch.manual_seed(0)
+    model = attn.Transformer(attn.TransformerConfig.preset("tiny", attention=attention, attention_params=params)).eval()
+    idx = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        state = model.init_state(2, max_len=17)
+        outs = [model(idx[:, :6], state=state)] + [model(idx[:, t:t + 1], state=state) for t in range(6, 17)]
+    return model, torch.cat(outs, 1), full

@@ -2,8 +2,6 @@
 defining properties hold (no write without beta, exact recall of orthonormal keys), the chunked and recurrent
 forms equal the reference with their gradients, decoding with the constant-size state equals one forward, and
 the conventions match fla's own naive implementation when fla is installed."""
-import importlib.metadata
-import importlib.util
 import math
 
 import pytest
@@ -17,7 +15,7 @@ from attn.attention.base import UnsupportedBackend
 from attn.attention.gated_deltanet import GatedDeltaNetConfig
 from attn.attention.matrix_state import MatrixState
 from attn.checks import check_variant
-from tests.definitions import decode_in_chunks
+from tests.definitions import backbone_steps_and_forward, decode_in_chunks, fla_naive
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -182,29 +180,8 @@ def test_state_can_rewind_its_last_step_only():
 
 
 def test_backbone_decoding_equals_forward():
-    torch.manual_seed(0)
-    cfg = attn.TransformerConfig.preset("tiny", attention="gated_deltanet", attention_params={"chunk_size": 3})
-    model = attn.Transformer(cfg).eval()
-    idx = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(idx)
-        state = model.init_state(2, max_len=17)
-        outs = [model(idx[:, :6], state=state)] + [model(idx[:, t : t + 1], state=state) for t in range(6, 17)]
-    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
-
-
-def installed_fla_naive() -> str:
-    """Path of an installed fla's ``fla/ops/gated_delta_rule/naive.py``; pytest.skip says why when there is none."""
-    for dist in ("fla-core", "flash-linear-attention"):
-        try:
-            path = importlib.metadata.distribution(dist).locate_file("fla/ops/gated_delta_rule/naive.py")
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        if path.exists():
-            if importlib.util.find_spec("einops") is None:
-                pytest.skip("fla's naive.py imports einops, which is not installed")
-            return str(path)
-    pytest.skip("neither fla-core nor flash-linear-attention is installed (pip install 'attn-bench[gpu]')")
+    _, steps, full = backbone_steps_and_forward("gated_deltanet", {"chunk_size": 3})
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
 def test_equals_fla_naive_implementations():
@@ -212,9 +189,7 @@ def test_equals_fla_naive_implementations():
     inputs (B, T, H, .), g the log decay and beta post-sigmoid, both (B, T, H); its naive functions do not
     normalise, so they get l2-normalised q, k (its kernels' use_qk_l2norm_in_kernel) and ours qk_norm=False.
     They compute in fp32 and take one key head per query head (k, v, g, beta repeated here for GQA)."""
-    spec = importlib.util.spec_from_file_location("fla_gdn_naive", installed_fla_naive())
-    naive = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(naive)
+    naive = fla_naive("ops/gated_delta_rule/naive.py")
     q, k, v, g, beta = draw(2, 4, 2, 77, 77, 16, seed=6)
     q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
     ours = gdn("reference", qk_norm=False)(q, k, v, g=g, beta=beta)

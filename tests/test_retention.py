@@ -1,13 +1,11 @@
 """`retention` (RetNet): the reference equals the paper's recurrence written out in float64, the chunked and
 recurrent forms equal the reference (gradients too), decoding with the constant-size state equals one forward,
 and the conventions match flash-linear-attention's."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from definitions import decode_in_chunks
+from definitions import backbone_steps_and_forward, decode_in_chunks, fla_naive
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -122,29 +120,9 @@ def test_a_step_runs_the_recurrence_and_a_prefill_the_chunks():
 
 
 def test_backbone_decoding_equals_forward():
-    torch.manual_seed(0)
-    cfg = attn.TransformerConfig.preset("tiny", attention="retention", attention_params={"chunk_size": 3})
-    model = attn.Transformer(cfg).eval()
-    idx = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(idx)
-        state = model.init_state(2, max_len=17)
-        outs = [model(idx[:, :6], state=state)] + [model(idx[:, t:t + 1], state=state) for t in range(6, 17)]
-    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+    _, steps, full = backbone_steps_and_forward("retention", {"chunk_size": 3})
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
-
-def _fla_naive(relative: str):
-    """fla's naive reference, loaded from the installed package's file (nothing of fla is copied here)."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or spec.origin is None:
-        pytest.skip("fla (flash-linear-attention / fla-core) is not installed")
-    path = Path(spec.origin).parent / relative
-    if not path.exists():
-        pytest.skip(f"this fla has no {relative}")
-    file_spec = importlib.util.spec_from_file_location(f"fla_naive_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(file_spec)
-    file_spec.loader.exec_module(module)
-    return module
 
 
 def test_reference_equals_flas_naive_retention():
@@ -152,7 +130,7 @@ def test_reference_equals_flas_naive_retention():
     scale D^-1/2 on q; decay 1 - 2^(-5-h) for head h = 0..H-1 (chunk_retention: g_gamma = log of that, handed
     to chunk_simple_gla); o_t = sum_{s<=t} gamma^(t-s) (q_t . k_s) v_s, no normaliser; naive_retention is
     head-first (B, H, T, D), the chunk kernels (B, T, H, D). Ours matches all of these, with H_kv = H."""
-    naive = _fla_naive("ops/retention/naive.py").naive_retention
+    naive = fla_naive("ops/retention/naive.py").naive_retention
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 37, 16, generator=g, dtype=torch.float64) for _ in range(3))
     assert rel_err(ret("reference")(q, k, v), naive(q, k, v)) < 1e-5  # naive runs in fp32

@@ -420,7 +420,24 @@ class Attention(nn.Module):
         }
 
 
+class RecurrentAttention(Attention):
+    """Base of the variants that decode with a constant-size state (linear attention and its decayed/gated family):
+    their :meth:`flops` count the recurrent form (linear in length, never L^2), so a call costs
+    ``flops(B, H, L, L, D)`` forward, 3x that to train (backward = 2x forward, as for every variant), and a decoding
+    step -- absorb ONE key into the state, read it with one query -- ``flops(B, H, 1, 1, D)``, whatever the context
+    length L is. ``kv_heads`` (GQA) reaches :meth:`flops`: the state is updated per key head, read per query head."""
+
+    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
+                   kv_heads: int | None = None) -> int:
+        if mode == "decode":
+            return self.flops(batch, heads, 1, 1, head_dim, True, kv_heads)
+        if mode in ("forward", "train"):
+            factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
+            return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
+        return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
+
+
 __all__ = [
-    "Attention", "Backend", "KVCache", "UnsupportedBackend", "ALL_MODES", "MODES",
+    "Attention", "RecurrentAttention", "Backend", "KVCache", "UnsupportedBackend", "ALL_MODES", "MODES",
     "have_module", "modes", "needs_cuda", "visible_pairs", "field",
 ]

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from attn.attention import gqa
-from attn.attention.base import ALL_MODES, TRAIN_FLOPS_FACTOR, Attention, Backend, have_module, modes
+from attn.attention.base import ALL_MODES, Backend, have_module, modes
 from attn.attention.linear import limit_fla_autotune
-from attn.attention.matrix_state import MatrixState, compute_dtype
+from attn.attention.matrix_state import MatrixState, MatrixStateAttention, compute_dtype
 from attn.attention.token_inputs import TokenInput
 from attn.registry import check, register_attention
 
@@ -118,7 +118,7 @@ def _chunked(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch.
 
 
 @register_attention("gated_deltanet", config=GatedDeltaNetConfig)
-class GatedDeltaNetAttention(Attention):
+class GatedDeltaNetAttention(MatrixStateAttention):
     """Gated DeltaNet: a decayed (D x D) memory per key head written with the delta rule; O(L D^2), causal only."""
 
     supports_bidirectional = False  # a recurrence: no query sees a later key
@@ -246,26 +246,7 @@ class GatedDeltaNetAttention(Attention):
         per_query = 2 * D * D + D + norm
         return batch * ((heads if kv_heads is None else kv_heads) * k_len * per_key + heads * q_len * per_query)
 
-    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
-                   kv_heads: int | None = None) -> int:
-        """As :meth:`Attention.mode_flops`, except decode, which is O(1) in the context length.
-
-        forward: ``flops(B, H, L, L, D)``; train: 3 x that (backward = 2 x forward, as for every variant).
-        decode: one step on the carried state -- absorb ONE key, read with one query --
-        ``flops(B, H, 1, 1, D)``, whatever L is.
-        """
-        if mode == "decode":
-            return self.flops(batch, heads, 1, 1, head_dim, True, kv_heads)
-        if mode in ("forward", "train"):
-            factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
-            return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
-        return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
-
     # -- incremental decoding -------------------------------------------------------------------
-    def new_state(self, max_len: int = 0) -> MatrixState:
-        """One (D x D_v) fp32 matrix per key head; ``max_len`` is not needed (nothing grows with length)."""
-        return MatrixState()
-
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: MatrixState, *,
              g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
         """New tokens q: (B, H, T, D), k, v: (B, H_kv, T, D), g, beta: (B, H_kv, T, 1) -> (B, H, T, D);

@@ -31,7 +31,7 @@ from typing import Literal, get_args
 import torch
 
 from attn.attention import gqa
-from attn.attention.base import ALL_MODES, TRAIN_FLOPS_FACTOR, Attention, Backend, have_module, modes
+from attn.attention.base import ALL_MODES, Backend, RecurrentAttention, have_module, modes
 from attn.attention.feature_maps import ELEMENTWISE, favor_features, favor_logits, orthogonal_gaussian
 from attn.attention.full import causal_mask
 from attn.registry import check, register_attention
@@ -146,7 +146,7 @@ def limit_fla_autotune(default: int = 2) -> int:
 
 
 @register_attention("linear", config=LinearConfig)
-class LinearAttention(Attention):
+class LinearAttention(RecurrentAttention):
     """Kernelised linear attention phi(q)(phi(k)^T v): O(L d^2) time, constant-size decoding state."""
 
     supports_gqa = True  # one [S | z] state per key head, read by its group of query heads
@@ -366,31 +366,15 @@ class LinearAttention(Attention):
         phi(q) S, 2 d D, phi(q) . z, 2 d, and D divisions (d = d_phi). The chunked backend's extra
         intra-chunk products and favor's rescaling of the state (its stabiliser) are implementation
         costs, not counted. A call starts from an empty state, so all ``k_len`` keys are absorbed;
-        a decoding step on a carried state absorbs one (see :meth:`mode_flops`). With GQA the keys are absorbed
-        once per key head (``kv_heads``), the queries read once per query head (``heads``).
+        a decoding step on a carried state absorbs one (:class:`RecurrentAttention`'s ``mode_flops``). With GQA the keys
+        are absorbed once per key head (``kv_heads``), the queries read once per query head (``heads``). Training is
+        counted 3x forward like every variant, although favor's projection is a fixed buffer with no weight gradient.
         """
         d = self.feature_dim(head_dim)
         feature = 2 * head_dim * d + d if self.config.feature_map == "favor" else head_dim
         per_key = feature + 2 * d * head_dim + d
         per_query = feature + 2 * d * head_dim + 2 * d + head_dim
         return batch * ((heads if kv_heads is None else kv_heads) * k_len * per_key + heads * q_len * per_query)
-
-    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
-                   kv_heads: int | None = None) -> int:
-        """As :meth:`Attention.mode_flops`, except decode, which is O(1) in the context length.
-
-        forward: the linear form over L queries and L keys, ``flops(B, H, L, L, D)``. train: 3 x that,
-        the same convention as every variant (backward = 2 x forward; favor's projection is a fixed
-        buffer with no weight gradient, so its true backward is one matmul, not two: still counted 3x).
-        decode: one step on the recurrent state -- features of 1 query and 1 key, absorb that ONE key
-        into S and z, read S and z with the query -- i.e. ``flops(B, H, 1, 1, D)``, whatever L is.
-        """
-        if mode == "decode":
-            return self.flops(batch, heads, 1, 1, head_dim, True, kv_heads)
-        if mode in ("forward", "train"):
-            factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
-            return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
-        return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
 
     # -- incremental decoding -------------------------------------------------------------------
     def new_state(self, max_len: int = 0) -> LinearState:

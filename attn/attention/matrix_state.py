@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attn.attention.base import RecurrentAttention
+
 
 @dataclass
 class MatrixState:
@@ -40,4 +42,12 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-__all__ = ["MatrixState", "compute_dtype"]
+class MatrixStateAttention(RecurrentAttention):
+    """Base of RetNet, GLA and Gated DeltaNet: the recurrent cost rule and a :class:`MatrixState` to decode with,
+    one (D_k x D_v) matrix per key head; ``max_len`` is not needed (nothing grows with length)."""
+
+    def new_state(self, max_len: int = 0) -> MatrixState:
+        return MatrixState()
+
+
+__all__ = ["MatrixState", "MatrixStateAttention", "compute_dtype"]

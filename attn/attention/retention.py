@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from attn.attention import gqa
-from attn.attention.base import ALL_MODES, TRAIN_FLOPS_FACTOR, Attention, Backend, have_module, modes
-from attn.attention.matrix_state import MatrixState, compute_dtype
+from attn.attention.base import ALL_MODES, Backend, have_module, modes
+from attn.attention.matrix_state import MatrixState, MatrixStateAttention, compute_dtype
 from attn.registry import check, register_attention
 
 
@@ -45,7 +45,7 @@ class RetentionConfig:
 
 
 @register_attention("retention", config=RetentionConfig)
-class RetentionAttention(Attention):
+class RetentionAttention(MatrixStateAttention):
     """RetNet's retention: causal linear attention with a fixed per-head exponential decay; O(1) decoding state."""
 
     supports_bidirectional = False
@@ -193,23 +193,7 @@ class RetentionAttention(Attention):
         per_key, per_query = 3 * head_dim * head_dim, 2 * head_dim * head_dim + head_dim
         return batch * ((heads if kv_heads is None else kv_heads) * k_len * per_key + heads * q_len * per_query)
 
-    def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
-                   kv_heads: int | None = None) -> int:
-        """forward: ``flops(B, H, L, L, D)``; train: 3x that (backward = 2x forward, as for every variant);
-        decode: one step on the carried state -- absorb ONE key, read with one query -- ``flops(B, H, 1, 1, D)``,
-        O(1) in the context length L."""
-        if mode == "decode":
-            return self.flops(batch, heads, 1, 1, head_dim, True, kv_heads)
-        if mode in ("forward", "train"):
-            factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
-            return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
-        return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
-
     # -- incremental decoding -------------------------------------------------------------------
-    def new_state(self, max_len: int = 0) -> MatrixState:
-        """A constant-size (B, H_kv, D, D_v) state; ``max_len`` is not needed (nothing grows with length)."""
-        return MatrixState()
-
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: MatrixState) -> torch.Tensor:
         """New tokens q: (B, H, T, D), k, v: (B, H_kv, T, D) -> (B, H, T, D_v); T == 1 runs the recurrence,
         T > 1 (a prefill) the chunks."""
