@@ -335,6 +335,7 @@ class Runner:
                 self.fail(row, metrics, e)
             return
         extra = {"params": model.num_params(), "train_loss": result.final_loss, "train_seconds": result.seconds or None}
+        sizes: dict[int, dict[str, int | None]] = {}  # eval length -> decoding state (cells share lengths: depths...)
         for row, cell, metrics in todo:
             t0 = time.perf_counter()
             try:
@@ -343,8 +344,15 @@ class Runner:
             except Exception as e:
                 self.fail({**row, **extra}, metrics, e)
                 continue
-            self.append({**row, **extra, **build.state_size(model, cell["eval_len"]), "backend": build.last_backends(model),
+            self.append({**row, **extra, **size_at(sizes, model, cell["eval_len"]), "backend": build.last_backends(model),
                          "eval_seconds": time.perf_counter() - t0}, measures)
+
+
+def size_at(sizes: dict[int, dict[str, int | None]], model: torch.nn.Module, length: int) -> dict[str, int | None]:
+    """The model's decoding state at ``length`` (build.state_size: one prefill), computed once per length."""
+    if length not in sizes:
+        sizes[length] = build.state_size(model, length)
+    return sizes[length]
 
 
 def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progress: bool = True,
