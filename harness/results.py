@@ -35,7 +35,7 @@ ACCURACY_FIELDS = (
 )
 STATUSES = ("ok", "oom", "timeout", "error", "unsupported", "skipped")
 # Accuracy metrics that are proportions, in [0, 1]: an interval over seeds is clipped to that range.
-PROPORTIONS = ("accuracy", "exact_match", "digit_accuracy")
+PROPORTIONS = ("accuracy", "exact_match", "digit_accuracy", "string_match", "all_found")
 
 
 def best_lr(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], higher: bool = True) -> list[int]:

@@ -167,16 +167,31 @@ def test_lm_split_by_file_is_disjoint_and_deterministic(tmp_path):
 
 
 def test_lm_windows_tile_the_same_bytes_at_every_length(tmp_path):
-    task = lm.LM(lm.LMConfig(corpus=(str(corpus_dir(tmp_path, n=3, size=3000)),), eval_bytes=512))
+    task = lm.LM(lm.LMConfig(corpus=(str(corpus_dir(tmp_path, n=40, size=3000)),), eval_bytes=512))
     cells = task.cells(32, [32, 64, 128])
     scored = cells[0]["scored_bytes"]
-    assert scored % 128 == 0 and scored >= 512
+    assert scored % 128 == 0 and scored >= 512 and {c["scored_bytes"] for c in cells} == {scored}
+    starts = task.segments([32, 64, 128])
+    assert len(starts) == scored // 128 and (np.diff(starts) >= 129).all()  # segments never overlap
+    test = torch.from_numpy(task.corpus.test.astype(np.int64))
+    want = torch.cat([test[s + 1 : s + 129] for s in starts.tolist()])  # every predicted byte of every segment
     for c in cells:
-        w = task.windows(c["eval_len"], c["scored_bytes"])
+        w = task.windows(c["eval_len"], c["segment_bytes"], starts)
         assert w.shape == (scored // c["eval_len"], c["eval_len"] + 1)
-        assert torch.equal(w[:, 1:].flatten(), torch.from_numpy(task.corpus.test[1 : scored + 1].astype(np.int64)))
+        assert torch.equal(w[:, 1:].flatten(), want)  # the same bytes at every length
     x, y = task.train_batch(0, 3, 4, 32)
     assert x.shape == y.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_lm_scored_text_is_spread_over_the_test_files(tmp_path):
+    """The scored segments reach the end of the test split (not only its first files), and scored_files counts
+    the files they touch, checked against the test files' own spans."""
+    task = lm.LM(lm.LMConfig(corpus=(str(corpus_dir(tmp_path, n=60, size=2000)),), test_fraction=0.5, eval_bytes=2048))
+    test, starts = task.corpus.test, task.segments([256])
+    assert starts[-1] + 257 > len(test) - 300  # the last segment sits at the end of the test split
+    spans = [(s, s + len(d)) for s, d in zip(task.corpus.test_starts, bytes(test).split(lm.SEPARATOR), strict=True)]
+    touched = {i for s in starts.tolist() for i, (a, b) in enumerate(spans) if a <= s + 256 and s < b + 1}
+    assert task.cells(64, [64, 256])[0]["scored_files"] == len(touched) >= 8
 
 
 def test_lm_single_file_corpus_splits_inside_the_file(tmp_path):

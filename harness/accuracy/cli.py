@@ -1,5 +1,6 @@
 """``attn-bench accuracy``: train small models on the accuracy tasks (or, with ``--hf-model``, evaluate a pretrained
-checkpoint: harness/accuracy/hf_eval.py) and append rows to a results file.
+checkpoint: harness/accuracy/hf_eval.py) and append rows to a results file. ``--executor ray|slurm`` (the sweep's
+options, harness.executors) places the trained models on a cluster: harness/accuracy/remote.py.
 
 Everything is validated (task, names, parameters, lengths, corpus) before the first model is
 trained and before the results file is touched; bad input is one line and exit status 2.
@@ -14,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from harness.accuracy.ruler import TASK_NAMES as RULER_TASKS
 from harness.accuracy.runner import TASKS, TRAINED_TASKS, Job, Plan
+from harness.executors import EXECUTOR_KEYS, executor_options
 
 if TYPE_CHECKING:
     from harness.accuracy.hf_eval import HFPlan
@@ -25,7 +28,8 @@ TASK_OPTIONS = {
     "vocab_size": ("vocab_size", ("mqar",)),
     "depths": ("depths", ("passkey",)),
     "digits": ("digits", ("passkey",)),
-    "eval_examples": ("eval_examples", ("mqar", "passkey")),
+    "eval_examples": ("eval_examples", ("mqar", "passkey", "ruler")),
+    "subtasks": ("tasks", ("ruler",)),
     "corpus": ("corpus", ("lm",)),
     "eval_bytes": ("eval_bytes", ("lm",)),
 }
@@ -143,7 +147,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     from harness.accuracy.stats import summarize
 
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3f}".format):
-        for task in ("mqar", "passkey", "lm"):
+        for task in ("mqar", "passkey", "ruler", "lm"):
             t = table(rows, task)
             if len(t):
                 click.echo(f"\n{task}: {MAIN_METRIC[task]} by evaluation length (mean over seeds)\n{t}")
@@ -181,7 +185,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--vocab-size", type=click.IntRange(min=8), help="mqar: vocabulary (keys its lower half, values its upper).")
 @click.option("--depths", help="passkey: comma-separated depths in [0, 1].")
 @click.option("--digits", type=click.IntRange(min=1), help="passkey: digits of the key.")
-@click.option("--eval-examples", type=click.IntRange(min=1), help="mqar/passkey: test examples per cell.")
+@click.option("--eval-examples", type=click.IntRange(min=1), help="mqar/passkey/ruler: test examples per cell.")
+@click.option("--subtask", "subtasks", multiple=True, type=click.Choice(RULER_TASKS),
+              help="ruler: RULER task to train and evaluate (repeatable; default all).")
 @click.option("--corpus", multiple=True, help="lm: text files or directories (default: Python's stdlib sources).")
 @click.option("--eval-bytes", type=click.IntRange(min=1), help="lm: test bytes scored per evaluation length.")
 @click.option("--hf-model", help="Local Hugging Face checkpoint directory to evaluate (no training; --task lm and/or "
@@ -197,17 +203,24 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and list the runs, train nothing.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: torch's choice).")
+@executor_options
 def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tuple[str, ...], dry_run: bool,
                      no_progress: bool, threads: int | None, **opts: Any) -> None:
     """Train small models and measure what each attention variant / position method can still do as length grows."""
     from harness.accuracy.runner import plan, run_jobs
+    from harness.executors import check_engine, config_from, pending_jobs, sidecar_path
     from harness.plugins import load_plugins, report_plugins
     from harness.results import check_rows, check_writable, exclusive, read_rows
 
     failed_plugins = load_plugins(plugins, report=False)  # a bad spec's one error line names them
+    executor = config_from({k: opts.pop(k) for k in EXECUTOR_KEYS})  # the sweep's options and checks
+    check_engine(executor)
     hf_model = opts.pop("hf_model")
     if hf_model is not None and ckpt_dir is not None:
         raise click.UsageError("--ckpt-dir does not apply to --hf-model (nothing is trained)")
+    if hf_model is not None and executor.kind != "local":
+        raise click.UsageError(f"--executor {executor.kind} does not apply to --hf-model (a checkpoint is evaluated "
+                               "in this process)")
     hf_plan = build_hf_plan(hf_model, opts) if hf_model is not None else None
     plans: list[Plan] = [] if hf_plan else [plan(j) for j in build_jobs(opts)]  # every check before any work
     report_plugins(failed_plugins)
@@ -221,12 +234,18 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         if existing and not resume:
             raise click.UsageError(f"{out} already holds {len(existing)} rows; pass --resume to continue it, "
                                    f"or choose another --out")
+        if pending_jobs(out) and not resume:
+            raise click.UsageError(f"{sidecar_path(out)} lists {pending_jobs(out)} Slurm jobs of an earlier run of {out}; "
+                                   f"pass --resume to collect them, or choose another --out")
 
     check_out()
     with contextlib.nullcontext() if dry_run else exclusive(out):  # a second writer stops here, before any work
         check_out()  # again under the lock: another run may have written it meanwhile
         if hf_plan:
             click.echo(hf_plan.describe(), err=True)
+        if executor.kind != "slurm" and pending_jobs(out):
+            click.echo(f"warning: {sidecar_path(out)} lists Slurm jobs not yet collected; --executor slurm --resume "
+                       "collects them", err=True)
         for p in plans:
             j = p.job
             trainings = len({r.train_id for r in p.runs})
@@ -246,9 +265,13 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
             from harness.accuracy import hf_eval
 
             runner = hf_eval.run(hf_plan, out, resume, echo=echo)
-        else:
+        elif executor.kind == "local":
             runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume,
                               progress=not no_progress and sys.stderr.isatty(), echo=echo)
+        else:
+            from harness.accuracy.remote import run_remote
+
+            runner = run_remote(plans, out, ckpt_dir or out.parent / ".ckpt", resume, executor, plugins, threads, echo)
     click.echo(f"wrote {runner.written} rows to {out}", err=True)
     print_summary(read_rows(out))
 

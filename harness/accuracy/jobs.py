@@ -16,8 +16,8 @@ from harness.accuracy.build import Spec
 from harness.accuracy.common import Task
 from harness.accuracy.train import TrainConfig
 
-TASKS = ("mqar", "passkey", "lm", "fidelity", "lengthgen")
-TRAINED_TASKS = ("mqar", "passkey", "lm")
+TASKS = ("mqar", "passkey", "ruler", "lm", "fidelity", "lengthgen")
+TRAINED_TASKS = ("mqar", "passkey", "ruler", "lm")
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pandas as pd
 
 from harness.accuracy.stats import summarize, summarize_best_lr
 
-MAIN_METRIC = {"lm": "bpb", "passkey": "exact_match", "mqar": "accuracy"}
+MAIN_METRIC = {"lm": "bpb", "passkey": "exact_match", "mqar": "accuracy", "ruler": "string_match"}
 
 
 def table(rows: Iterable[dict[str, Any]], task: str, metric: str | None = None) -> pd.DataFrame:

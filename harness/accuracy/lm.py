@@ -7,10 +7,13 @@ train/test by a hash of their relative path, so no file contributes to both. A c
 small to split by file (a single file) is split inside each file instead: its last
 ``test_fraction`` of bytes are test.
 
-Every evaluation length scores the same test bytes (a region tiled by windows of each
-length), so bits per byte differ across lengths only through how much context each byte
-sees. ``bpb_tail`` scores only the positions past the training length (the part the model
-has never been trained on).
+Every evaluation length scores the same test bytes, so bits per byte differ across lengths
+only through how much context each byte sees: segments of the longest evaluation length,
+spread evenly over the whole test split (so the scored text comes from many files, not the
+first few), each tiled by windows of every length. At least ``eval_bytes`` (256 KB) are scored
+where the test split holds them; each row says how many bytes were scored and from how many
+files. ``bpb_tail`` scores only the positions past the training length (the part the model has
+never been trained on).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ SEPARATOR = b"\x00"  # between documents; files containing NUL are treated as bi
 class LMConfig:
     corpus: tuple[str, ...] = ()  # files or directories; () -> the Python standard library's sources
     test_fraction: float = 0.1
-    eval_bytes: int = 1 << 16  # test bytes scored at every evaluation length
+    eval_bytes: int = 1 << 18  # test bytes scored at every evaluation length (256 KB)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.test_fraction < 1.0:
@@ -84,7 +87,7 @@ class Corpus:
     name: str
     num_files: int
     split_by: str  # "file" or "bytes"
-
+    test_starts: np.ndarray  # offset of each test document in ``test``
 
 @functools.lru_cache(maxsize=4)
 def load_corpus(paths: tuple[str, ...] = (), test_fraction: float = 0.1) -> Corpus:
@@ -106,7 +109,8 @@ def load_corpus(paths: tuple[str, ...] = (), test_fraction: float = 0.1) -> Corp
     def stream(parts: list[bytes]) -> np.ndarray:
         return np.frombuffer(SEPARATOR.join(parts), dtype=np.uint8)
 
-    return Corpus(stream(train), stream(test), label, len(docs), split_by)
+    starts = np.cumsum([0] + [len(d) + len(SEPARATOR) for d in test[:-1]])
+    return Corpus(stream(train), stream(test), label, len(docs), split_by, starts)
 
 
 def bits(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
@@ -134,13 +138,28 @@ class LM(Task):
     def corpus(self) -> Corpus:
         return load_corpus(self.config.corpus, self.config.test_fraction)
 
-    def scored_bytes(self, eval_lens: Sequence[int]) -> int:
-        """Bytes scored at every length: eval_bytes rounded up to a multiple of the longest
-        length, capped by the test split."""
+    def segments(self, eval_lens: Sequence[int]) -> np.ndarray:
+        """Start offsets of the scored segments: ceil(eval_bytes / longest) segments of longest + 1 bytes (as many as
+        fit, if fewer), spread evenly over the test split without overlap."""
         longest = max(eval_lens)
-        want = longest * math.ceil(self.config.eval_bytes / longest)
-        have = longest * ((len(self.corpus.test) - 1) // longest)
-        return min(want, have)
+        n_test = len(self.corpus.test)
+        k = max(1, min(math.ceil(self.config.eval_bytes / longest), n_test // (longest + 1)))
+        if k == 1:
+            return np.zeros(1, dtype=np.int64)
+        return (np.arange(k) * ((n_test - longest - 1) // (k - 1))).astype(np.int64)
+
+    def scored_bytes(self, eval_lens: Sequence[int]) -> int:
+        """Bytes scored at every length (the segments' total)."""
+        return len(self.segments(eval_lens)) * max(eval_lens)
+
+    def scored_files(self, eval_lens: Sequence[int]) -> int:
+        """How many test files the scored segments draw on."""
+        starts, longest = self.corpus.test_starts, max(eval_lens)
+        files: set[int] = set()
+        for s in self.segments(eval_lens).tolist():
+            first, last = np.searchsorted(starts, [s, s + longest], side="right") - 1
+            files.update(range(int(first), int(last) + 1))
+        return len(files)
 
     def check(self, train_len: int, eval_lens: Sequence[int]) -> None:
         c = self.corpus
@@ -159,22 +178,23 @@ class LM(Task):
         return w[:, :-1], w[:, 1:]
 
     def cells(self, train_len: int, eval_lens: Sequence[int]) -> list[dict[str, Any]]:
-        scored = self.scored_bytes(eval_lens)
-        return [{"eval_len": L, "scored_bytes": scored} for L in eval_lens]
+        longest, scored, files = max(eval_lens), self.scored_bytes(eval_lens), self.scored_files(eval_lens)
+        return [{"eval_len": L, "scored_bytes": scored, "scored_files": files, "segment_bytes": longest} for L in eval_lens]
 
     def metrics(self, cell: dict[str, Any], train_len: int) -> tuple[str, ...]:
         return ("bpb", "bpb_tail") if cell["eval_len"] > train_len else ("bpb",)
 
-    def windows(self, eval_len: int, scored_bytes: int) -> torch.Tensor:
-        """The test region [0, scored_bytes] tiled by windows of eval_len + 1 bytes: (N, eval_len + 1)."""
-        data = torch.from_numpy(self.corpus.test[: scored_bytes + 1].astype(np.int64))
-        n = scored_bytes // eval_len
-        idx = torch.arange(n)[:, None] * eval_len + torch.arange(eval_len + 1)[None, :]
-        return data[idx]
+    def windows(self, eval_len: int, segment_bytes: int, starts: np.ndarray | None = None) -> torch.Tensor:
+        """Each segment (default: one at offset 0) tiled by windows of eval_len + 1 bytes: (N, eval_len + 1)."""
+        data = torch.from_numpy(self.corpus.test.astype(np.int64))
+        starts = np.zeros(1, dtype=np.int64) if starts is None else starts
+        per = segment_bytes // eval_len
+        offsets = (torch.from_numpy(starts)[:, None] + torch.arange(per)[None, :] * eval_len).reshape(-1)
+        return data[offsets[:, None] + torch.arange(eval_len + 1)[None, :]]
 
     def evaluate(self, model: torch.nn.Module, cell: dict[str, Any], train_len: int) -> dict[str, Measure]:
-        L = cell["eval_len"]
-        w = self.windows(L, cell["scored_bytes"])
+        L, longest = cell["eval_len"], cell["segment_bytes"]
+        w = self.windows(L, longest, self.segments([longest]))
         b = bits(model, w)  # (N, L)
         out = {"bpb": mean_ci(b.mean(dim=1).tolist())}
         if L > train_len:
@@ -190,7 +210,7 @@ class LM(Task):
                 "split_by": c.split_by, "test_fraction": self.config.test_fraction}
 
     def eval_params(self) -> dict[str, Any]:
-        return {"corpus_test_bytes": len(self.corpus.test)}
+        return {"corpus_test_bytes": len(self.corpus.test), "scoring": "spread segments"}
 
 
 __all__ = ["Corpus", "LM", "LMConfig", "bits", "corpus_files", "load_corpus", "stdlib_dir"]

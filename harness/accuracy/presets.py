@@ -23,7 +23,14 @@ MQAR_CONV = 4  # Zoology's models are conv + attention hybrids (fla's layers: 4-
 # here: without it a tiny full-attention model sits at the in-context baseline for hundreds of steps (0.50 after 300
 # steps at 2 pairs), with it 1.00 (tests/test_accuracy_train.py)
 ROPE_FAMILY = ["rope", "rope_linear", "rope_ntk", "rope_dynamic", "rope_yarn"]
-POSITIONS = ["none", "sinusoidal", "learned", *ROPE_FAMILY, "rope_llama3"]
+POSITIONS = ["none", "sinusoidal", "learned", *ROPE_FAMILY, "rope_llama3", "alibi"]
+# Length generalisation without a position method of their own: the decayed/gated recurrences (their decay is the
+# position signal), trained on the same text next to full attention's position methods
+RECURRENT_LENGTHGEN = ["retention", "gla"]
+RULER_VARIANTS = ["full", "sliding_window:window=256"]
+# RULER's tasks that fit in 1024 bytes: cwe's shortest form (10 words x 6 and RULER's question) takes ~1050
+RULER_AT_1K = ("niah_single_1", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "niah_multivalue",
+               "niah_multiquery", "vt", "fwe")
 
 
 def _quick() -> list[Job]:
@@ -43,6 +50,9 @@ def _quick() -> list[Job]:
             finetune_steps=60),
         Job("fidelity", base_task="lm", variants=VARIANTS, positions=["rope"], train_len=128, eval_lens=[128, 512, 2048],
             model="tiny", train=lm, task_params={"eval_bytes": 1 << 14}),
+        Job("ruler", variants=["full", "sliding_window:window=128"], positions=["rope"], train_len=768,
+            eval_lens=[768, 1536], model="tiny", short_conv=4, train=TrainConfig(steps=300, batch_size=8, lr=3e-3),
+            task_params={"tasks": ("niah_single_1", "niah_multikey_2", "vt"), "eval_examples": 8}),
     ]
 
 
@@ -59,9 +69,13 @@ def _full() -> list[Job]:
         Job("passkey", variants=["full"], positions=[*ROPE_FAMILY, "rope_llama3"], seeds=seeds, train_len=256,
             eval_lens=[256, 512, 1024, 2048, 4096], model="tiny", train=TrainConfig(steps=1500, batch_size=16, lr=3e-3),
             task_params={"eval_examples": 32}, finetune_steps=100),
-        Job("lengthgen", base_task="lm", variants=["full"], positions=["none", *ROPE_FAMILY, "rope_llama3"], seeds=seeds,
-            train_len=256, eval_lens=[256, 512, 1024, 2048, 4096], model="tiny", train=lm,
-            task_params={"eval_bytes": 1 << 15}, finetune_steps=150),
+        Job("lengthgen", base_task="lm", variants=["full"], positions=["none", *ROPE_FAMILY, "rope_llama3", "alibi"],
+            seeds=seeds, train_len=256, eval_lens=[256, 512, 1024, 2048, 4096], model="tiny", train=lm, finetune_steps=150),
+        Job("lengthgen", base_task="lm", variants=list(RECURRENT_LENGTHGEN), positions=["none"], seeds=seeds,
+            train_len=256, eval_lens=[256, 512, 1024, 2048, 4096], model="tiny", train=lm, finetune_steps=150),
+        Job("ruler", variants=list(RULER_VARIANTS), positions=["rope"], seeds=seeds[:2], train_len=1024,
+            eval_lens=[1024, 2048, 4096], model="tiny", short_conv=MQAR_CONV,
+            train=TrainConfig(steps=3000, batch_size=8, lr=3e-3), task_params={"tasks": RULER_AT_1K, "eval_examples": 24}),
         Job("fidelity", base_task="lm", variants=VARIANTS, positions=["rope"], seeds=seeds, train_len=256,
             eval_lens=[256, 1024, 4096], model="tiny", train=lm, task_params={"eval_bytes": 1 << 15}),
     ]
@@ -96,6 +110,9 @@ def default_job(task: str) -> Job:
         return Job(task, variants=list(VARIANTS), positions=["rope"])
     if task == "passkey":
         return Job(task, variants=["full"], positions=list(ROPE_FAMILY))
+    if task == "ruler":  # trained on RULER's task mix at 1K bytes, evaluated to 4x
+        return Job(task, variants=list(RULER_VARIANTS), positions=["rope"], train_len=1024, eval_lens=[1024, 2048, 4096],
+                   model="small")
     return Job(task, variants=["full"], positions=list(POSITIONS))  # lm, lengthgen
 
 
@@ -109,4 +126,5 @@ def describe(name: str) -> list[dict[str, Any]]:
     return [dataclasses.asdict(j) for j in get_preset(name)]
 
 
-__all__ = ["POSITIONS", "PRESETS", "ROPE_FAMILY", "VARIANTS", "default_job", "describe", "get_preset"]
+__all__ = ["POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY", "RULER_VARIANTS", "VARIANTS", "default_job", "describe",
+           "get_preset"]

@@ -12,6 +12,9 @@ to protect, and failures are caught per run. Memory is bounded as for sweep cell
 refuses a length whose activations alone cannot fit in the memory available, and the jobs run
 under an address-space cap (:func:`memory_cap`), so an allocation that does not fit fails at once
 and becomes an ``oom`` row instead of pushing the machine into swap or the kernel's OOM killer.
+
+With ``--executor ray|slurm`` the same Runner trains each run on a host and returns its rows to the
+driver, which appends them (harness.accuracy.remote); this module's local path is unchanged by it.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from harness.accuracy.jobs import TASKS, TRAINED_TASKS, Job, Plan, Run, resolved
 from harness.accuracy.lm import LM, LMConfig
 from harness.accuracy.mqar import MQAR, MQARConfig
 from harness.accuracy.passkey import Passkey, PasskeyConfig
+from harness.accuracy.ruler import Ruler, RulerConfig
 from harness.accuracy.stats import Measure
 from harness.accuracy.train import TrainResult, train
 from harness.environment import environment
@@ -44,7 +48,7 @@ MEMORY_FRACTION = 0.8  # of the memory available at the start, as for sweep cell
 FLOAT_BYTES = 4  # models train in float32
 TOKEN_BYTES = 8  # int64 token ids
 # Columns a cell may add to the accuracy schema; all of them are part of a row's identity.
-CELL_FIELDS = ("stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "eval_id")
+CELL_FIELDS = ("stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "subtask", "eval_id")
 # What tells two trained models of one task apart beyond the spec columns: width and learning rate (a grid over
 # them picks the best rate per point, as Zoology does).
 TRAIN_FIELDS = ("d_model", "short_conv", "lr")
@@ -59,7 +63,8 @@ def width(job: Job) -> dict[str, Any]:
 
 def make_task(name: str, params: dict[str, Any]) -> Task:
     """Task object from its name and config params (unknown params are an error)."""
-    cls, config = {"mqar": (MQAR, MQARConfig), "passkey": (Passkey, PasskeyConfig), "lm": (LM, LMConfig)}[name]
+    cls, config = {"mqar": (MQAR, MQARConfig), "passkey": (Passkey, PasskeyConfig), "ruler": (Ruler, RulerConfig),
+                   "lm": (LM, LMConfig)}[name]
     fields = {f.name for f in dataclasses.fields(config)}
     unknown = sorted(set(params) - fields)
     if unknown:
@@ -214,15 +219,20 @@ def plan(job: Job) -> Plan:
 
 
 class Runner:
-    """Executes plans against one results store."""
+    """Executes plans against one results store.
 
-    def __init__(self, out: Path, ckpt_dir: Path, resume: bool, progress: bool = True,
-                 echo: Callable[[str], None] = print):
-        self.store = ResultsStore(out, KEY_FIELDS)
+    ``store`` (anything with ``append(row)``) and ``done`` replace the results file of ``out`` and the keys read from
+    it: a host of a remote executor collects its rows for the driver, which alone writes (harness.accuracy.remote)."""
+
+    def __init__(self, out: Path | None, ckpt_dir: Path, resume: bool, progress: bool = True,
+                 echo: Callable[[str], None] = print, store: Any = None, done: set[str] | None = None):
+        self.store = ResultsStore(out, KEY_FIELDS) if store is None else store
         self.ckpt_dir = ckpt_dir
         self.progress = progress
         self.echo = echo
-        self.done = self.store.keys(statuses=("ok", "unsupported")) if resume else set()
+        if done is None:
+            done = self.store.keys(statuses=("ok", "unsupported")) if resume else set()
+        self.done = done
         self.written = 0
         self._model_cache: tuple[str, torch.nn.Module, TrainResult] | None = None
 
@@ -244,8 +254,13 @@ class Runner:
 
     def fail(self, base: dict[str, Any], metrics: tuple[str, ...], err: BaseException) -> None:
         status = "unsupported" if isinstance(err, UnsupportedBackend) else "oom" if is_oom(err) else "error"
-        msg = f"{type(err).__name__}: {err}"
-        self.echo(f"  {status}: {msg}")
+        self.failed(base, metrics, status, f"{type(err).__name__}: {err}")
+
+    def failed(self, base: dict[str, Any], metrics: tuple[str, ...], status: str, msg: str, say: bool = True) -> None:
+        """A row with ``status`` and ``msg`` for each metric: a cell that raised, or one whose host was lost (said
+        once for the whole unit: ``say=False``)."""
+        if say:
+            self.echo(f"  {status}: {msg}")
         for metric in metrics:
             row = {**base, "metric": metric, "value": None, "ci_low": None, "ci_high": None, "n": 0,
                    "status": status, "error": msg}
@@ -307,10 +322,15 @@ class Runner:
         if p.job.task == "fidelity":
             run_fidelity(self, p)
             return
+        for i in range(len(p.runs)):
+            self.run_model(p, i)
+
+    def run_model(self, p: Plan, i: int) -> None:
+        """Every pending cell of the plan's ``i``-th run, at every stage: one trained model (what a remote executor
+        places on a host as one unit)."""
         stages = ["zero_shot"] + (["finetune"] if p.job.finetune_steps > 0 else [])
-        for i, run in enumerate(p.runs):
-            for stage in stages:
-                self.run_stage(p, run, stage, f"[{i + 1}/{len(p.runs)}]")
+        for stage in stages:
+            self.run_stage(p, p.runs[i], stage, f"[{i + 1}/{len(p.runs)}]")
 
     def cells(self, p: Plan, run: Run, stage: str) -> Iterator[tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]]:
         """(row base, cell, metrics) of every cell of a run at a stage, position scaled per cell."""

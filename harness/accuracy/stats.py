@@ -109,7 +109,7 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95,
 # Columns that identify a measured quantity apart from the seed (and the run id, which holds the seed).
 SUMMARY_KEYS = (
     "task", "variant", "variant_params", "position", "position_params", "train_len", "eval_len", "metric",
-    "stage", "source", "layer", "num_pairs", "gap", "depth", "model", "steps", "variant_spec", "position_spec",
+    "stage", "source", "layer", "subtask", "num_pairs", "gap", "depth", "model", "steps", "variant_spec", "position_spec",
     "gap_rule", "d_model", "lr", "short_conv",
 )
 

@@ -236,7 +236,7 @@ def short_reason(text: Any, width: int = 120) -> str:
 
 # Task-specific columns that tell measurements apart: each value gets its own line / heatmap row.
 # (``d_model`` and ``short_conv``: a model's width and short convolution make it another model, never a seed.)
-SERIES_DIMS = ("stage", "source", "layer", "num_pairs", "gap_rule", "gap", "model", "steps", "d_model", "short_conv")
+SERIES_DIMS = ("stage", "source", "layer", "subtask", "num_pairs", "gap_rule", "gap", "model", "steps", "d_model", "short_conv")
 AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
 
 

@@ -1,15 +1,17 @@
 """What every executor shares: the work (:class:`Workload` of chains run on hosts) and :func:`drive`.
 
-An executor decides where a sweep's work runs: in this process (``local``), on a Ray cluster (``ray``)
-or as Slurm jobs (``slurm``). We schedule nothing ourselves: Ray and Slurm (through submitit, as
-xformers' benchmark suite did) place the work; the executors only feed them and collect what comes back.
+An executor decides where a command's work runs (a sweep's cost cells, an accuracy job's trained
+models): in this process (``local``), on a Ray cluster (``ray``) or as Slurm jobs (``slurm``). We
+schedule nothing ourselves: Ray and Slurm (through submitit, as xformers' benchmark suite did) place
+the work; the executors only feed them and collect what comes back.
 
 The work arrives as a :class:`Workload` of *chains*: sequences of tasks that run in order on one
-*host* -- an object built on the measuring machine by ``make_host()`` (for cost sweeps the
-cost harness's cell measurer: one isolated worker process with its time and memory limits; it is
-injected, so this package never imports the cost or accuracy harness). A chain decides its next task
-from the results so far (a sweep's configuration skips longer lengths after an oom), so it runs on
-one host; different chains run concurrently.
+*host* -- an object built on the measuring machine by ``make_host()`` (for cost sweeps the cost
+harness's cell measurer: one isolated worker process with its time and memory limits; for accuracy
+jobs a trainer that keeps its latest model). Hosts are injected, so this package never imports the
+cost or accuracy harness. A chain may decide its next task from the results so far (a sweep's
+configuration skips longer lengths after an oom), or just keep tasks together that share what a host
+holds (:class:`TaskList`), so it runs on one host; different chains run concurrently.
 Every result (a *payload*) comes back to the driver, which alone writes the results file: resume,
 dedup and the row schema are the same wherever a task ran.
 
@@ -51,6 +53,24 @@ class Chain(Protocol):
     def finish(self, task: Any, payload: Any) -> None: ...
 
 
+class TaskList:
+    """A chain whose tasks do not depend on each other's results, run in the given order. One list, one host: tasks
+    that share what a host keeps (an accuracy run's trained model, and its checkpoint file) go in one list."""
+
+    def __init__(self, tasks: list[Any]):
+        self.tasks = list(tasks)
+        self._next = 0
+
+    def next(self) -> tuple[Any, None] | None:
+        if self._next >= len(self.tasks):
+            return None
+        self._next += 1
+        return self.tasks[self._next - 1], None
+
+    def finish(self, task: Any, payload: Any) -> None:
+        pass
+
+
 @dataclass
 class Workload:
     """Everything an executor needs; the callables must pickle by reference (they travel to the cluster)."""
@@ -84,4 +104,4 @@ def job_minutes(chain_lengths: list[int], time_limit_s: float) -> int:
     return int(math.ceil(max(chain_lengths, default=1) * time_limit_s / 60)) + 10
 
 
-__all__ = ["Chain", "Host", "Record", "Workload", "drive", "job_minutes"]
+__all__ = ["Chain", "Host", "Record", "TaskList", "Workload", "drive", "job_minutes"]

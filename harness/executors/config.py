@@ -1,8 +1,10 @@
-"""Which executor a sweep uses and how it is configured: :class:`ExecutorConfig`, the ``--executor`` click options,
-and :func:`require`, which imports an optional engine (ray, submitit) or says how to install it."""
+"""Which executor a command (``sweep``, ``accuracy``) uses and how it is configured: :class:`ExecutorConfig`, the
+``--executor`` click options (defined once here, shared by every command that places work), :func:`require`, which
+imports an optional engine (ray, submitit) or says how to install it, and :func:`check_engine`."""
 from __future__ import annotations
 
 import importlib
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +37,12 @@ class ExecutorConfig:
             raise ValueError("--max-concurrency needs --executor ray or slurm: the local executor measures one cell "
                              "at a time so that cells do not contend for the machine")
         if self.detach and self.kind != "slurm":
-            raise ValueError("--detach needs --executor slurm (Ray and local sweeps end with the command)")
+            raise ValueError("--detach needs --executor slurm (Ray and local runs end with the command)")
+        # A sweep file's values are checked with their source named (harness.cost.spec); this catches the rest.
+        for name, least in (("max_concurrency", 1), ("slurm_time", 1), ("slurm_gpus", 0)):
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value}")
 
 
 EXECUTOR_KEYS = ("executor", "ray_address", "max_concurrency", "slurm_partition", "slurm_time", "slurm_gpus",
@@ -54,13 +61,13 @@ def executor_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     options = [
         click.option("--executor", type=click.Choice(EXECUTORS),
-                     help="Where the work runs: local (default: this machine, one cell at a time), ray or slurm "
+                     help="Where the work runs: local (default: this machine, one task at a time), ray or slurm "
                           "(docs/scaling.md)."),
         click.option("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a new local instance)."),
         click.option("--max-concurrency", type=int,
                      help="Hosts at once: Ray actors (default one per GPU, or CPU, of the cluster) or Slurm jobs."),
         click.option("--slurm-partition", help="Slurm partition of the jobs."),
-        click.option("--slurm-time", type=int, help="Minutes per Slurm job (default: enough for the longest chain)."),
+        click.option("--slurm-time", type=int, help="Minutes per Slurm job (default: enough for the longest chain of work)."),
         click.option("--slurm-gpus", type=int, help="GPUs per Slurm job (default 1 for --device cuda, else 0)."),
         click.option("--slurm-folder", help="submitit folder, shared with the nodes (default: OUT.slurm/ next to --out)."),
         click.option("--slurm-cluster", type=click.Choice(SLURM_CLUSTERS),
@@ -71,6 +78,15 @@ def executor_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def check_engine(config: ExecutorConfig) -> None:
+    """The executor's engine is installed and can place work from this machine (ValueError, one line, if not):
+    checked before anything is written, so a missing engine never leaves a half-started run."""
+    require(config.kind)
+    if config.kind == "slurm" and config.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
+        raise ValueError("--executor slurm: no Slurm on this machine (sbatch not found); run from a login node, "
+                         "or --slurm-cluster local to run the jobs here")
 
 
 def require(kind: str) -> Any:
@@ -84,5 +100,5 @@ def require(kind: str) -> Any:
         raise ValueError(f"--executor {kind} needs {module}: pip install 'attn-bench[{extra}]'") from None
 
 
-__all__ = ["EXECUTORS", "EXECUTOR_KEYS", "EXTRAS", "SLURM_CLUSTERS", "ExecutorConfig", "config_from", "executor_options",
-           "require"]
+__all__ = ["EXECUTORS", "EXECUTOR_KEYS", "EXTRAS", "SLURM_CLUSTERS", "ExecutorConfig", "check_engine", "config_from",
+           "executor_options", "require"]

@@ -69,8 +69,9 @@ class SlurmExecutor:
     kind = "slurm"
     UNKNOWN_GRACE_S = 600.0  # a job Slurm has forgotten (purged from sacct) is given up after this long
 
-    def __init__(self, config: ExecutorConfig, out: Path, echo: Callable[[str], None] = print):
+    def __init__(self, config: ExecutorConfig, out: Path, echo: Callable[[str], None] = print, command: str = "sweep"):
         self.config, self.out, self.echo = config, out, echo
+        self.command = command  # the attn-bench subcommand whose --resume collects detached jobs
         self.sidecar = sidecar_path(out)
         self.folder = Path(config.slurm_folder) if config.slurm_folder else out.with_name(out.name + ".slurm")
         self.jobs: dict[str, _Job] = {}
@@ -211,7 +212,7 @@ class SlurmExecutor:
             self._submit(work)
         if self.config.detach:
             if self.jobs:
-                self.echo(f"slurm: detached; `attn-bench sweep ... --out {self.out} --resume` collects the rows")
+                self.echo(f"slurm: detached; `attn-bench {self.command} ... --out {self.out} --resume` collects the rows")
             return
         try:
             while self.jobs:

@@ -30,6 +30,7 @@ from harness.analysis.figures.accuracy import (
 from harness.analysis.figures.cost import plot_flops_fraction, plot_latency, plot_memory, plot_speedup, plot_throughput
 from harness.analysis.figures.layout import plot_block_sparse_layout
 from harness.analysis.figures.mqar import plot_mqar, plot_mqar_width
+from harness.analysis.figures.ruler import plot_ruler
 from harness.analysis.figures.style import FORMATS, Skip, mem_unit, palette, palette_for, save
 
 # -- the command ---------------------------------------------------------------------------------
@@ -53,6 +54,7 @@ FIGURES = (
     FigureSpec("mqar-width", plot_mqar_width, "accuracy"),
     FigureSpec("position_heatmap", plot_position_heatmap, "accuracy"),
     FigureSpec("passkey", plot_passkey, "accuracy"),
+    FigureSpec("ruler", plot_ruler, "accuracy"),
     FigureSpec("tradeoff", plot_tradeoff, "both"),
     FigureSpec("block_sparse_layout", plot_block_sparse_layout, "variants"),
 )
@@ -144,6 +146,7 @@ def plot_command(results: tuple[str, ...], out: str, formats: tuple[str, ...], d
 __all__ = [
     "FIGURES", "FORMATS", "FigureSpec", "Skip", "check_plottable", "draw", "figures", "mem_unit", "palette", "palette_for",
     "plot_accuracy", "plot_block_sparse_layout", "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency",
-    "plot_memory", "plot_mqar", "plot_mqar_width", "plot_passkey", "plot_position_heatmap", "plot_speedup", "plot_throughput",
+    "plot_memory", "plot_mqar", "plot_mqar_width", "plot_passkey", "plot_position_heatmap", "plot_ruler", "plot_speedup",
+    "plot_throughput",
     "plot_tradeoff", "position_table", "save", "tradeoff_points",
 ]

@@ -114,11 +114,12 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
                   formats: Sequence[str] = ("png",)) -> Figure:
     """Task metric vs evaluation length, one panel per task and metric; training lengths drawn as dashed lines.
 
-    MQAR has figures of its own (:mod:`.mqar`): recall against state size and width, not length."""
+    MQAR has figures of its own (:mod:`.mqar`): recall against state size and width, not length; RULER one panel per
+    task (:mod:`.ruler`)."""
     df = _acc_frame(acc, fidelity=False)
-    df = df[df["task"] != "mqar"]
+    df = df[~df["task"].isin(["mqar", "ruler"])]
     if len(df) == 0:
-        raise Skip("no accuracy rows other than mqar (drawn in mqar.png)")
+        raise Skip("no accuracy rows other than mqar and ruler (drawn in mqar.png and ruler.png)")
     pts = D.accuracy_points(df)
     pal = palette or _frame_palette(df)
     panels = sorted(pts.groupby(["task", "metric"]).groups)
