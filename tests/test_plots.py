@@ -788,3 +788,13 @@ def test_speedup_ticks_read_as_fractions_not_long_decimals():
     from harness.analysis.figures.cost import speedup_tick
 
     assert [speedup_tick(v) for v in (0.015625, 0.5, 1, 2, 64, 1.5, 0.3)] == ["1/64×", "1/2×", "1×", "2×", "64×", "1.5×", "0.3×"]
+
+
+def test_loading_keeps_a_rows_own_source_column(tmp_path):
+    """Fidelity rows say where their activations came from (``source``: trained or swap); loading names the file in
+    ``results_file`` and leaves that column alone, so two files never become two series."""
+    rows = [dict(task="fidelity", variant="linear", variant_params={}, position="rope", position_params={}, train_len=64,
+                 eval_len=64, metric="rel_l2_trained", value=0.1, seed=0, source=s) for s in ("trained", "swap")]
+    a, b = write_jsonl(tmp_path / "a.jsonl", rows[:1]), write_jsonl(tmp_path / "b.jsonl", rows[1:])
+    acc = F.load_results([str(a), str(b)]).accuracy
+    assert sorted(acc["source"]) == ["swap", "trained"] and sorted(acc["results_file"]) == sorted([str(a), str(b)])

@@ -223,7 +223,7 @@ def test_suspect_and_noisy_cells_are_listed_and_suspect_ones_kept_out_of_fits(tm
     assert list(suspect) == ["sliding_window(window=128)"]
     row = suspect["sliding_window(window=128)"]
     assert (row["backend"], row["mode"], row["seq_len"], row["peak_fraction"]) == ("flex", "forward", "2k", "1.5")
-    assert row["source"] == str(c)
+    assert row["results_file"] == str(c)
     noisy = table(page, "noisy-table")
     assert list(noisy) == ["full"]
     assert noisy["full"]["seq_len"] == "1k" and noisy["full"]["noisy_reason"] == "other processes used 0.8 CPU"

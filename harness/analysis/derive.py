@@ -27,9 +27,9 @@ from harness.results import PROPORTIONS, best_lr
 
 # -- trust: noisy and suspect cells -----------------------------------------------------------------
 
-SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "source")
+SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "results_file")
 NOISY_COLUMNS = ("variant", "backend", "mode", "seq_len", "status", "noisy_reason", "attempts", "other_cpu",
-                 "loadavg_1m", "peak_before_flops_per_s", "peak_after_flops_per_s", "source")
+                 "loadavg_1m", "peak_before_flops_per_s", "peak_after_flops_per_s", "results_file")
 
 
 def _truthy(v: Any) -> bool:
@@ -95,7 +95,7 @@ def _listing(cost: pd.DataFrame, mask: pd.Series, columns: Sequence[str]) -> pd.
 
 
 def suspect_rows(cost: pd.DataFrame) -> pd.DataFrame:
-    """The latest ok cells with ``peak_fraction`` > 1: variant, backend, mode, seq_len, peak_fraction, source."""
+    """The latest ok cells with ``peak_fraction`` > 1: variant, backend, mode, seq_len, peak_fraction, results_file."""
     if len(cost) == 0:
         return pd.DataFrame(columns=list(SUSPECT_COLUMNS))
     c = cells(cost if "series" in cost else prepare_cost(cost))

@@ -272,7 +272,7 @@ def load_results(paths: Sequence[str | os.PathLike]) -> Results:
         warn_skipped(p, bad)  # e.g. a stray `1` or `[1, 2]` line: skipped, but said
         known = 0
         for r in rows:
-            r = {**r, "source": str(p)}
+            r = {**r, "results_file": str(p)}  # not "source": fidelity rows have a source column of their own
             if "task" in r or "metric" in r:
                 acc_rows.append(r)
             elif "seq_len" in r and ("latency_ms" in r or "status" in r):
@@ -288,13 +288,13 @@ def load_results(paths: Sequence[str | os.PathLike]) -> Results:
     cost, acc = pd.DataFrame(), pd.DataFrame()
     if cost_rows:
         cost = _frame(cost_rows, COST_NUMERIC)
-        _require(cost, COST_REQUIRED, "cost", cost["source"])
+        _require(cost, COST_REQUIRED, "cost", cost["results_file"])
         cost = prepare_cost(cost)
     if acc_rows:
         acc = _frame(acc_rows, ACCURACY_NUMERIC)
-        _require(acc, ACCURACY_REQUIRED, "accuracy", acc["source"])
+        _require(acc, ACCURACY_REQUIRED, "accuracy", acc["results_file"])
         if "eval_len" not in acc and "seq_len" not in acc:
-            raise ValueError(f"accuracy rows in {', '.join(sorted(set(acc['source'])))} lack column eval_len")
+            raise ValueError(f"accuracy rows in {', '.join(sorted(set(acc['results_file'])))} lack column eval_len")
         acc = prepare_accuracy(acc)
     return Results(cost=cost, accuracy=acc, sources=[str(p) for p in paths])
 
@@ -320,7 +320,7 @@ def require_ok(cost: pd.DataFrame, sources: Iterable[str] = ()) -> None:
     if len(ok_rows(cost)) == 0:
         first = cost["error"].dropna().astype(str) if "error" in cost else pd.Series(dtype=str)
         hint = f"; first error: {first.iloc[0].splitlines()[0][:160]}" if len(first) else ""
-        raise ValueError(f"no ok cost rows in {', '.join(sorted(set(cost['source']))) if 'source' in cost else 'the input'} "
+        raise ValueError(f"no ok cost rows in {', '.join(sorted(set(cost['results_file']))) if 'results_file' in cost else 'the input'} "
                          f"({status_counts(cost)}){hint}")
 
 

@@ -65,7 +65,7 @@ def _sources(results: F.Results) -> pd.DataFrame:
     for kind, df in (("cost", results.cost), ("accuracy", results.accuracy)):
         if len(df) == 0:
             continue
-        for src, g in df.groupby("source", sort=True):
+        for src, g in df.groupby("results_file", sort=True):
             status = F.status_counts(g) if kind == "cost" else f"{g['value'].notna().sum()} with a value"
             rows.append({"file": src, "kind": kind, "rows": len(g), "status": status})
     return pd.DataFrame(rows)
@@ -378,9 +378,9 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
     acc = results.accuracy
     ids = _Ids()
     groups: list[tuple[str, str, list[str]]] = []  # (anchor, heading, sections)
-    runs = sorted(cost["source"].unique()) if len(cost) and "source" in cost else ([None] if len(cost) else [])
+    runs = sorted(cost["results_file"].unique()) if len(cost) and "results_file" in cost else ([None] if len(cost) else [])
     for src in runs:
-        run = cost if src is None else cost[cost["source"] == src]
+        run = cost if src is None else cost[cost["results_file"] == src]
         F.check_single_device(run)
         anchor = ids("run")
         caption = F.caption(run)
@@ -388,7 +388,7 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
                        [f'<p class="muted">{html.escape(str(src or ""))} · {html.escape(caption)}</p>',
                         *_cost_run(run, acc.iloc[0:0], [str(src)] if src else results.sources, ids)]))
     if len(acc):
-        srcs = sorted(acc["source"].unique()) if "source" in acc else []
+        srcs = sorted(acc["results_file"].unique()) if "results_file" in acc else []
         anchor = ids("run")
         head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(F.caption(None, acc))}</p>'
         groups.append((anchor, "Accuracy", [head, *_accuracy_group(cost, acc, srcs, ids)]))
