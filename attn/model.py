@@ -107,7 +107,10 @@ def attention_params_for(config: TransformerConfig) -> dict[str, Any]:
     missing = [k for k in wanted if k not in fields]
     check(not missing, f"position {config.position!r} needs an attention variant with parameter(s) {', '.join(missing)} "
                        f"({config.attention!r} has none)")
-    return {**wanted, **config.attention_params}
+    params = {**wanted, **config.attention_params}
+    if params.get("sink_logit") and "heads" in fields and not params.get("heads"):
+        params["heads"] = config.n_heads  # sink logits made now, so an optimizer built before the first call trains them
+    return params
 
 
 class SelfAttention(nn.Module):

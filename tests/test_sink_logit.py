@@ -216,3 +216,19 @@ def test_a_query_that_sees_nothing_returns_zero():
     from attn.attention.full import dense_attention
 
     assert torch.equal(dense_attention(q, q, q, mask, sink=torch.zeros(2, dtype=torch.float64)), out)
+
+
+@pytest.mark.parametrize("spec", [("full", {"sink_logit": True}), ("sliding_window", {"window": 8, "sink_logit": True})])
+def test_the_backbone_makes_the_logits_before_its_first_call(spec):
+    """An optimizer built right after the model (as the accuracy harness builds it) must see the sink logits."""
+    name, params = spec
+    model = attn.Transformer(attn.TransformerConfig(attention=name, attention_params=params, position="rope",
+                                                    vocab_size=32, d_model=32, n_heads=4, n_layers=2, max_seq_len=64))
+    logits = [b.attn.attn.sink_logits for b in model.blocks]
+    assert all(isinstance(p, torch.nn.Parameter) and p.shape == (4,) for p in logits)
+    names = {n for n, _ in model.named_parameters()}
+    assert sum(n.endswith("sink_logits") for n in names) == 2
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.loss(torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16))).backward()
+    opt.step()
+    assert all(p.abs().sum() > 0 for p in logits)  # trained by the optimizer made before the first call
