@@ -114,6 +114,10 @@ def check_backend(name: str, params: dict[str, Any], backend: str, device: str =
     for dtype in dtypes:
         dt = str(dtype).removeprefix("torch.")
         for shape in shapes:
+            # fresh modules per shape: one module serves one head count (a variant may size parameters by it at
+            # its first call, as sink logits do)
+            fast = attn.build_attention(name, backend=backend, **params).to(device)
+            ref = attn.build_attention(name, backend="reference", **params).to(device)
             decode_shape = shape[3] < shape[4]
             mode = "decode" if decode_shape else "forward"
             runs = [(mode, False)] + ([("backward", True)] if not decode_shape else [])
@@ -150,7 +154,8 @@ def check_decode(name: str, params: dict[str, Any], device: str = "cpu", length:
         return [Finding(name, "decode state", "new_state/step", "skipped", "the variant does not decode")]
     found = []
     for heads in ((2, 2), (4, 2)):
-        try:
+        try:  # a fresh module per head count, as in check_backend
+            m = attn.build_attention(name, **params).to(device)
             found.append(_check_decode_once(m, name, params, device, length, heads))
         except Exception as e:  # noqa: BLE001 -- a crash is a finding, not the checker's failure
             found.append(Finding(name, "decode state", f"new_state/step, H={heads[0]} H_kv={heads[1]}", "mismatch",

@@ -232,3 +232,12 @@ def test_the_backbone_makes_the_logits_before_its_first_call(spec):
     model.loss(torch.randint(0, 32, (2, 16)), torch.randint(0, 32, (2, 16))).backward()
     opt.step()
     assert all(p.abs().sum() > 0 for p in logits)  # trained by the optimizer made before the first call
+
+
+def test_the_checker_passes_sink_logits_at_every_head_count():
+    """attn.checks builds a module per shape: a module sized for 4 query heads is never called with 2."""
+    from attn.checks import check_variant
+
+    found = check_variant("full", {"sink_logit": True}, dtypes=(torch.float32,))
+    assert found and not [f for f in found if f.status == "mismatch"]
+    assert {f.status for f in found} >= {"ok"}
