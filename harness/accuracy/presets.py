@@ -57,8 +57,8 @@ def _quick() -> list[Job]:
 
 
 def _full() -> list[Job]:
-    """The committed reference run: three seeds, 16x length range. About 1.5 hours on a 2-core CPU
-    run as two processes (``--task mqar`` and the rest, ``--threads 1`` each; see results/README.md).
+    """The committed reference run: three seeds, 16x length range; hours on a 2-core CPU, best run as one process per
+    task with ``--threads 1`` (see results/README.md: RULER's models took 40-70 min each there).
 
     The RoPE family shares one RoPE-trained model per seed (passkey, lengthgen, fidelity), so the
     extension methods differ only at evaluation (zero-shot) and in a short fine-tune at 2L."""
