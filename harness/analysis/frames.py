@@ -320,8 +320,8 @@ def require_ok(cost: pd.DataFrame, sources: Iterable[str] = ()) -> None:
     if len(ok_rows(cost)) == 0:
         first = cost["error"].dropna().astype(str) if "error" in cost else pd.Series(dtype=str)
         hint = f"; first error: {first.iloc[0].splitlines()[0][:160]}" if len(first) else ""
-        raise ValueError(f"no ok cost rows in {', '.join(sorted(set(cost['results_file']))) if 'results_file' in cost else 'the input'} "
-                         f"({status_counts(cost)}){hint}")
+        where = ", ".join(sorted(set(cost["results_file"]))) if "results_file" in cost else "the input"
+        raise ValueError(f"no ok cost rows in {where} ({status_counts(cost)}){hint}")
 
 
 def devices(cost: pd.DataFrame) -> list[str]:
