@@ -153,7 +153,8 @@ def byte_count(s: str) -> int:
 
 def fit(make: Callable[[int], Example], length: int, count: Count, lo: int = 1) -> Example:
     """RULER's rule: the example with the largest haystack size n whose prompt and answer fit in ``length`` tokens
-    (binary search over n, then step down if the size is not monotone). ValueError if not even ``lo`` fits."""
+    (binary search over n: every task's ``make`` only grows with n -- fixed insertion fractions, nested word
+    draws). ValueError if not even ``lo`` fits."""
     def size(n: int) -> int:
         return count(make(n).text)
 

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis.figures.accuracy import _acc_series, _train_marks
 from harness.analysis.figures.style import (
     Skip,
     _band,
@@ -33,8 +34,6 @@ METRIC = "string_match"
 def plot_ruler(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                formats: Sequence[str] = ("png",)) -> Figure:
     """RULER's string-match score vs evaluation length, one panel per task (``subtask``) and the mean over tasks."""
-    from harness.analysis.figures.accuracy import _acc_series, _train_marks
-
     if len(acc) == 0 or "task" not in acc or not (acc["task"] == "ruler").any():
         raise Skip("no ruler rows")
     if "length" not in acc:
