@@ -10,6 +10,8 @@
 Both therefore count the inputs (and the KV cache for decoding, the weights for a model), the
 output and every intermediate alive at the worst moment of a steady-state call, autograd
 buffers in training; compilation happens in an earlier warm-up call and is not counted.
+
+Also here: how much host memory one cell may use by default (:func:`host_memory_limit`).
 """
 from __future__ import annotations
 
@@ -40,6 +42,25 @@ def _libc() -> ctypes.CDLL | None:
         return ctypes.CDLL(name) if name else None
     except OSError:
         return None
+
+
+AVAILABLE_FRACTION = 0.8  # of the memory available when the sweep starts: what other processes hold stays theirs
+TOTAL_FRACTION = 0.5  # of the machine's memory: the floor, for a VM whose available memory grows on demand
+
+
+def host_memory_limit(total_floor: bool = True) -> tuple[int, str]:
+    """(bytes, rule) of the default host-memory limit of one cell: 80% of what is available now (rule
+    ``available``), or half the machine's memory (rule ``total``) where that is larger and ``total_floor``.
+
+    80% of what is available alone is far below the machine's size on a VM that hands memory out on
+    demand (it starts with little free), and the host watchdog of a CUDA sweep set there would kill cells
+    the machine could hold. A CPU cell's own limit keeps no floor: past what is free, a laptop swaps.
+    """
+    import psutil
+
+    mem = psutil.virtual_memory()
+    available, total = int(AVAILABLE_FRACTION * mem.available), int(TOTAL_FRACTION * mem.total)
+    return (total, "total") if total_floor and total > available else (available, "available")
 
 
 def release_freed_memory() -> None:
@@ -98,4 +119,5 @@ class PeakMemory:
         return max(0, hwm - self._base)
 
 
-__all__ = ["PeakMemory", "proc_status", "release_freed_memory", "reset_rss_peak"]
+__all__ = ["AVAILABLE_FRACTION", "PeakMemory", "TOTAL_FRACTION", "host_memory_limit", "proc_status", "release_freed_memory",
+           "reset_rss_peak"]

@@ -461,3 +461,77 @@ def test_threads_reach_the_worker_and_the_rows(tmp_path):
     assert [r["num_threads"] for r in read_rows(out)] == [1]
     assert main(["sweep", "--variant", "full", "--lengths", "64", "--threads", "0", "--out", str(tmp_path / "u.jsonl")]) == 2
     assert not (tmp_path / "u.jsonl").exists()
+
+
+# -- CUDA chains: a peak per chain, an error ends the chain ---------------------------------------
+
+class _FakeWorker:
+    """Answers every cell ``ok`` with the peaks it was asked to time (so no process and no GPU are needed)."""
+
+    startup_s, starts = 0.0, 1
+
+    def __init__(self):
+        self.asked: list[tuple[str, ...]] = []
+
+    def run_cell(self, row, timing, seed, time_limit_s, peaks):
+        self.asked.append(peaks)
+        peak = 4e14 + len(self.asked)  # a new value each time: which cell timed it shows
+        return {"status": "ok", "latency_ms": 1.0, "achieved_flops_per_s": 1e14, "peak_dtype": row["dtype"],
+                "peak_before_flops_per_s": peak if "before" in peaks else None,
+                "peak_after_flops_per_s": peak if "after" in peaks else None}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_matmul_peak_is_timed_once_per_chain_on_cuda_and_around_every_cell_on_cpu(device):
+    from harness.cost.spec import RunSettings
+    from harness.cost.sweep import CellMeasurer
+
+    cells = expand(cli_spec(variant=["full", "linear"], lengths=[64, 128], device=device), check_device_available=False)
+    measurer = CellMeasurer(RunSettings(device=device, retries=0), "r")
+    measurer.worker = fake = _FakeWorker()
+    results = [measurer.run(c)["result"] for c in cells]  # full 64, 128, then linear 64, 128: two chains
+    if device == "cpu":
+        assert fake.asked == [("before", "after")] * 4
+        assert {r["peak_timing"] for r in results} == {"cell"}
+        return
+    assert fake.asked == [("before",), (), ("before",), ()]
+    assert [r["peak_flops_per_s"] for r in results] == [4e14 + 1, 4e14 + 1, 4e14 + 3, 4e14 + 3]
+    assert {r["peak_timing"] for r in results} == {"chain"}
+    assert results[1]["peak_fraction"] == pytest.approx(1e14 / (4e14 + 1))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_on_cuda_an_error_skips_the_rest_of_its_chain_with_the_reason(device):
+    from harness.cost.sweep import make_chains
+
+    cells = expand(cli_spec(variant=["full"], lengths=[64, 128, 256], device=device), check_device_available=False)
+    (chain,) = make_chains(cells, {}, skip=True)
+    cell, payload = chain.next()
+    assert payload is None
+    chain.finish(cell, {"result": {"status": "error", "error": "CUDA error: an illegal memory access"},
+                        "env": {"device_name": "x"}, "run_id": "r", "extra": {}})
+    rest = [chain.next() for _ in range(2)]
+    if device == "cpu":  # a CPU worker keeps its compiles after an error: the next length is worth trying
+        assert [p for _, p in rest] == [None, None]
+        return
+    assert [p["result"]["status"] for _, p in rest] == ["skipped", "skipped"]
+    assert all("error at seq_len 64" in p["result"]["error"] and "CUDA" in p["result"]["error"] for _, p in rest)
+
+
+def test_the_cuda_host_watchdog_has_a_floor_of_half_the_machine_and_says_which_rule_set_it(monkeypatch):
+    import psutil
+
+    from harness.cost.spec import RunSettings
+    from harness.cost.sweep import memory_limits
+
+    class Mem:
+        total, available = 128 * 2**30, 10 * 2**30  # a VM that hands out memory on demand: little free at the start
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem)
+    assert memory_limits(RunSettings(device="cuda")) == (None, 64 * 2**30, "total")
+    assert memory_limits(RunSettings(device="cpu")) == (8 * 2**30, None, "available")  # a CPU cell's own limit: no floor
+    Mem.available = 120 * 2**30
+    assert memory_limits(RunSettings(device="cuda")) == (None, 96 * 2**30, "available")

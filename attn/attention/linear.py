@@ -132,7 +132,9 @@ def limit_fla_autotune(default: int = 2) -> int:
 
     cut = 0
     for name, module in list(sys.modules.items()):
-        if not name.startswith("fla.ops") or module is None:
+        # every fla module, not only fla.ops: gated_delta_rule calls fla.modules.norm.l2norm, whose
+        # kernels tune over 25 configs each way
+        if not name.startswith("fla.") or module is None:
             continue
         for obj in list(vars(module).values()):
             for _ in range(4):  # @triton.heuristics wraps the Autotuner: follow .fn down to it

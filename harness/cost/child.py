@@ -44,13 +44,15 @@ def _cap_address_space(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: bool = True) -> dict[str, Any]:
+def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
+             peaks: tuple[str, ...] = ("before", "after")) -> dict[str, Any]:
     """Measure one cell in this process; every failure becomes a status (never raises).
 
     Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
     the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
     buffers are then handed back to the OS), the timed calls with the CPU snapshots around them,
-    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype; ``peaks=False`` skips them).
+    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype). ``peaks`` names which of
+    the two to time (the sweep times one per chain on CUDA: harness.cost.sweep.CellMeasurer.peaks_for).
     """
     import torch
 
@@ -62,7 +64,9 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: b
 
     cell = Cell.from_row(cell_row)
     mem = PeakMemory(cell.device)
-    peak = (lambda: time_peak(cell.device, DTYPES[cell.dtype])) if peaks else (lambda: None)
+    def peak(when: str) -> float | None:
+        return time_peak(cell.device, DTYPES[cell.dtype]) if when in peaks else None
+
     try:
         # Warm-up on a throwaway instance: compilation, autotuning and lazy initialisation
         # are timed here, and whatever they leave behind is in the baseline taken next.
@@ -70,7 +74,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: b
         measured = build(cell)
         warmup_s = first_call(measured.fn)
         del measured
-        peak_before = peak()
+        peak_before = peak("before")
         mem.baseline()
         torch.manual_seed(seed)
         measured = build(cell)
@@ -82,7 +86,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int, peaks: b
         peak_mem = mem.peak()
         backend, flops, tokens = measured.backend(), measured.flops, measured.tokens
         del measured
-        peak_after = peak()
+        peak_after = peak("after")
     except UnsupportedBackend as e:
         return {"status": "unsupported", "error": one_line(e)}
     except MemoryError as e:
@@ -170,7 +174,7 @@ def child_main(argv: list[str] | None = None) -> None:
         if not cuda and args.mem_limit and not args.no_address_space_cap:
             _cap_address_space(args.mem_limit)
         if req["op"] == "cell":
-            send(run_cell(req["cell"], timing, req.get("seed", 0)))
+            send(run_cell(req["cell"], timing, req.get("seed", 0), tuple(req.get("peaks", ("before", "after")))))
         elif req["op"] == "exit":
             break
 

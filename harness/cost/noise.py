@@ -145,7 +145,8 @@ def time_peak(device: str, dtype: Any) -> float | None:
 
     The operands live only for this timing (freed before the cell's memory baseline and after its
     peak is read), so they never count as a cell's memory nor eat into a device memory cap; one
-    untimed call first touches the output's pages. Timed short (0.3-1 s): it runs twice per cell.
+    untimed call first touches the output's pages. Timed short (0.3-1 s): it runs twice per cell on CPU
+    and once per chain on CUDA (harness.cost.sweep.CellMeasurer.peaks_for).
     """
     from harness.cost.timing import TimingConfig, first_call, time_callable
 

@@ -23,16 +23,27 @@ import click
 from harness.cost.cells import KEY_FIELDS, Cell
 from harness.cost.noise import assess
 from harness.cost.spec import RunSettings, SweepSpec
+from harness.memory import host_memory_limit
 from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, exclusive, read_rows
 
 FAILURES_THAT_SKIP = ("oom", "timeout")  # a longer length of the same configuration would fail too
 
 
+def skips_longer(status: str | None, device: str | None) -> bool:
+    """Whether a cell's ``status`` makes the longer lengths of its configuration not worth running.
+
+    oom and timeout: a longer length would fail too. On CUDA an ``error`` as well: the worker restarts
+    after any CUDA error (they are sticky), so every further length would pay a fresh start and every
+    compile again, and a backend that fails at one length almost always fails at all of them.
+    """
+    return status in FAILURES_THAT_SKIP or (status == "error" and str(device or "").startswith("cuda"))
+
+
 def _failure_index(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[str, int]]:
-    """Configuration key -> (status, shortest length) of its oom/timeout rows."""
+    """Configuration key -> (status, shortest length) of its rows that skip longer lengths."""
     out: dict[str, tuple[str, int]] = {}
     for r in rows:
-        if r.get("status") in FAILURES_THAT_SKIP and isinstance(r.get("seq_len"), int):
+        if skips_longer(r.get("status"), r.get("device")) and isinstance(r.get("seq_len"), int):
             key = cell_key(r, tuple(f for f in KEY_FIELDS if f != "seq_len"))
             if key not in out or r["seq_len"] < out[key][1]:
                 out[key] = (r["status"], r["seq_len"])
@@ -44,24 +55,30 @@ def skip_reason(cell: Cell, failures: dict[str, tuple[str, int]]) -> str | None:
     failed = failures.get(cell.config_key())
     if failed is None or cell.seq_len <= failed[1]:
         return None
-    return f"not run: {failed[0]} at seq_len {failed[1]} in this configuration (--no-skip-after-failure runs it anyway)"
+    why = " on CUDA (each CUDA error restarts the worker, losing its compiles)" if failed[0] == "error" else ""
+    return (f"not run: {failed[0]} at seq_len {failed[1]} in this configuration{why} "
+            f"(--no-skip-after-failure runs it anyway)")
 
 
 def default_mem_limit_gib() -> float:
-    import psutil
+    """A CPU cell's default memory limit in GiB: 80% of what is available now (harness.memory.host_memory_limit)."""
+    return host_memory_limit(total_floor=False)[0] / 2**30
 
-    return 0.8 * psutil.virtual_memory().available / 2**30
 
+def memory_limits(run: RunSettings) -> tuple[int | None, int | None, str | None]:
+    """(limit on the measuring device, host resident-memory watchdog, the rule of the default host limit).
 
-def memory_limits(run: RunSettings) -> tuple[int | None, int | None]:
-    """(limit on the measuring device, resident-memory watchdog) in bytes, from what is free on this machine now.
-
-    CPU: the limit covers the process's memory (default 80% of what is free). CUDA: it covers device
-    memory (default none: the whole GPU) and the host side keeps the 80% watchdog."""
-    host_bytes = int(default_mem_limit_gib() * 2**30)
+    CPU: the limit covers the process's memory (default 80% of what is free now). CUDA: it covers device
+    memory (default none: the whole GPU) and the host side keeps a watchdog at the larger of that and half
+    the machine's memory (harness.memory.host_memory_limit). Bytes; the rule is None where ``--mem-limit``
+    set a CPU cell's only limit."""
     if run.device.startswith("cuda"):
-        return (None if run.mem_limit is None else int(run.mem_limit * 2**30)), host_bytes
-    return (host_bytes if run.mem_limit is None else int(run.mem_limit * 2**30)), None
+        host_bytes, rule = host_memory_limit()
+        return (None if run.mem_limit is None else int(run.mem_limit * 2**30)), host_bytes, rule
+    if run.mem_limit is not None:
+        return int(run.mem_limit * 2**30), None, None
+    limit, rule = host_memory_limit(total_floor=False)
+    return limit, None, rule
 
 
 class CellMeasurer:
@@ -78,21 +95,36 @@ class CellMeasurer:
         from harness.environment import environment
 
         self.settings, self.run_id = run, run_id
-        mem_bytes, host_bytes = memory_limits(run)
+        mem_bytes, host_bytes, rule = memory_limits(run)
         self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
                                           plugins=tuple(run.plugin), threads=run.threads))
         self.env = environment(run.device, run.seed)
-        self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes}
+        self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes, "host_limit_bytes": host_bytes,
+                                      "host_limit_rule": rule}
+        # CUDA: (configuration key, matmul peak) of the chain being measured -- see peaks_for
+        self._chain_peak: tuple[str, float] | None = None
+
+    def peaks_for(self, cell: Cell) -> tuple[str, ...]:
+        """Which matmul peaks the worker times around ``cell``: before and after it on CPU, where the
+        load changes from minute to minute; on CUDA once per chain (configuration), before its first
+        cell, since an 8192^3 peak twice per cell cost a GPU check a fifth of its sweep."""
+        if not self.settings.device.startswith("cuda"):
+            return ("before", "after")
+        return () if self._chain_peak and self._chain_peak[0] == cell.config_key() else ("before",)
 
     def run(self, cell: Cell) -> dict[str, Any]:
         """Measure ``cell``; while the result is ``noisy``, measure it again (``retries`` times at most)."""
         from harness.cost.noise import least_noisy
 
         s = self.settings
+        peaks = self.peaks_for(cell)
         attempts, walls = [], []
         for _ in range(1 + s.retries):
             start, startup = time.monotonic(), self.worker.startup_s
-            result = assess(self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit))
+            result = self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit, peaks=peaks)
+            if result.get("status") == "ok":
+                result = self._with_peaks(cell, result, peaks)
+            result = assess(result)
             walls.append(time.monotonic() - start - (self.worker.startup_s - startup))  # a worker's start is not the cell's
             attempts.append(result)
             if not result.get("noisy"):
@@ -102,6 +134,19 @@ class CellMeasurer:
         result = {**least_noisy(attempts), **first, "attempts": len(attempts)}
         return {"result": result, "env": self.env, "run_id": self.run_id,
                 "extra": {**self.extra, "cell_wall_s": sum(walls), "worker_starts": self.worker.starts}}
+
+    def _with_peaks(self, cell: Cell, result: dict[str, Any], peaks: tuple[str, ...]) -> dict[str, Any]:
+        """Say how the row's peaks were timed (``peak_timing``: per ``cell`` or per ``chain``); on CUDA keep
+        the peak timed with a chain's first cell, and give it to the chain's later cells."""
+        if "after" in peaks:
+            return {**result, "peak_timing": "cell"}
+        if "before" in peaks:
+            peak = result.get("peak_before_flops_per_s")
+            self._chain_peak = (cell.config_key(), peak) if peak else None
+            return {**result, "peak_timing": "chain"}
+        assert self._chain_peak is not None  # peaks_for times none only once the chain has its peak
+        return {**result, "peak_before_flops_per_s": self._chain_peak[1], "peak_dtype": cell.dtype,
+                "peak_timing": "chain"}
 
     def close(self) -> None:
         self.worker.close()
@@ -113,8 +158,9 @@ def lost_cell(cell: Cell, why: str) -> dict[str, Any]:
 
 
 class CostChain:
-    """One configuration's cells, lengths ascending: after an oom or timeout at one length the longer
-    ones are recorded as skipped instead of run (``skip_after_failure``), wherever the chain runs."""
+    """One configuration's cells, lengths ascending: after an oom or timeout at one length (on CUDA, an
+    error too: :func:`skips_longer`) the longer ones are recorded as skipped instead of run
+    (``skip_after_failure``), wherever the chain runs."""
 
     def __init__(self, cells: Sequence[Cell], failure: tuple[str, int] | None = None, skip: bool = True):
         self.tasks = sorted(cells, key=lambda c: c.seq_len)
@@ -135,7 +181,7 @@ class CostChain:
 
     def finish(self, cell: Cell, payload: dict[str, Any]) -> None:
         status = payload["result"].get("status")
-        if status in FAILURES_THAT_SKIP and (self.failure is None or cell.seq_len < self.failure[1]):
+        if skips_longer(status, cell.device) and (self.failure is None or cell.seq_len < self.failure[1]):
             self.failure = (status, cell.seq_len)
         if payload.get("env") is not None:
             self.last = payload
@@ -229,8 +275,8 @@ def _run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
     run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     env = environment(run.device, run.seed)  # the driver's: only rows no host measured (lost, or skipped at once)
     store = ResultsStore(out, KEY_FIELDS)
-    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "cell_wall_s": None,
-                "worker_starts": 0, "attempts": 1}
+    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "host_limit_bytes": None,
+                "host_limit_rule": None, "cell_wall_s": None, "worker_starts": 0, "attempts": 1, "peak_timing": None}
     todo_at_start = sum(c.key() not in done for c in cells)
 
     with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
@@ -243,7 +289,7 @@ def _run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
             row = make_row(cell, payload["result"], payload.get("env") or env, payload.get("run_id") or run_id, extra)
             store.append(row)
             status = row["status"]
-            if status in FAILURES_THAT_SKIP:
+            if skips_longer(status, cell.device):
                 prev = failures.get(cell.config_key())
                 if prev is None or cell.seq_len < prev[1]:
                     failures[cell.config_key()] = (status, cell.seq_len)
@@ -274,5 +320,5 @@ def _run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
 
 __all__ = [
     "FAILURES_THAT_SKIP", "CellMeasurer", "CostChain", "check_executor", "default_mem_limit_gib", "existing_rows",
-    "lost_cell", "make_chains", "make_row", "memory_limits", "run_sweep", "skip_reason",
+    "lost_cell", "make_chains", "make_row", "memory_limits", "run_sweep", "skip_reason", "skips_longer",
 ]

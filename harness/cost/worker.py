@@ -216,8 +216,11 @@ class Worker:
         self.close()
 
     # requests
-    def run_cell(self, cell_row: dict[str, Any], timing: TimingConfig, seed: int, time_limit_s: float) -> dict[str, Any]:
-        return self._request({"op": "cell", "cell": cell_row, "seed": seed, "timing": vars_of(timing)}, time_limit_s)
+    def run_cell(self, cell_row: dict[str, Any], timing: TimingConfig, seed: int, time_limit_s: float,
+                 peaks: tuple[str, ...] = ("before", "after")) -> dict[str, Any]:
+        """Measure one cell in the worker; ``peaks``: which matmul peaks to time around it (harness.cost.child)."""
+        return self._request({"op": "cell", "cell": cell_row, "seed": seed, "timing": vars_of(timing),
+                              "peaks": list(peaks)}, time_limit_s)
 
     def _request(self, msg: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
