@@ -1,119 +1,170 @@
 #!/usr/bin/env bash
-# One-shot GPU check for a machine that can fetch nothing, sized to end within its budget
-# (GPU_CHECK_BUDGET_S, default 450 s). Stages and their caps (each also cut to what is left):
-#   1. install   (60 s)  every import the check needs; what is missing comes from the carried wheels
-#                        (WHEELS, default .whl), offline, with --no-deps into a --target folder put on
-#                        PYTHONPATH; then the project itself, --no-deps
-#   2. equivalence (120 s) every CUDA backend vs the fp64 reference (forward with and without grad,
-#                        backward, decode; bf16 and fp32); a backend whose wheel was carried must run
-#   3. sweep     (230 s) the `gpu` preset (bf16; forward 1K/4K/16K/128K, train 4K/16K), least likely
-#                        to work first; cut at the cap, the rows so far are kept
-#   4. figures   (40 s)  figures and the report of whatever rows exist
+# One-shot GPU check for a machine that can fetch nothing, sized so one run (machine start included)
+# takes under 7 of the 15 minutes a lent H200 gives, leaving time for a rerun. Stages and their caps
+# (GPU_CHECK_CAP_<STAGE>_S; the budget GPU_CHECK_BUDGET_S defaults to their sum, and each cap is also cut
+# to what the budget has left after the later stages' caps):
+#   1. install      (30 s) one Python tries every import the check needs and names what is missing; one
+#                          offline pip call installs that from the carried wheels (WHEELS, default .whl,
+#                          --no-deps into a --target folder on PYTHONPATH); the same Python again, after
+#   2. equivalence (110 s) every CUDA backend vs the fp64 reference, cheapest first, on 12 pytest-xdist
+#                          workers; a backend whose wheel was carried must run
+#   3. sweep       (170 s) the `gpu` preset (bf16; forward 4K/16K/128K, train 16K), the most valuable
+#                          rows first; cut at the cap, the rows so far are kept
+#   4. report       (20 s) report.html of whatever rows exist (every figure embedded: no PNGs to bring back)
+# A stage cut at its cap is stopped with SIGINT (`timeout -s INT -k 15`), so pytest still prints each
+# case's result, and scripts/pytest_unrun.py the cases it never finished. OUT_DIR ends with at most 6
+# files, no folders: what a device call brings back is 8 files, 2 folders deep.
 # Usage: scripts/gpu_check.sh OUT_DIR [extra sweep options, e.g. --lengths 1K]
+#        scripts/gpu_check.sh --plan   (the caps, the budget and the time limit to give the device call)
 # Without a GPU it runs the same install stage, the CPU half of the equivalence file's refusal and
 # tolerance checks, and validates the gpu sweep grid (--dry-run): tests/test_gpu_script.py rehearses
 # it that way in a fresh virtual environment. Wheels to carry: scripts/gpu_wheels.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+STAGES="install equivalence sweep report"
+declare -A CAP=([install]=${GPU_CHECK_CAP_INSTALL_S:-30} [equivalence]=${GPU_CHECK_CAP_EQUIVALENCE_S:-110}
+                [sweep]=${GPU_CHECK_CAP_SWEEP_S:-170} [report]=${GPU_CHECK_CAP_REPORT_S:-20})
+GRACE=15  # seconds a stage has after its SIGINT before SIGKILL: pytest's summary, the sweep's worker shutdown
+total=0; for s in $STAGES; do total=$(( total + CAP[$s] )); done
+BUDGET=${GPU_CHECK_BUDGET_S:-$total}
+if [ "${1:-}" = --plan ]; then
+  for s in $STAGES; do echo "$s ${CAP[$s]}"; done
+  echo "budget $BUDGET"
+  echo "kill_grace $GRACE"
+  # every stage's grace, and the Pythons' exits, fit in the margin: the device call's timeout_s
+  echo "device_timeout_s $(( BUDGET + 60 ))"
+  exit 0
+fi
 OUT=${1:-results/gpu}
 shift || true
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-.whl}
 SITE=${GPU_CHECK_SITE:-/tmp/attn_bench_site}
-BUDGET=${GPU_CHECK_BUDGET_S:-450}
 START=$(date +%s)
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
 printf 'stage\tseconds\tcap_s\texit_status\n' >"$OUT/stages.tsv"
 log() { echo "[gpu_check $(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-# cap SECONDS [RESERVE]: the stage's cap, cut to what is left after RESERVE seconds kept for later stages.
-cap() { local c=$1 l; l=$(( $(left) - ${2:-0} )); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 5 ] && c=5; echo "$c"; }
+# cap STAGE: its cap, cut to what is left once the later stages' caps are kept back.
+cap() {
+  local c=${CAP[$1]} later=0 seen=0 s l
+  for s in $STAGES; do [ "$seen" = 1 ] && later=$(( later + CAP[$s] )); [ "$s" = "$1" ] && seen=1; done
+  l=$(( $(left) - later )); [ "$l" -lt "$c" ] && c=$l; [ "$c" -lt 5 ] && c=5; echo "$c"
+}
 stage_done() { printf '%s\t%s\t%s\t%s\n' "$1" "$(( $(date +%s) - $2 ))" "$3" "$4" >>"$OUT/stages.tsv"; }
-# `import` from / so the checkout's own packages (on sys.path from the cwd) cannot hide a missing install.
-importable() { (cd / && "$PY" -c "import $1" >/dev/null 2>&1); }
+# The project is pure Python: it runs from the checkout, so nothing is built and nothing lands in it.
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
+mkdir -p "$SITE"
+
+# check_imports PHASE MODULE:DIST...: one Python, run from / (so only what is installed or on PYTHONPATH
+# counts), imports every MODULE and prints `missing MODULE DIST: why` for each that fails. After the
+# install it also says what xformers' FlashAttention-2 operator resolves to and whether CUDA works.
+check_imports() {
+  (cd / && timeout -k 5 "$(cap install)" "$PY" - "$@" <<'EOF'
+import importlib, sys
+
+phase, pairs = sys.argv[1], sys.argv[2:]
+for pair in pairs:
+    module, dist = pair.split(":")
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001  (a wheel that does not load is as missing as one not there)
+        print(f"missing {module} {dist}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}")
+if phase == "after":
+    import torch
+
+    cuda = torch.cuda.is_available()
+    print(f"python {sys.executable} {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"device: {torch.cuda.get_device_name() if cuda else 'none'}")
+    try:  # a torch/xformers schema mismatch shows here first
+        from xformers.ops.fmha import flash
+
+        schema = getattr(getattr(torch.ops.aten, "_flash_attention_forward", None), "default", None)
+        print(f"xformers.ops.fmha.flash.FwOp: {flash.FwOp.NAME} -> {flash.FwOp.OPERATOR}; torch's own flash kernels: "
+              f"{flash._USE_PT_FLASH_ATTN}; aten::_flash_attention_forward: {getattr(schema, '_schema', 'absent')}")
+    except Exception as e:  # noqa: BLE001
+        print(f"xformers.ops.fmha.flash.FwOp: does not resolve: {type(e).__name__}: {e}")
+    print(f"cuda {'yes' if cuda else 'no'}")
+EOF
+  )
+}
 
 # -- 1. install --------------------------------------------------------------------------------------
-t0=$(date +%s); c=$(cap 60 390)
-# module:distribution, everything the check imports. The first block is what the H200 image has;
-# the last two are the optional GPU backends (distribution names as their wheel files spell them).
+t0=$(date +%s); c=$(cap install)
+# module:distribution, everything the check imports. The first block is what the H200 image has; the
+# optional ones are the GPU backends (distribution names as their wheel files spell them).
 NEEDED="torch:torch numpy:numpy pandas:pandas matplotlib:matplotlib seaborn:seaborn click:click tqdm:tqdm
 psutil:psutil safetensors:safetensors scipy:scipy pytest:pytest hypothesis:hypothesis
 pytest_timeout:pytest_timeout einops:einops"
 OPTIONAL="xformers:xformers fla.ops.linear_attn:fla_core"
-log "python: $("$PY" -c 'import sys, torch; print(sys.executable, sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1)"
+PROJECT="attn:attn harness.cli:harness harness.cost.command:harness harness.analysis.report:harness"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
-mkdir -p "$SITE"
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# shellcheck disable=SC2086
+before=$(check_imports before $NEEDED $OPTIONAL 2>&1); echo "$before" >>"$LOG"
 wheels=()
-for pair in $NEEDED $OPTIONAL; do
-  mod=${pair%%:*}; dist=${pair##*:}
-  importable "$mod" && continue
-  found=$(ls "$WHEELS"/"$dist"-*.whl 2>/dev/null | head -1)
+while read -r _ mod dist _; do
+  found=$(ls "$WHEELS"/"${dist%:}"-*.whl 2>/dev/null | head -1)
   if [ -n "$found" ]; then wheels+=("$found"); log "missing $mod: installing $(basename "$found")"
-  else log "missing $mod: no $dist wheel in $WHEELS"; fi
-done
+  else log "missing $mod: no ${dist%:} wheel in $WHEELS"; fi
+done < <(grep '^missing ' <<<"$before")
 if [ ${#wheels[@]} -gt 0 ]; then
-  timeout "$c" "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  timeout -k 5 "$(cap install)" "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "${wheels[@]}" >>"$LOG" 2>&1 || log "pip could not install ${wheels[*]}"
 fi
-# The project: built from a copy (an in-tree build would leave build/ and egg-info in the checkout).
-src=$(mktemp -d)
-cp -r attn harness pyproject.toml README.md "$src"/
-if ! timeout "$c" "$PY" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --upgrade \
-     --target "$SITE" "$src" >>"$LOG" 2>&1; then  # --upgrade: a rerun must not keep the first run's copy
-  log "could not install the project into $SITE: using the checkout on PYTHONPATH"
-  export PYTHONPATH="$PWD:$PYTHONPATH"
-fi
-rm -rf "$src"
-missing=""
-for pair in $NEEDED attn:attn harness.cli:harness; do importable "${pair%%:*}" || missing="$missing ${pair%%:*}"; done
-required=""
+# shellcheck disable=SC2086
+after=$(check_imports after $NEEDED $PROJECT $OPTIONAL 2>&1); echo "$after" | tee -a "$LOG"
+missing=""; required=""
+for pair in $NEEDED $PROJECT; do grep -q "^missing ${pair%%:*} " <<<"$after" && missing="$missing ${pair%%:*}"; done
 for pair in $OPTIONAL; do
   mod=${pair%%:*}; dist=${pair##*:}
-  if importable "$mod"; then log "$mod imports"
-  else log "$mod does not import: $(cd / && "$PY" -c "import $mod" 2>&1 | tail -1)"; fi
+  if grep -q "^missing $mod " <<<"$after"; then log "$mod does not import (why: above)"; else log "$mod imports"; fi
   # A backend whose wheel was carried must work: the equivalence stage fails if it is refused.
   ls "$WHEELS"/"$dist"-*.whl >/dev/null 2>&1 && required="$required,${mod%%.*}"
 done
 export ATTN_BENCH_REQUIRE_BACKENDS=${required#,}
-if [ -n "$missing" ]; then
-  log "still missing after the install stage:$missing -- carry their wheels in $WHEELS (scripts/gpu_wheels.txt)"
+if [ -n "$missing" ] || ! grep -q '^cuda ' <<<"$after"; then
+  log "still missing after the install stage:${missing:- (the import check did not finish)} -- carry their wheels in $WHEELS (scripts/gpu_wheels.txt)"
   stage_done install "$t0" "$c" 1
   exit 1
 fi
 log "every import the check needs succeeds; backends that must run: ${ATTN_BENCH_REQUIRE_BACKENDS:-none}"
 stage_done install "$t0" "$c" 0
 
-if "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then CUDA=1; else CUDA=0; fi
+if grep -q '^cuda yes' <<<"$after"; then CUDA=1; else CUDA=0; fi
 # GPU_CHECK_SWEEP_ON_CPU=1 runs the measuring stages on CPU (the rehearsal of stages 3-4; CUDA-only
 # backends then record `unsupported` rows with their reasons).
 MEASURE=$CUDA; device_args=()
 [ "${GPU_CHECK_SWEEP_ON_CPU:-0}" = 1 ] && [ "$CUDA" = 0 ] && MEASURE=1 && device_args=(--device cpu)
 
 # -- 2. equivalence ----------------------------------------------------------------------------------
-t0=$(date +%s); c=$(cap 120 270)
+t0=$(date +%s); c=$(cap equivalence)
+# GPU_CHECK_EQUIVALENCE_K: another -k selection (a rerun of what a cut run did not reach, say)
 if [ "$CUDA" = 1 ]; then
-  select=(-k cuda)  # the CPU cases run in CI
-  (cd / && "$PY" -c "import xdist" 2>/dev/null) && select+=(-n 4)  # compiles in parallel on the host's cores
-  log "equivalence: every CUDA backend vs the fp64 reference (cap ${c}s)"
+  select=(-k "${GPU_CHECK_EQUIVALENCE_K:-cuda}")  # the CPU cases run in CI
+  # The work is compiles (Flex's Inductor, fla's Triton), so one worker per core or so, each compiling
+  # in-process (TORCHINDUCTOR_COMPILE_THREADS=1): twelve pools of compile processes would fight for 16 cores.
+  (cd / && "$PY" -c "import xdist" 2>/dev/null) && select+=(-n "${GPU_CHECK_TEST_WORKERS:-12}")
+  log "equivalence: every CUDA backend vs the fp64 reference (cap ${c}s, ${select[*]})"
 else
-  select=(-k "refuse or off_by_one")
+  select=(-k "${GPU_CHECK_EQUIVALENCE_K:-refuse or off_by_one}")
   log "no CUDA device: equivalence file's CPU refusal and tolerance checks only (cap ${c}s)"
 fi
-# fp32 dots in Triton default to TF32 (fla's kernels set no precision): checked here in IEEE fp32, so
-# the fp32 cases test the kernels' logic against the fp64 reference, not TF32 rounding. -v: a stage
-# cut at its cap still lists each result.
-TRITON_F32_DEFAULT=ieee timeout -k 10 "$c" "$PY" -m pytest -p no:cacheprovider tests/test_backends_devices.py \
-  "${select[@]}" --timeout 100 -v -rfEs >"$OUT/equivalence.txt" 2>&1
+# fp32 dots in Triton default to TF32 (fla's kernels mostly set no precision): checked here in IEEE fp32.
+# Not every one: fla's gated_delta_rule hard-codes tf32 in its triangular solve on sm80+, so that backend's
+# fp32 cases keep the TF32 floor of attn.checks' tolerance. `-o addopts=` drops the project's -q (with -v
+# it would leave xdist's dots only); SIGINT, not SIGTERM, lets pytest print its summary.
+TRITON_F32_DEFAULT=ieee TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONPATH="$PWD/scripts:$PYTHONPATH" \
+  timeout -s INT -k "$GRACE" "$c" "$PY" -m pytest -p no:cacheprovider -p pytest_unrun -o addopts= -v -rfEs \
+  tests/test_backends_devices.py "${select[@]}" --timeout 90 >"$OUT/equivalence.txt" 2>&1
 tests_rc=$?
-tail -25 "$OUT/equivalence.txt" | tee -a "$LOG"
-[ "$tests_rc" = 124 ] && log "equivalence stage cut at its cap (${c}s)"
+grep -E '^=+ .*(passed|failed|error|skipped|no tests ran|not run).* =+$' "$OUT/equivalence.txt" | tee -a "$LOG"
+[ "$tests_rc" = 124 ] && log "equivalence stage cut at its cap (${c}s): equivalence.txt lists every case's result, and those not run"
 stage_done equivalence "$t0" "$c" "$tests_rc"
 
 # -- 3. sweep ----------------------------------------------------------------------------------------
-t0=$(date +%s); c=$(cap 230 40)
+t0=$(date +%s); c=$(cap sweep)
 if [ "$MEASURE" = 0 ]; then
   log "no CUDA device: validating the gpu sweep grid only (--dry-run, on cpu)"
   "$PY" -m harness.cli sweep --preset gpu --device cpu --out "$OUT/gpu.jsonl" --dry-run "$@" >"$OUT/gpu_dry_run.txt" 2>&1
@@ -125,21 +176,22 @@ if [ "$MEASURE" = 0 ]; then
   exit "$tests_rc"
 fi
 log "gpu sweep (cap ${c}s; rows are written as cells finish)"
-timeout -k 10 "$c" "$PY" -m harness.cli sweep --preset gpu "${device_args[@]}" --out "$OUT/gpu.jsonl" --resume "$@" >"$OUT/sweep.txt" 2>&1
+timeout -s INT -k "$GRACE" "$c" "$PY" -m harness.cli sweep --preset gpu "${device_args[@]}" --out "$OUT/gpu.jsonl" --resume "$@" \
+  >"$OUT/sweep.txt" 2>&1
 sweep_rc=$?
-tail -30 "$OUT/sweep.txt" | tee -a "$LOG"
-[ "$sweep_rc" = 124 ] && log "sweep cut at its cap (${c}s): figures and report show the rows written so far"
+tail -20 "$OUT/sweep.txt" | tee -a "$LOG"
+[ "$sweep_rc" = 124 ] && log "sweep cut at its cap (${c}s): the report shows the rows written so far"
 stage_done sweep "$t0" "$c" "$sweep_rc"
 
-# -- 4. figures and report ---------------------------------------------------------------------------
-t0=$(date +%s); c=$(cap 40)
+# -- 4. report ---------------------------------------------------------------------------------------
+t0=$(date +%s); c=$(cap report)
 if [ -s "$OUT/gpu.jsonl" ]; then
-  timeout -k 5 "$c" bash -c '"$0" -m harness.cli plot "$1/gpu.jsonl" --out "$1/figures" && "$0" -m harness.cli report "$1/gpu.jsonl" --out "$1/report.html"' \
-    "$PY" "$OUT" >>"$LOG" 2>&1
-  fig_rc=$?
+  timeout -s INT -k 5 "$c" "$PY" -m harness.cli report "$OUT/gpu.jsonl" --out "$OUT/report.html" >>"$LOG" 2>&1
+  report_rc=$?
 else
-  log "no rows to draw"; fig_rc=1
+  log "no rows to report"; report_rc=1
 fi
-stage_done figures "$t0" "$c" "$fig_rc"
-log "done in $(( $(date +%s) - START ))s of ${BUDGET}s (equivalence exit status $tests_rc, sweep $sweep_rc, figures $fig_rc)"
+stage_done report "$t0" "$c" "$report_rc"
+log "files under $OUT: $(find "$OUT" -type f | wc -l) (8 come back); done in $(( $(date +%s) - START ))s of ${BUDGET}s" \
+    "(equivalence exit status $tests_rc, sweep $sweep_rc, report $report_rc)"
 exit "$tests_rc"
