@@ -5,7 +5,8 @@
 # to what the budget has left after the later stages' caps):
 #   1. install      (30 s) one Python tries every import the check needs and names what is missing; one
 #                          offline pip call installs that from the carried wheels (WHEELS, default .whl,
-#                          --no-deps into a --target folder on PYTHONPATH); the same Python again, after
+#                          --no-deps into a --target folder on PYTHONPATH); the same check again after it
+#                          (each call has a 90 s hang guard: a cut install would only be a failed check)
 #   2. equivalence (110 s) every CUDA backend vs the fp64 reference, cheapest first, on 12 pytest-xdist
 #                          workers; a backend whose wheel was carried must run
 #   3. sweep       (170 s) the `gpu` preset (bf16; forward 4K/16K/128K, train 16K), the most valuable
@@ -62,7 +63,7 @@ mkdir -p "$SITE"
 # counts), imports every MODULE and prints `missing MODULE DIST: why` for each that fails. After the
 # install it also says what xformers' FlashAttention-2 operator resolves to and whether CUDA works.
 check_imports() {
-  (cd / && timeout -k 5 "$(cap install)" "$PY" - "$@" <<'EOF'
+  (cd / && timeout -k 5 "$HANG_S" "$PY" - "$@" <<'EOF'
 import importlib, sys
 
 phase, pairs = sys.argv[1], sys.argv[2:]
@@ -83,7 +84,7 @@ if phase == "after":
 
         schema = getattr(getattr(torch.ops.aten, "_flash_attention_forward", None), "default", None)
         print(f"xformers.ops.fmha.flash.FwOp: {flash.FwOp.NAME} -> {flash.FwOp.OPERATOR}; torch's own flash kernels: "
-              f"{flash._USE_PT_FLASH_ATTN}; aten::_flash_attention_forward: {getattr(schema, '_schema', 'absent')}")
+              f"{getattr(flash, '_USE_PT_FLASH_ATTN', 'unknown')}; aten::_flash_attention_forward: {getattr(schema, '_schema', 'absent')}")
     except Exception as e:  # noqa: BLE001
         print(f"xformers.ops.fmha.flash.FwOp: does not resolve: {type(e).__name__}: {e}")
     print(f"cuda {'yes' if cuda else 'no'}")
@@ -92,7 +93,9 @@ EOF
 }
 
 # -- 1. install --------------------------------------------------------------------------------------
-t0=$(date +%s); c=$(cap install)
+# A cut install is a failed check, so its cap is no cut: each of its three calls has a hang guard, and
+# the later stages' caps take back any time it overran.
+t0=$(date +%s); c=$(cap install); HANG_S=90
 # module:distribution, everything the check imports. The first block is what the H200 image has; the
 # optional ones are the GPU backends (distribution names as their wheel files spell them).
 NEEDED="torch:torch numpy:numpy pandas:pandas matplotlib:matplotlib seaborn:seaborn click:click tqdm:tqdm
@@ -100,6 +103,7 @@ psutil:psutil safetensors:safetensors scipy:scipy pytest:pytest hypothesis:hypot
 pytest_timeout:pytest_timeout einops:einops"
 OPTIONAL="xformers:xformers fla.ops.linear_attn:fla_core"
 PROJECT="attn:attn harness.cli:harness harness.cost.command:harness harness.analysis.report:harness"
+TOOLS="xdist:pytest_xdist"  # optional: without it the equivalence stage runs in one process
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
 # shellcheck disable=SC2086
 before=$(check_imports before $NEEDED $OPTIONAL 2>&1); echo "$before" >>"$LOG"
@@ -110,11 +114,11 @@ while read -r _ mod dist _; do
   else log "missing $mod: no ${dist%:} wheel in $WHEELS"; fi
 done < <(grep '^missing ' <<<"$before")
 if [ ${#wheels[@]} -gt 0 ]; then
-  timeout -k 5 "$(cap install)" "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  timeout -k 5 "$HANG_S" "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "${wheels[@]}" >>"$LOG" 2>&1 || log "pip could not install ${wheels[*]}"
 fi
 # shellcheck disable=SC2086
-after=$(check_imports after $NEEDED $PROJECT $OPTIONAL 2>&1); echo "$after" | tee -a "$LOG"
+after=$(check_imports after $NEEDED $PROJECT $OPTIONAL $TOOLS 2>&1); echo "$after" | tee -a "$LOG"
 missing=""; required=""
 for pair in $NEEDED $PROJECT; do grep -q "^missing ${pair%%:*} " <<<"$after" && missing="$missing ${pair%%:*}"; done
 for pair in $OPTIONAL; do
@@ -145,7 +149,7 @@ if [ "$CUDA" = 1 ]; then
   select=(-k "${GPU_CHECK_EQUIVALENCE_K:-cuda}")  # the CPU cases run in CI
   # The work is compiles (Flex's Inductor, fla's Triton), so one worker per core or so, each compiling
   # in-process (TORCHINDUCTOR_COMPILE_THREADS=1): twelve pools of compile processes would fight for 16 cores.
-  (cd / && "$PY" -c "import xdist" 2>/dev/null) && select+=(-n "${GPU_CHECK_TEST_WORKERS:-12}")
+  grep -q '^missing xdist ' <<<"$after" || select+=(-n "${GPU_CHECK_TEST_WORKERS:-12}")
   log "equivalence: every CUDA backend vs the fp64 reference (cap ${c}s, ${select[*]})"
 else
   select=(-k "${GPU_CHECK_EQUIVALENCE_K:-refuse or off_by_one}")
