@@ -27,8 +27,9 @@ class Unrun:
         self.started.add(nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # a case is done once its call reported, or once setup skipped or failed it (no call follows)
-        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        # a case is done once its call reported, or once setup skipped or failed it (no call follows), or
+        # once xdist reported its worker crashed under it (``when`` is then "???")
+        if report.when not in ("setup", "teardown") or (report.when == "setup" and report.outcome != "passed"):
             self.finished.add(report.nodeid)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
