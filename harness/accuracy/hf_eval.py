@@ -19,6 +19,19 @@ documents' text; ``perplexity`` = exp(mean NLL per scored token), per token of t
 passkey: the Landmark/YaRN prompt (their instruction, a repeated filler haystack, the key sentence at a
 depth, the question), built in tokens to exactly ``eval_len`` tokens; the model greedily generates a few
 tokens and the first run of digits in them must equal the key (``exact_match`` per example).
+
+ruler: RULER's generators (:mod:`harness.accuracy.ruler`) sized by the checkpoint's tokenizer under RULER's length
+rule (boundary + prompt + RULER's ``tokens_to_generate`` for the task <= ``eval_len``); the prompt ends with the
+task's answer prefix, the model greedily generates at most ``tokens_to_generate`` tokens, cut at the first line
+break after the answer starts, and RULER's ``string_match_all`` scores it. Prompts are plain text (no chat template,
+for base and instruct checkpoints alike).
+
+Cost: the weights are read once per evaluation (a GGUF file takes a minute to dequantise) and every (variant,
+position) model is built on them; a prompt is prefilled once with the LM head on its last position only and
+decoded greedily through the cache (``generate``); ``lm`` runs the head on the scored positions in chunks.
+
+Layer types (Gemma 3's sliding and global layers): ``--variant`` is a layer spec (:mod:`attn.hf.layers`), by
+default ``own`` (the model's pattern); rows carry ``layer_specs``, the spec each layer type ran.
 """
 from __future__ import annotations
 
@@ -42,12 +55,16 @@ from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, Tokens, load_
 from harness.accuracy.jobs import resolved, short_hash
 from harness.accuracy.lm import SEPARATOR, LMConfig, load_corpus
 from harness.accuracy.passkey import FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, draw_key
-from harness.accuracy.stats import Measure, accuracy, mean_ci
+from harness.accuracy.ruler import NIAH, RulerConfig, generate, string_match_all
+from harness.accuracy.stats import Measure, accuracy, clustered_accuracy, mean_ci
 
 if TYPE_CHECKING:
     from harness.accuracy.runner import Runner
 
-HF_TASKS = ("lm", "passkey")
+HF_TASKS = ("lm", "passkey", "ruler")
+# RULER's tokens_to_generate (scripts/synthetic.yaml): the room its length rule keeps for the answer.
+RULER_ROOM = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}
+HF_RULER_TASKS = ("niah_single_1", "niah_multikey_1", "vt")  # --task ruler's default on a checkpoint
 # Landmark attention's / YaRN's passkey instruction, kept: the model is a pretrained LM, not trained on the task.
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there. ")
@@ -55,19 +72,26 @@ TOKENS_PER_BATCH = 8192  # tokens per forward: windows of one length are batched
 HEAD_CHUNK = 1024  # positions per LM-head call: full logits of a long window (L x vocab floats) would dwarf the model
 # Config fields that change logits after the head (Gemma 2 softcapping, Cohere, Granite): then the model's own forward.
 LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-ANSWER_SLACK = 2  # tokens generated beyond the key's digits (a leading space, a digit split differently)
+ANSWER_SLACK = 10  # tokens generated beyond the key's digits (an instruct model may say "the pass key is" first)
+ANSWER_ROOM = 16  # ruler: tokens generated beyond the reference answer's
 
 
 # -- what runs: one model per (variant, position) ---------------------------------------------------------
 
 @dataclass(frozen=True)
 class Setting:
-    """One model to load: a variant, and a RoPE override spec (None: the checkpoint's own)."""
+    """One model to build: a variant (or, for a model with layer types, a layer spec) and a RoPE override spec
+    (None: the checkpoint's own)."""
 
-    variant: Spec
+    spec: str  # what attn.hf.load_model takes
     override: str | None
     position: str  # our position name, as rows carry it
     position_params: dict[str, Any]
+    variant: str  # rows' columns: the variant name ("own" / "layers" for a layer spec), its spec, params, backend
+    variant_spec: str
+    variant_params: dict[str, Any]
+    backend: str = "auto"
+    layer_specs: dict[str, str] | None = None  # layer type -> spec, for a model with layer types
 
     @property
     def position_spec(self) -> str:
@@ -86,18 +110,33 @@ def own_position(config: Any) -> tuple[str, dict[str, Any]]:
     return name, resolved("position", Spec(name, params), head_dim)
 
 
-def make_setting(ckpt: Checkpoint, variant: str, position: str | None) -> Setting:
+def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) -> Setting:
     """Validate a (variant, position override) on a copy of the config -- exactly what loading will do."""
+    from attn.hf.layers import OWN, layer_plan, parse_layer_spec
     from attn.hf.models import check_config
     from attn.hf.rope import override_rope
 
-    spec = parse_variant(variant)
     config = copy.deepcopy(ckpt.config)
-    check_config(config, spec.label)  # unknown names, bad parameters, the sliding-window rule
+    layers = layer_plan(config, variant)  # None: a model without layer types, one spec for all
     override = None if position in (None, CHECKPOINT) else position
+    if layers is None:
+        spec = parse_variant(variant or "full")
+        check_config(config, spec.label)  # unknown names, bad parameters, the sliding-window rule
+        cols: dict[str, Any] = dict(spec=spec.label, variant=spec.name, variant_spec=spec.label,
+                                    variant_params=resolved("attention", spec), backend=spec.backend)
+    else:
+        text = variant or OWN
+        every, _ = parse_layer_spec(text)
+        plain = parse_variant(every) if every else None
+        check_config(config, text)
+        cols = dict(spec=text, variant=plain.name if plain else text if text == OWN else "layers",
+                    variant_spec=plain.label if plain else text,
+                    variant_params=resolved("attention", plain) if plain else {},
+                    backend=plain.backend if plain else "auto", layer_specs=dict(layers.specs))
     if override is not None:
         override_rope(config, override)
-    return Setting(spec, override, *own_position(config))
+    return Setting(override=override, **dict(zip(("position", "position_params"), own_position(config), strict=True)),
+                   **cols)
 
 
 # -- lm: the scored text ------------------------------------------------------------------------------------
@@ -205,8 +244,11 @@ def lm_measures(per_window: list[tuple[float, int]], num_bytes: int) -> dict[str
 # -- passkey ------------------------------------------------------------------------------------------------
 
 def filler_ids(tokens: Tokens, n: int) -> list[int]:
-    """``n`` tokens of the repeated filler paragraph (every ASCII token covers at least one character)."""
-    ids = tokens.encode(FILLER * (n // len(FILLER) + 1))
+    """``n`` tokens of the repeated filler paragraph (tokenized whole: a subword tokenizer packs several characters
+    into a token, so the paragraph is repeated until it holds ``n`` tokens)."""
+    reps = n // len(FILLER) + 1
+    while len(ids := tokens.encode(FILLER * reps)) < n:
+        reps *= 2
     return ids[:n]
 
 
@@ -235,17 +277,55 @@ def answer(text: str) -> str:
     return found.group() if found else ""
 
 
-@torch.no_grad()
-def generate_answers(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int, tokens: Tokens) -> list[str]:
-    """Greedy continuations of equal-length prompts (N, L), decoded; batched by TOKENS_PER_BATCH."""
+class PrefixCache:
+    """One KV cache reused across prompts: a prompt prefills only what follows its longest common prefix with the
+    last one (crop, never recompute). Causal attention makes the cached keys exactly those a full prefill computes;
+    every layer keeps all its keys (a config-free ``DynamicCache``: a sliding layer's variant masks them itself)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []  # the tokens whose keys the cache holds
+        self.cache: Any = None
+
+    def reuse(self, prompt: list[int]) -> Any:
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache = DynamicCache()
+        keep = 0
+        for a, b in zip(self.ids, prompt[:-1], strict=False):  # the last prompt token is always fed (its logits answer)
+            if a != b:
+                break
+            keep += 1
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys[..., :keep, :], layer.values[..., :keep, :]
+        self.ids = prompt[:keep]
+        return self.cache
+
+    @torch.no_grad()
+    def generate(self, model: torch.nn.Module, prompt: list[int], config: Any, stop: Any = None) -> list[int]:
+        """Greedy continuation of one prompt (``config``: a GenerationConfig); returns the new tokens."""
+        x = torch.tensor([prompt], device=model.device)
+        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
+                             past_key_values=self.reuse(prompt), stopping_criteria=stop)[0].tolist()
+        self.ids = out[: self.cache.get_seq_length()]
+        return out[len(prompt):]
+
+
+def shared_order(prompts: Sequence[list[int]]) -> list[int]:
+    """Indices of the prompts in token order: neighbours share the longest prefixes (the order never changes a score)."""
+    return sorted(range(len(prompts)), key=lambda i: prompts[i])
+
+
+def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, tokens: Tokens) -> list[str]:
+    """Greedy continuations of exactly ``new_tokens`` tokens, decoded, in the prompts' order."""
     from transformers import GenerationConfig
 
     gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
                            pad_token_id=tokens.boundary)
-    out: list[str] = []
-    for chunk in prompts.split(max(1, TOKENS_PER_BATCH // prompts.shape[1])):
-        ids = model.generate(chunk, attention_mask=torch.ones_like(chunk), generation_config=gen)
-        out += [tokens.decode(row) for row in ids[:, chunk.shape[1]:].tolist()]
+    cache, out = PrefixCache(), [""] * len(prompts)
+    for i in shared_order(prompts):
+        out[i] = tokens.decode(cache.generate(model, prompts[i], gen))
     return out
 
 
@@ -255,9 +335,54 @@ def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfi
     rng = rng_for(config.data_seed, length, 1 + round(depth * 1e6), config.digits, 1)
     keys = [draw_key(rng, config.digits, "test") for _ in range(config.eval_examples)]
     filler = filler_ids(tokens, length)
-    prompts = torch.tensor([passkey_prompt(tokens, length, depth, k, filler) for k in keys], device=device)
+    prompts = [passkey_prompt(tokens, length, depth, k, filler) for k in keys]
     said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens)
     return accuracy(sum(answer(s) == k for s, k in zip(said, keys, strict=True)), len(keys))
+
+
+# -- ruler --------------------------------------------------------------------------------------------------------
+
+def ruler_room(task: str) -> int:
+    return RULER_ROOM["niah" if task in NIAH else task]
+
+
+def ruler_count(tokens: Tokens, task: str) -> Callable[[Any], int]:
+    """RULER's length rule in the checkpoint's tokens: boundary + prompt + the task's tokens_to_generate."""
+    room = ruler_room(task)
+    return lambda ex: 1 + len(tokens.encode(ex.prompt)) + room
+
+
+class AnswerEnded:
+    """Stops greedy generation at the first line break after the answer has started (RULER answers are one line)."""
+
+    def __init__(self, tokens: Tokens, start: int):
+        self.tokens, self.start = tokens, start
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        text = self.tokens.decode(input_ids[0, self.start:].tolist())
+        ended = "\n" in text.lstrip()
+        return torch.full((input_ids.shape[0],), ended, dtype=torch.bool, device=input_ids.device)
+
+
+def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, task: str, length: int,
+                   device: str = "cpu") -> dict[str, Measure]:
+    """string_match (references found, clustered by example) and all_found over ``eval_examples`` test examples,
+    the same for every variant and position. Generation: greedy, at most the reference answer's tokens + 16 (RULER's
+    room counts in the length rule; a right answer needs no more), cut at the first line break once it starts."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    exs = generate(task, config.eval_examples, length, "test", config.data_seed, config, ruler_count(tokens, task))
+    prompts = [[tokens.boundary, *tokens.encode(ex.prompt)] for ex in exs]
+    cache, said = PrefixCache(), [""] * len(exs)
+    for i in shared_order(prompts):
+        room = min(ruler_room(task), len(tokens.encode(exs[i].answer)) + ANSWER_ROOM)
+        gen = GenerationConfig(max_new_tokens=room, do_sample=False, num_beams=1, pad_token_id=tokens.boundary)
+        new = cache.generate(model, prompts[i], gen, StoppingCriteriaList([AnswerEnded(tokens, len(prompts[i]))]))
+        said[i] = tokens.decode(new).lstrip().split("\n", 1)[0]
+    found = [string_match_all(a, ex.references) for a, ex in zip(said, exs, strict=True)]
+    totals = [len(ex.references) for ex in exs]
+    return {"string_match": clustered_accuracy(found, totals),
+            "all_found": accuracy(sum(f == t for f, t in zip(found, totals, strict=True)), len(found))}
 
 
 # -- the plan and the run -----------------------------------------------------------------------------------
@@ -273,10 +398,11 @@ class HFPlan:
     lm: LMConfig
     passkey: PasskeyConfig
     text: LMText | None  # lm only
+    ruler: RulerConfig = RulerConfig()
 
     def describe(self) -> str:
         c = self.ckpt
-        return (f"{c.path} ({c.config.model_type}, trained at {c.train_len}, tokens: {c.tokens.name}): "
+        return (f"{c.name} ({c.config.model_type}, trained at {c.train_len}, tokens: {c.tokens.name}): "
                 f"{', '.join(self.tasks)} x {len(self.settings)} (variant, position) x eval {self.eval_lens}")
 
     def cells(self) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
@@ -288,6 +414,9 @@ class HFPlan:
         if "passkey" in self.tasks:
             out += [({"task": "passkey", "eval_len": L, "depth": d}, ("exact_match",))
                     for L in self.eval_lens for d in self.passkey.depths]
+        if "ruler" in self.tasks:
+            out += [({"task": "ruler", "eval_len": L, "subtask": t}, ("string_match", "all_found"))
+                    for L in self.eval_lens for t in self.ruler.tasks]
         return out
 
     def eval_id(self, task: str) -> str:
@@ -295,6 +424,10 @@ class HFPlan:
             corpus = load_corpus(self.lm.corpus, self.lm.test_fraction)
             return short_hash({"corpus": corpus.name, "test_bytes": len(corpus.test), "region": self.text.region_bytes,
                                "tokens": self.ckpt.tokens.name})
+        if task == "ruler":
+            return short_hash({"eval_examples": self.ruler.eval_examples, "data_seed": self.ruler.data_seed,
+                               "num_hops": self.ruler.num_hops, "alpha": self.ruler.alpha, "num_cw": self.ruler.num_cw,
+                               "room": RULER_ROOM, "tokens": self.ckpt.tokens.name})
         return short_hash(dataclasses.asdict(self.passkey) | {"tokens": self.ckpt.tokens.name})
 
 
@@ -306,17 +439,21 @@ def check_tasks(tasks: Sequence[str]) -> None:
 
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
-         eval_lens: Sequence[int] | None, lm: LMConfig, passkey: PasskeyConfig) -> HFPlan:
+         eval_lens: Sequence[int] | None, lm: LMConfig, passkey: PasskeyConfig, ruler: RulerConfig | None = None) -> HFPlan:
     """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus."""
     check_tasks(tasks)
     ckpt = load_checkpoint(path)
-    settings = [make_setting(ckpt, v, p) for v in (variants or ["full"]) for p in (positions or [CHECKPOINT])]
+    settings = [make_setting(ckpt, v, p) for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
     L = ckpt.train_len
     lens = sorted(set(eval_lens or [L, 2 * L, 4 * L]))
     if "passkey" in tasks and lens[0] < (need := min_passkey_len(ckpt.tokens, passkey.digits)):
         raise ValueError(f"passkey: eval length {lens[0]} is too short: the prompt takes at least {need} tokens")
+    ruler = ruler or RulerConfig()
+    if "ruler" in tasks:
+        for t in ruler.tasks:  # too short a length is refused now, naming it
+            generate(t, 1, lens[0], "test", ruler.data_seed, ruler, ruler_count(ckpt.tokens, t))
     text = lm_text(lm, ckpt.tokens, lens[-1]) if "lm" in tasks else None
-    return HFPlan(ckpt, tuple(tasks), settings, lens, lm, passkey, text)
+    return HFPlan(ckpt, tuple(tasks), settings, lens, lm, passkey, text, ruler)
 
 
 def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
@@ -325,10 +462,11 @@ def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
     c = p.ckpt
     return {
         **environment(device=device_for(), seed=0),
-        "run_id": f"hf|{s.variant.label}|{s.position_spec}|{c.ident}", "variant": s.variant.name,
-        "variant_params": resolved("attention", s.variant), "backend_requested": s.variant.backend,
-        "position": s.position, "position_params": s.position_params, "variant_spec": s.variant.label,
-        "position_spec": s.position_spec, "train_len": c.train_len, "stage": "pretrained", "model": str(c.path),
+        "run_id": f"hf|{s.variant_spec}|{s.position_spec}|{c.ident}", "variant": s.variant,
+        "variant_params": s.variant_params, "backend_requested": s.backend, "layer_specs": s.layer_specs,
+        "position": s.position, "position_params": s.position_params, "variant_spec": s.variant_spec,
+        "position_spec": s.position_spec, "train_len": c.train_len, "stage": "pretrained", "model": c.name,
+        "model_file": str(c.path),
         "model_type": c.config.model_type, "max_position_embeddings": c.config.max_position_embeddings,
         "tokenizer": c.tokens.name, "note": c.tokens.note, "status": "ok", "error": None,
     }
@@ -341,6 +479,8 @@ def device_for() -> str:
 def evaluate_cell(model: torch.nn.Module, p: HFPlan, cell: dict[str, Any], device: str) -> dict[str, Measure]:
     if cell["task"] == "lm":
         return lm_measures(window_bits(model, p.text, cell["eval_len"], device), p.text.num_bytes)
+    if cell["task"] == "ruler":
+        return ruler_measures(model, p.ckpt.tokens, p.ruler, cell["subtask"], cell["eval_len"], device)
     return {"exact_match": passkey_measure(model, p.ckpt.tokens, p.passkey, cell["eval_len"], cell["depth"], device)}
 
 
@@ -350,18 +490,22 @@ def backends(model: torch.nn.Module) -> str:
     return ",".join(sorted({m.last_backend for m in attention_modules(model) if getattr(m, "last_backend", None)}))
 
 
-def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str) -> None:
-    """Load the checkpoint once for this setting and evaluate its pending cells; a failure becomes rows."""
-    from attn.hf import load_model
-
+def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]]:
     base = base_row(p, s)
     todo = [({**base, **cell, "eval_id": p.eval_id(cell["task"])}, cell, m) for cell, m in p.cells()]
-    todo = [t for t in todo if runner.pending(t[0], t[2])]
+    return [t for t in todo if runner.pending(t[0], t[2])]
+
+
+def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dict[str, torch.Tensor] | None) -> None:
+    """Build this setting's model on the checkpoint's weights and evaluate its pending cells; a failure becomes rows."""
+    from attn.hf import load_model
+
+    todo = pending_cells(runner, p, s)
     if not todo:
         return
-    runner.echo(f"{s.variant.label} {s.position_spec}: {len(todo)} cells")
+    runner.echo(f"{s.variant_spec} {s.position_spec}: {len(todo)} cells")
     try:
-        model = load_model(p.ckpt.path, s.variant.label, s.override).to(device)
+        model = load_model(p.ckpt.path, s.spec, s.override, weights=weights).to(device)
     except Exception as e:  # one failing setting never stops the others
         for row, _, metrics in todo:
             runner.fail(row, metrics, e)
@@ -375,21 +519,39 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str) -> None:
             runner.fail({**row, **extra}, metrics, e)
             continue
         runner.append({**row, **extra, "backend": backends(model), "eval_seconds": time.perf_counter() - t0}, measures)
+        runner.echo(f"  {cell}: " + ", ".join(f"{k} {m.value}" for k, m in measures.items())
+                    + f" ({time.perf_counter() - t0:.0f} s)")
 
 
-def run(p: HFPlan, out: Path, resume: bool, echo: Callable[[str], None] = print) -> Runner:
-    """Evaluate every setting, appending rows to ``out`` (the accuracy Runner's store, keys and resume)."""
+def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], None] = print) -> Runner:
+    """Evaluate every setting of every plan in order, appending rows to ``out`` (the accuracy Runner's store, keys and
+    resume). The weights of a checkpoint are read once for all its plans."""
     import contextlib
 
+    from attn.hf.models import load_weights
     from harness.accuracy.runner import Runner, memory_cap
 
     runner = Runner(out, out.parent / ".ckpt", resume, progress=False, echo=echo)
     device = device_for()
+    weights: dict[Path, dict[str, torch.Tensor] | None] = {}
     with memory_cap() if device == "cpu" else contextlib.nullcontext():  # an address-space cap breaks CUDA
-        for s in p.settings:
-            run_setting(runner, p, s, device)
+        for p in plans:
+            if not any(pending_cells(runner, p, s) for s in p.settings):
+                continue
+            echo(p.describe())
+            if p.ckpt.path not in weights:
+                t0 = time.perf_counter()
+                try:
+                    weights = {p.ckpt.path: load_weights(p.ckpt.path)}  # every setting's model is built on them
+                    echo(f"weights of {p.ckpt.name} read in {time.perf_counter() - t0:.0f} s")
+                except Exception as e:  # then each setting loads (and records a failure) on its own
+                    echo(f"  the weights do not load once ({type(e).__name__}: {e}); each setting loads its own")
+                    weights = {p.ckpt.path: None}
+            for s in p.settings:
+                run_setting(runner, p, s, device, weights[p.ckpt.path])
     return runner
 
 
-__all__ = ["HF_TASKS", "HFPlan", "LMText", "Setting", "answer", "check_tasks", "lm_measures", "lm_text", "passkey_prompt",
-           "plan", "run", "token_bits", "window_bits", "windows"]
+__all__ = ["HF_RULER_TASKS", "HF_TASKS", "RULER_ROOM", "HFPlan", "LMText", "PrefixCache", "Setting", "answer",
+           "check_tasks", "lm_measures", "lm_text", "passkey_prompt", "plan", "ruler_measures", "run", "token_bits",
+           "window_bits", "windows"]

