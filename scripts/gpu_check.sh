@@ -12,7 +12,7 @@
 #   3. sweep       (170 s) the `gpu` preset (bf16; forward 4K/16K/128K, train 16K), the most valuable
 #                          rows first; cut at the cap, the rows so far are kept
 #   4. report       (20 s) report.html of whatever rows exist (every figure embedded: no PNGs to bring back)
-# A stage cut at its cap is stopped with SIGINT (`timeout -s INT -k 15`), so pytest still prints each
+# A stage cut at its cap is stopped with SIGINT (`timeout -s INT -k 25`), so pytest still prints each
 # case's result, and scripts/pytest_unrun.py the cases it never finished. OUT_DIR ends with at most 6
 # files, no folders: what a device call brings back is 8 files, 2 folders deep.
 # Usage: scripts/gpu_check.sh OUT_DIR [extra sweep options, e.g. --lengths 1K]
@@ -25,14 +25,16 @@ cd "$(dirname "$0")/.."
 STAGES="install equivalence sweep report"
 declare -A CAP=([install]=${GPU_CHECK_CAP_INSTALL_S:-30} [equivalence]=${GPU_CHECK_CAP_EQUIVALENCE_S:-110}
                 [sweep]=${GPU_CHECK_CAP_SWEEP_S:-170} [report]=${GPU_CHECK_CAP_REPORT_S:-20})
-GRACE=15  # seconds a stage has after its SIGINT before SIGKILL: pytest's summary, the sweep's worker shutdown
+# Seconds a cut stage has after its SIGINT before SIGKILL: pytest-xdist waits 10 s for its workers before it
+# kills them and prints the summary (11 s measured); the sweep closes its worker in 5 s at most.
+GRACE=25
 total=0; for s in $STAGES; do total=$(( total + CAP[$s] )); done
 BUDGET=${GPU_CHECK_BUDGET_S:-$total}
 if [ "${1:-}" = --plan ]; then
   for s in $STAGES; do echo "$s ${CAP[$s]}"; done
   echo "budget $BUDGET"
   echo "kill_grace $GRACE"
-  # every stage's grace, and the Pythons' exits, fit in the margin: the device call's timeout_s
+  # a cut stage's grace, the report's 5 s and the Pythons' exits fit in the margin: the device call's timeout_s
   echo "device_timeout_s $(( BUDGET + 60 ))"
   exit 0
 fi

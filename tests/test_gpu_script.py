@@ -115,7 +115,9 @@ def test_the_stage_caps_fit_the_budget_and_the_readme_gives_the_call_that_fits()
     caps = {stage: int(plan[stage]) for stage in ("install", "equivalence", "sweep", "report")}
     budget, grace, limit = int(plan["budget"]), int(plan["kill_grace"]), int(plan["device_timeout_s"])
     assert sum(caps.values()) == budget <= 330
-    assert limit == budget + 60 >= budget + 2 * grace + 2 * 5  # equivalence and sweep: 15 s each; install, report: 5
+    # a cut stage's overrun comes out of the later caps: what is left past the budget is the last cut stage's
+    # grace, the report's 5 s kill grace and the Pythons' exits
+    assert limit == budget + 60 >= budget + grace + 5 + 10
     section = readme_gpu_section()
     assert f'"timeout_s": {limit}' in section and '"carry": [".whl"]' in section and "give_back" in section
     rows = {cells[0]: cells for cells in (
