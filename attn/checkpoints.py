@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from attn.registry import shorten
-
 INSTALL = "bash scripts/setup.sh models"
 
 
@@ -77,14 +75,10 @@ CHECKPOINTS: dict[str, NamedCheckpoint] = {c.name: c for c in (
 
 
 def resolve(name_or_path: str | Path) -> Path:
-    """A named checkpoint's GGUF file, or the path as given (a folder or a ``.gguf`` file), checked to exist."""
+    """A named checkpoint's GGUF file (ValueError saying how to install it when missing), or the path as given."""
     if isinstance(name_or_path, str) and name_or_path in CHECKPOINTS:
         return CHECKPOINTS[name_or_path].path()
-    path = Path(name_or_path)
-    if not path.exists():
-        raise ValueError(f"model {shorten(str(name_or_path))} is neither a named checkpoint ({', '.join(CHECKPOINTS)}) "
-                         "nor an existing folder or .gguf file (nothing is downloaded)")
-    return path
+    return Path(name_or_path)
 
 
 def listing() -> list[dict[str, object]]:

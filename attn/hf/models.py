@@ -57,8 +57,9 @@ def source(name_or_path: str | Path) -> tuple[Path, str | None]:
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
     if not (path / "config.json").is_file():
-        raise ValueError(f"checkpoint {shorten(str(name_or_path))} is not a named checkpoint ({', '.join(CHECKPOINTS)}), "
-                         "a .gguf file or a directory with a config.json (only local checkpoints are loaded)")
+        raise ValueError(f"checkpoint {shorten(str(name_or_path))} is not an existing directory with a config.json, a "
+                         f".gguf file or a named checkpoint ({', '.join(CHECKPOINTS)}); only local checkpoints are "
+                         "loaded, nothing is downloaded")
     return path, None
 
 

@@ -126,7 +126,7 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
     if given:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --hf-model (a pretrained checkpoint "
                                "is evaluated, not trained)")
-    tasks = list(opts["tasks"]) or list(hf_eval.HF_TASKS)
+    tasks = list(opts["tasks"]) or list(hf_eval.HF_DEFAULT_TASKS)
     hf_eval.check_tasks(tasks)
     params: dict[str, dict[str, Any]] = {"lm": {}, "passkey": {}, "ruler": {}}
     for opt, (fld, applies) in TASK_OPTIONS.items():

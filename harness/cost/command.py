@@ -45,8 +45,10 @@ def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--dtype", multiple=True, help="float32, bfloat16, float16, float64 (repeatable or comma list).")
 @click.option("--mode", multiple=True, help="forward, train, decode (repeatable or comma list).")
 @click.option("--scope", multiple=True, help="op (attention alone), model (our backbone) or hf (a transformers model).")
-@click.option("--hf-config", multiple=True,
-              help="--scope hf: llama, mistral, qwen2 (small random-weight presets) or a local config.json / model directory.")
+@click.option("--hf-config", "--hf-model", "hf_config", multiple=True,
+              help="--scope hf: llama, mistral, qwen2 (small random-weight presets), a named checkpoint (smollm2-135m, "
+                   "gemma3-270m: attn-bench list), a .gguf file or a local config.json / model directory. Cost needs "
+                   "only the architecture: the model is built from the config with random weights.")
 @click.option("--causal/--bidirectional", default=None, help="Causal (default) or bidirectional attention.")
 @click.option("--layers", type=int, help="Backbone depth for --scope model (default 2).")
 @click.option("--device", help="cpu (default), cuda or cuda:N.")
