@@ -221,3 +221,14 @@ def test_checkpoints_figure_pools_passkey_depths_and_labels_without_backends(tmp
     line = next(ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "checkpoint:m:passkey (all depths):"
                 "sliding_window:window=4")
     assert list(line.get_ydata()) == [0.75, 0.0]
+
+
+def test_checkpoint_presets_validate_and_fix_their_grid(smollm2, tmp_path, capsys):
+    from harness.accuracy.hf_presets import HF_PRESETS
+
+    out = tmp_path / "a.jsonl"
+    assert main(["accuracy", "--preset", "smollm2-cpu", "--dry-run", "--out", str(out)]) == 0
+    said = capsys.readouterr().err
+    assert said.count("smollm2-135m (llama, trained at 8192") == len(HF_PRESETS["smollm2-cpu"].groups)
+    assert main(["accuracy", "--preset", "smollm2-cpu", "--eval-lens", "1024", "--out", str(out)]) == 2
+    assert "--eval-lens does not apply to --preset smollm2-cpu" in capsys.readouterr().err and not out.exists()
