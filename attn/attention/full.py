@@ -7,6 +7,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from attn.attention import flex, gqa, score_terms
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module, modes
@@ -266,7 +267,12 @@ class FullAttention(Attention):
             return gqa.sdpa(q, k, v, attn_mask=self._mask(q, k, causal))
         if causal and q.shape[2] != k.shape[2]:
             # SDPA's is_causal is top-left aligned; decoding needs bottom-right (one query sees every key).
-            mask = causal_mask(q.shape[2], k.shape[2], q.device) if q.shape[2] > 1 else None
+            Lq, P = q.shape[2], k.shape[2] - q.shape[2]
+            if 1 < Lq and P < Lq:
+                # a prompt continuing a cached prefix: P zero queries in front make it top-left causal, so the fused
+                # kernel skips the masked half -- (P + Lq)^2 / 2 pairs instead of the mask's Lq (P + Lq); rows dropped
+                return gqa.sdpa(F.pad(q, (0, 0, P, 0)), k, v, is_causal=True)[:, :, P:]
+            mask = causal_mask(Lq, k.shape[2], q.device) if Lq > 1 else None
             return gqa.sdpa(q, k, v, attn_mask=mask)
         return gqa.sdpa(q, k, v, is_causal=causal)
 
