@@ -38,10 +38,7 @@ class LayerPlan:
 
     specs: tuple[tuple[str, str], ...]  # (layer type, variant spec), in the model's order of first appearance
     lifted: tuple[str, ...]
-
-    @property
-    def label(self) -> str:
-        return ";".join(f"{t}={s}" for t, s in self.specs)
+    every: str | None = None  # the plain spec every type runs, when the layer spec was one
 
     @property
     def is_own(self) -> bool:
@@ -108,7 +105,7 @@ def layer_plan(config: PreTrainedConfig, text: str | None) -> LayerPlan | None:
     for _, spec in specs:
         variant_of(spec)  # ValueError for an unknown variant, parameter or backend
     lifted = tuple(t for t, s in specs if t == SLIDING and not is_own_window(s, window))
-    return LayerPlan(specs, lifted)
+    return LayerPlan(specs, lifted, every)
 
 
 def register_layers(plan: LayerPlan, config: PreTrainedConfig) -> str:

@@ -116,14 +116,16 @@ def load_weights(path: str | Path, dtype: torch.dtype = torch.float32) -> dict[s
 
 
 def load_model(path: str | Path, spec: str, position: str | None = None, dtype: torch.dtype = torch.float32,
-               weights: dict[str, torch.Tensor] | None = None) -> PreTrainedModel:
+               weights: dict[str, torch.Tensor] | None = None, config: PreTrainedConfig | None = None) -> PreTrainedModel:
     """A local checkpoint's causal LM (a folder, a ``.gguf`` file or a named checkpoint) running variant ``spec``.
 
-    ``weights``: the checkpoint's state dict, already loaded (a GGUF file takes a minute to dequantise; an evaluation
-    of several variants reads it once). Never downloads.
+    ``weights`` and ``config``: the checkpoint's state dict and config, already read (a GGUF file takes a minute to
+    dequantise and seconds to parse; an evaluation of several variants reads them once; the config is copied).
+    Never downloads.
     """
     folder, gguf = source(path)
-    config = AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
+    config = (copy.deepcopy(config) if config is not None
+              else AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True))
     name = check_config(config, spec)
     if position is not None:
         override_rope(config, position)

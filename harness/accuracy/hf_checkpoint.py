@@ -29,7 +29,6 @@ class Tokens:
     boundary: int  # document-boundary token: starts every sequence, separates documents
     name: str  # "checkpoint" (its tokenizer) or "bytes"
     note: str | None = None
-    tokenizer: Any = None  # the transformers tokenizer (generation's stop strings), None for bytes
 
 
 def byte_tokens() -> Tokens:
@@ -55,7 +54,7 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
     if boundary is None:
         raise ValueError(f"checkpoint {path}: its tokenizer has neither a BOS nor an EOS token to start sequences with")
     return Tokens(lambda s: tok.encode(s, add_special_tokens=False), lambda ids: tok.decode(ids, skip_special_tokens=True),
-                  int(boundary), CHECKPOINT, tokenizer=tok)
+                  int(boundary), CHECKPOINT)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def own_position(config: Any) -> tuple[str, dict[str, Any]]:
 
 def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) -> Setting:
     """Validate a (variant, position override) on a copy of the config -- exactly what loading will do."""
-    from attn.hf.layers import OWN, layer_plan, parse_layer_spec
+    from attn.hf.layers import OWN, layer_plan
     from attn.hf.models import check_config
     from attn.hf.rope import override_rope
 
@@ -112,8 +112,7 @@ def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) ->
                                     variant_params=resolved("attention", spec), backend=spec.backend)
     else:
         text = variant or OWN
-        every, _ = parse_layer_spec(text)
-        plain = parse_variant(every) if every else None
+        plain = parse_variant(layers.every) if layers.every else None
         check_config(config, text)
         cols = dict(spec=text, variant=plain.name if plain else text if text == OWN else "layers",
                     variant_spec=plain.label if plain else text,
@@ -352,7 +351,7 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         return
     runner.echo(f"{s.variant_spec} {s.position_spec}: {len(todo)} cells")
     try:
-        model = load_model(p.ckpt.path, s.spec, s.override, weights=weights).to(device)
+        model = load_model(p.ckpt.path, s.spec, s.override, weights=weights, config=p.ckpt.config).to(device)
     except Exception as e:  # one failing setting never stops the others
         for row, _, metrics in todo:
             runner.fail(row, metrics, e)
