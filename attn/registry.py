@@ -211,7 +211,8 @@ class Registry:
     """Name -> (class, config dataclass). Entry-point plugins load lazily on first lookup."""
 
     def __init__(self, kind: str, entry_point_group: str | None = None, base: str | None = None):
-        """``base`` (``"module:Class"``, imported on first registration) is what every class must subclass."""
+        """``base`` (``"module.Class"``) is what every class must subclass, found by name in the class's MRO: the
+        registry imports no variant module (they import it)."""
         self.kind = kind
         self.entry_point_group = entry_point_group
         self.base = base
@@ -244,9 +245,8 @@ class Registry:
         """Refuse a class the harness cannot use now, not with a traceback in a later sweep."""
         if self.base is None:
             return
-        module, _, attr = self.base.partition(":")
-        base = getattr(importlib.import_module(module), attr)
-        if not (isinstance(cls, type) and issubclass(cls, base)):
+        attr = self.base.rpartition(".")[2]
+        if not (isinstance(cls, type) and any(f"{c.__module__}.{c.__qualname__}" == self.base for c in cls.__mro__)):
             what = cls.__qualname__ if isinstance(cls, type) else f"{type(cls).__name__} {shorten(cls)}"
             raise TypeError(
                 f"{self.kind} {shorten(name)}: {what} is not a subclass of attn.{attr}; "
@@ -367,8 +367,8 @@ def check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-ATTENTION = Registry("attention variant", entry_point_group="attn.variants", base="attn.attention.base:Attention")
-POSITIONS = Registry("position method", entry_point_group="attn.variants", base="attn.positions.base:Position")
+ATTENTION = Registry("attention variant", entry_point_group="attn.variants", base="attn.attention.base.Attention")
+POSITIONS = Registry("position method", entry_point_group="attn.variants", base="attn.positions.base.Position")
 
 
 def register_attention(name: str, config: type) -> Callable[[type], type]:

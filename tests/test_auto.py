@@ -88,7 +88,7 @@ def test_a_bad_auto_order_is_refused_at_registration(order, why):
         auto_order = order
 
     with pytest.raises(TypeError, match=why):
-        Registry("attention variant", base="attn.attention.base:Attention").register("bad", Cfg)(Bad)
+        Registry("attention variant", base="attn.attention.base.Attention").register("bad", Cfg)(Bad)
 
 
 @pytest.mark.parametrize("name", BUILTIN)

@@ -247,26 +247,6 @@ def test_suspect_and_noisy_cells_are_listed_and_suspect_ones_kept_out_of_fits(tm
     assert f"{R.fmt_num(2e-6 * 1024**2)} (noisy)" in latency.split("full/sdpa")[1].split("</tr>")[0]
 
 
-@pytest.mark.parametrize("old, new, names", [
-    ("harness.tables", "harness.analysis.frames", ["load_results", "prepare_cost", "spec_label", "fmt_len", "Results"]),
-    ("harness.tables", "harness.analysis.derive", ["suspect_rows", "crossovers", "accuracy_points", "best_positions"]),
-    ("harness.plots", "harness.analysis.figures", ["plot_command", "figures", "Skip", "plot_latency", "palette_for"]),
-    ("harness.report", "harness.analysis.report", ["report_command", "build_report", "fmt_num", "SECTIONS"]),
-    ("harness.compare", "harness.analysis.compare", ["compare_command", "compare_frames", "KEY", "DEFAULT_TOL"]),
-])
-def test_old_paths_still_import_and_warn(monkeypatch, old, new, names):
-    """The pre-``harness.analysis`` modules re-export the moved names for one release, with a DeprecationWarning."""
-    import importlib
-    import sys
-
-    monkeypatch.delitem(sys.modules, old, raising=False)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to harness.analysis"):
-        module = importlib.import_module(old)
-    moved = importlib.import_module(new)
-    for name in names:
-        assert getattr(module, name) is getattr(moved, name)
-
-
 def test_findings_state_only_what_enough_lengths_support():
     """Fits need 3 lengths (a line through 2 always fits); a negative exponent is flagged, not stated;
     a crossover needs 2 matched lengths; a variant that ran nowhere says why; at most MAX_FINDINGS lines."""

@@ -18,7 +18,6 @@ from matplotlib.ticker import NullFormatter
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
-from harness.analysis.figures.mqar import plot_mqar  # noqa: F401 -- re-exported for the harness.plots shim
 from harness.analysis.figures.style import (
     Skip,
     _band,
@@ -139,12 +138,6 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
         _finish(fig, "Accuracy vs evaluation length", F.caption(accuracy=df), _legend_entries(axes))
     save(fig, out, "accuracy", formats)
     return fig
-
-
-def _gap_order(rule: str) -> tuple[int, float, str]:
-    """Order of the old MQAR protocol's gap rules; only the ``harness.plots`` shim still imports it (goes with it)."""
-    named = {"0": 0, "half": 2, "max": 3}
-    return (named.get(rule, 1), float(rule) if rule.isdigit() else 0.0, rule)
 
 
 def _heat_rows(pts: pd.DataFrame) -> pd.Series:
@@ -291,5 +284,5 @@ def plot_tradeoff(cost: pd.DataFrame, acc: pd.DataFrame, out: str | Path | None 
 
 
 
-__all__ = ["plot_accuracy", "plot_fidelity", "plot_mqar", "plot_passkey", "plot_position_heatmap", "plot_tradeoff",
+__all__ = ["plot_accuracy", "plot_fidelity", "plot_passkey", "plot_position_heatmap", "plot_tradeoff",
            "position_table", "tradeoff_points"]
