@@ -1,6 +1,7 @@
 """attn: attention variants, position methods and the shared Transformer backbone."""
 from attn import attention, positions  # noqa: F401  (registers the built-ins)
-from attn.attention.base import Attention, Backend, KVCache, UnsupportedBackend
+from attn.attention.base import Attention, Backend, UnsupportedBackend
+from attn.attention.state import KVCache
 from attn.model import PRESETS, DecodeState, Transformer, TransformerConfig
 from attn.positions.base import Position
 from attn.registry import (

@@ -172,7 +172,7 @@ def _check_decode_once(m: Any, name: str, params: dict[str, Any], device: str, l
     ref = attn.build_attention(name, backend="reference", **params).to(device)
     with torch.no_grad():
         expected = ref(q, k, v, causal=True, **extra)
-        state, outs, t = m.new_state(length), [], 0
+        state, outs, t = m.start_state(length), [], 0
         for n in DECODE_CHUNKS:
             outs.append(m.run_step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state,
                                    **sliced(extra, t, t + n)))

@@ -238,7 +238,7 @@ class Transformer(nn.Module):
         """Fresh decoding state; ``max_len`` is the length the generation will reach, if known."""
         if not self.config.causal:
             raise ValueError("incremental decoding needs a causal model")
-        return DecodeState([b.attn.attn.new_state(max_len) for b in self.blocks], max_len=max_len,
+        return DecodeState([b.attn.attn.start_state(max_len) for b in self.blocks], max_len=max_len,
                            convs=[ConvCache() for _ in self.blocks])
 
     def forward(self, idx: torch.Tensor, state: DecodeState | None = None,

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import attn
 from attn.attention.base import ALL_MODES, Attention, Backend
 from attn.attention.full import dense_attention
+from attn.attention.state import OneStepUndo
 from attn.registry import check
 
 
@@ -34,19 +35,20 @@ def sink_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, sinks: int,
 
 
 @dataclass
-class SinkCache:
+class SinkCache(OneStepUndo):
     """Decoding state: the sink tokens and the last ``window - 1`` tokens, with their absolute positions.
 
     Bounded: at most ``sinks + window - 1`` tokens, whatever the length. It cannot forget a token it
-    already evicted, so it has no ``truncate``: the harness lets it advance (its size does not grow).
+    already evicted, so it goes back one step only (``OneStepUndo``: the harness rewinds each timed step).
     """
 
+    UNDO_FIELDS = ("k", "v", "pos")
+    KIND = "sink cache"
     window: int
     sinks: int
     k: torch.Tensor | None = None  # (B, H, kept, D)
     v: torch.Tensor | None = None
     pos: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # (kept,)
-    length: int = 0  # tokens seen
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add T new tokens; return every token the new queries may see (kept + new) and their positions."""
@@ -54,6 +56,7 @@ class SinkCache:
         keys = k if self.k is None else torch.cat([self.k, k], 2)
         values = v if self.v is None else torch.cat([self.v, v], 2)
         pos = torch.cat([self.pos.to(k.device), new_pos])
+        self.remember()
         self.length += k.shape[2]
         keep = (pos < self.sinks) | (pos > self.length - self.window)  # what any later token can still see
         self.k, self.v, self.pos = keys[:, :, keep].clone(), values[:, :, keep].clone(), pos[keep]

@@ -7,16 +7,14 @@ reach any earlier block and keep every token instead (:class:`attn.attention.bas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from attn.attention.block_sparse import BlockSparseConfig
+from attn.attention.state import OneStepUndo
 
 
 @dataclass
-class BandBlockCache:
+class BandBlockCache(OneStepUndo):
     """Decoding state for a layout of global and local blocks only (no random or strided blocks): the first
     ``global_blocks`` blocks and the last ``local_blocks`` blocks are all a future token can see, so only those
     tokens are kept (with their absolute positions) and memory is bounded at any length.
@@ -24,12 +22,14 @@ class BandBlockCache:
     ``truncate`` undoes the last step (the harness rewinds each timed step); further back, evicted tokens are gone.
     """
 
-    cfg: BlockSparseConfig
+    UNDO_FIELDS = ("k", "v", "pos")
+    KIND = "band-block cache (evicted tokens are gone)"
+    block_size: int
+    global_blocks: int
+    local_blocks: int
     k: torch.Tensor | None = None  # (B, H, kept, D)
     v: torch.Tensor | None = None
     pos: torch.Tensor | None = None  # (kept,) absolute positions, ascending
-    length: int = 0
-    _undo: tuple | None = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add T tokens; return every kept token plus the new ones (what the new queries may see) and positions."""
@@ -37,22 +37,13 @@ class BandBlockCache:
         keys = k if self.k is None else torch.cat([self.k, k], 2)
         values = v if self.v is None else torch.cat([self.v, v], 2)
         pos = new_pos if self.pos is None else torch.cat([self.pos, new_pos])
-        self._undo = (self.k, self.v, self.pos, self.length)
+        self.remember()
         self.length += k.shape[2]
-        bs = self.cfg.block_size
-        last_block = (self.length - 1) // bs
-        block = pos // bs
-        keep = (block < self.cfg.global_blocks) | (block > last_block - self.cfg.local_blocks)
+        last_block = (self.length - 1) // self.block_size
+        block = pos // self.block_size
+        keep = (block < self.global_blocks) | (block > last_block - self.local_blocks)
         self.k, self.v, self.pos = keys[:, :, keep], values[:, :, keep], pos[keep]
         return keys, values, pos
-
-    def truncate(self, length: int) -> None:
-        if length >= self.length:
-            return
-        if self._undo is None or self._undo[3] != length:
-            raise ValueError(f"a band-block cache rewinds one step only: at {self.length}, cannot go back to {length}")
-        self.k, self.v, self.pos, self.length = self._undo
-        self._undo = None
 
     def nbytes(self) -> int:
         return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()

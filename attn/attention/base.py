@@ -22,6 +22,7 @@ from torch import nn
 
 from attn.attention.documents import document_spans, per_document
 from attn.attention.flex import FLEX_MIN_LEN
+from attn.attention.state import KVCache, checked
 from attn.attention.token_inputs import TokenInput
 
 MODES = ("forward", "backward", "decode")
@@ -114,42 +115,6 @@ def visible_pairs(q_len: int, k_len: int, causal: bool, window: int | None = Non
     else:
         hi = torch.full_like(p, k_len - 1) if window is None else (p + window - 1).clamp(max=k_len - 1)
     return int((hi - lo + 1).clamp(min=0).sum())
-
-
-@dataclass
-class KVCache:
-    """Keys and values of every past token, preallocated and grown by doubling (gpt-fast style)."""
-
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-    length: int = 0
-    capacity_hint: int = 0
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # k, v: (B, H, T, D) -> all cached keys/values (B, H, length, D)
-        t = k.shape[2]
-        if self.k is None or self.length + t > self.k.shape[2]:
-            cap = max(self.capacity_hint, 2 * (self.length + t))
-            new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
-            new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
-            if self.k is not None:
-                new_k[:, :, : self.length] = self.k[:, :, : self.length]
-                new_v[:, :, : self.length] = self.v[:, :, : self.length]
-            self.k, self.v = new_k, new_v
-        self.k[:, :, self.length : self.length + t] = k
-        self.v[:, :, self.length : self.length + t] = v
-        self.length += t
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
-
-    def truncate(self, length: int) -> None:
-        """Forget tokens past ``length`` (the harness rewinds after each timed decode step)."""
-        self.length = min(self.length, length)
-
-    def nbytes(self) -> int:
-        if self.k is None:
-            return 0
-        B, H, _, D = self.k.shape
-        return 2 * B * H * self.length * D * self.k.element_size()
 
 
 @functools.cache
@@ -366,8 +331,12 @@ class Attention(nn.Module):
     supports_decode: ClassVar[bool] = True
 
     def new_state(self, max_len: int = 0) -> Any:
-        """Per-layer decoding state; the default keeps every key and value."""
+        """Per-layer decoding state (the contract: attn/attention/state.py); the default keeps every key and value."""
         return KVCache(capacity_hint=max_len)
+
+    def start_state(self, max_len: int = 0) -> Any:
+        """:meth:`new_state` as callers get it: refused (``TypeError``) unless it follows the decoding-state contract."""
+        return checked(self.new_state(max_len), type(self).__qualname__)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Any, **inputs: torch.Tensor) -> torch.Tensor:
         """Attend new tokens (q, k, v: (B, H, T, D)) to everything before them; updates ``state``.
@@ -438,6 +407,6 @@ class RecurrentAttention(Attention):
 
 
 __all__ = [
-    "Attention", "RecurrentAttention", "Backend", "KVCache", "UnsupportedBackend", "ALL_MODES", "MODES",
+    "Attention", "RecurrentAttention", "Backend", "UnsupportedBackend", "ALL_MODES", "MODES",
     "have_module", "modes", "needs_cuda", "visible_pairs", "field",
 ]

@@ -394,7 +394,8 @@ class BlockSparseAttention(Attention):
         """Bounded when the layout is only global and local blocks (the default); random or strided blocks can
         reach any earlier block, so those layouts keep every token (the default KV cache)."""
         if self.config.random_blocks == 0 and self.config.stride == 0 and self.backend in ("auto", "gathered"):
-            return BandBlockCache(self.config)
+            c = self.config
+            return BandBlockCache(c.block_size, c.global_blocks, c.local_blocks)
         return super().new_state(max_len)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state) -> torch.Tensor:

@@ -34,6 +34,7 @@ from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Backend, RecurrentAttention, have_module, modes
 from attn.attention.feature_maps import ELEMENTWISE, favor_features, favor_logits, orthogonal_gaussian
 from attn.attention.full import causal_mask
+from attn.attention.state import OneStepUndo
 from attn.registry import check, register_attention
 
 FeatureMap = Literal["elu1", "relu", "favor"]
@@ -57,17 +58,17 @@ class LinearConfig:
 
 
 @dataclass
-class LinearState:
+class LinearState(OneStepUndo):
     """Decoding state, the same size at every length: kv = [S | z] (B, H, d_phi, D + 1), fp32.
 
     ``log_scale`` (B, H) is favor's running max key logit (None otherwise). A recurrent state cannot
     forget tokens, so ``truncate`` can only undo the last step (the harness rewinds one timed step).
     """
 
+    UNDO_FIELDS = ("kv", "log_scale")
+    KIND = "linear-attention state"
     kv: torch.Tensor | None = None
     log_scale: torch.Tensor | None = None
-    length: int = 0
-    _undo: tuple | None = None
 
     @property
     def S(self) -> torch.Tensor | None:  # noqa: N802  (the paper's name)
@@ -78,18 +79,8 @@ class LinearState:
         return None if self.kv is None else self.kv[..., -1]  # (B, H, d_phi)
 
     def update(self, kv: torch.Tensor, log_scale: torch.Tensor | None, new_tokens: int) -> None:
-        self._undo = (self.kv, self.log_scale, self.length)
+        self.remember()
         self.kv, self.log_scale, self.length = kv, log_scale, self.length + new_tokens
-
-    def truncate(self, length: int) -> None:
-        if length >= self.length:
-            return
-        if self._undo is None or self._undo[2] != length:
-            last = "nothing" if self._undo is None else f"only to {self._undo[2]}"
-            raise ValueError(f"a linear-attention state cannot forget tokens: at {self.length}, it can rewind {last}, "
-                             f"not to {length}")
-        self.kv, self.log_scale, self.length = self._undo
-        self._undo = None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.log_scale) if t is not None)

@@ -2,7 +2,7 @@
 
 RetNet, GLA and Gated DeltaNet all carry S_t (B, H_kv, D_k, D_v) in fp32 (fp64 for fp64 inputs): the same size at
 every length. A recurrent state cannot forget tokens, so ``truncate`` only undoes the last update (the harness
-rewinds one timed decoding step).
+rewinds one timed decoding step): :class:`attn.attention.state.OneStepUndo`.
 """
 from __future__ import annotations
 
@@ -11,27 +11,18 @@ from dataclasses import dataclass
 import torch
 
 from attn.attention.base import RecurrentAttention
+from attn.attention.state import OneStepUndo
 
 
 @dataclass
-class MatrixState:
+class MatrixState(OneStepUndo):
+    UNDO_FIELDS = ("S",)
+    KIND = "recurrent state"
     S: torch.Tensor | None = None  # (B, H_kv, D_k, D_v)
-    length: int = 0
-    _undo: tuple | None = None
 
     def update(self, S: torch.Tensor, new_tokens: int) -> None:
-        self._undo = (self.S, self.length)
+        self.remember()
         self.S, self.length = S, self.length + new_tokens
-
-    def truncate(self, length: int) -> None:
-        if length >= self.length:
-            return
-        if self._undo is None or self._undo[1] != length:
-            last = "nothing" if self._undo is None else f"only to {self._undo[1]}"
-            raise ValueError(f"a recurrent state cannot forget tokens: at {self.length}, it can rewind {last}, "
-                             f"not to {length}")
-        self.S, self.length = self._undo
-        self._undo = None
 
     def nbytes(self) -> int:
         return 0 if self.S is None else self.S.numel() * self.S.element_size()
