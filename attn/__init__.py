@@ -14,6 +14,7 @@ from attn.registry import (
     plugin_errors,
     register_attention,
     register_position,
+    resolve_variant,
 )
 
 __version__ = "0.1.0"
@@ -22,5 +23,5 @@ __all__ = [
     "Attention", "Backend", "DecodeState", "KVCache", "PRESETS", "Position", "Transformer",
     "TransformerConfig", "UnsupportedBackend", "build_attention", "build_position", "list_attention",
     "list_positions", "load_plugin", "parse_spec", "plugin_errors", "register_attention",
-    "register_position", "__version__",
+    "register_position", "resolve_variant", "__version__",
 ]

@@ -11,12 +11,13 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
+
+from attn.specs import check_config_defaults, coerce, one_line, parse_spec, shorten
 
 
 @dataclass(frozen=True)
@@ -46,165 +47,6 @@ class Entry:
             for f in dataclasses.fields(self.config)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         ]
-
-
-ECHO_LIMIT = 80  # characters of a user's value an error message repeats
-
-
-def shorten(value: Any, limit: int = ECHO_LIMIT, quote: bool = True) -> str:
-    """``repr(value)`` (``str`` if not ``quote``), cut to ``limit`` characters: an error echoes bad input,
-    never a 100 KB line."""
-    text = repr(value) if quote else str(value)
-    if len(text) <= limit:
-        return text
-    size = f" ({len(value):,} characters)" if isinstance(value, (str, bytes)) else ""
-    return text[:limit] + "..." + size
-
-
-def _one_line(error: BaseException, limit: int = 300) -> str:
-    """An exception as ``Type: first line`` of bounded length, so a plugin failure is one line."""
-    if isinstance(error, SystemExit):
-        return f"SystemExit: the plugin called sys.exit({shorten(error.code)})"
-    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
-    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _type_name(tp: Any) -> str:
-    if get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if get_origin(tp) in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in get_args(tp))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check (and, for strings from the command line, convert) ``value`` against ``tp``."""
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
-            if type(None) in args:
-                return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, where)
-            except ValueError:
-                pass
-        raise ValueError(f"{where} must be {_type_name(tp)}, got {shorten(value)}")
-    if origin is Literal:
-        choices = get_args(tp)
-        if value in choices:
-            return value
-        raise ValueError(f"{where} must be {_type_name(tp)}, got {shorten(value)}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{where} must be a bool, got {shorten(value)}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError(f"{where} must be an int, got {shorten(value)}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ValueError(f"{where} must be an int, got {shorten(value)}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ValueError(f"{where} must be a float, got {shorten(value)}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ValueError(f"{where} must be a float, got {shorten(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError(f"{where} must be a str, got {shorten(value)}")
-    if origin is tuple or tp is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.replace(";", "/").split("/") if v]
-        if isinstance(value, (list, tuple)):
-            inner = get_args(tp)
-            if inner and inner[-1] is not Ellipsis and len(inner) != len(value):
-                raise ValueError(f"{where} must have {len(inner)} items, got {shorten(value)}")
-            item_tp = inner[0] if inner else Any
-            return tuple(
-                v if item_tp is Any else _coerce(v, item_tp, f"{where}[{i}]")
-                for i, v in enumerate(value)
-            )
-        raise ValueError(f"{where} must be a tuple, got {shorten(value)}")
-    return value
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """``"sliding_window:window=256,backend=flex"`` -> ``("sliding_window", {"window": "256", ...})``."""
-    name, _, rest = spec.strip().partition(":")
-    if not name:
-        raise ValueError(f"empty name in spec {shorten(spec)}; expected name[:key=value,...]")
-    params: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"malformed parameter {shorten(item)} in spec {shorten(spec)}; expected key=value")
-        if key.strip() in params:
-            raise ValueError(f"parameter {shorten(key.strip())} given twice in spec {shorten(spec)}")
-        params[key.strip()] = value.strip()
-    return name, params
-
-
-def _matches(value: Any, hint: Any) -> bool | None:
-    """Whether ``value`` has type ``hint``; None when the hint is not one this check understands."""
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if origin is typing.Literal:
-        return value in typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        results = [_matches(value, h) for h in typing.get_args(hint)]
-        return True if any(r is True for r in results) else (None if None in results else False)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    return None
-
-
-def check_config_defaults(what: str, config: type) -> None:
-    """TypeError when a config field's default is not of its declared type (``window: int = "256"``):
-    ``list`` would show it and a sweep would carry it until some arithmetic failed deep in a cell."""
-    try:
-        hints = typing.get_type_hints(config)
-    except Exception:  # noqa: BLE001 -- unresolvable annotations: nothing to check against
-        return
-    for f in dataclasses.fields(config):
-        if f.default is dataclasses.MISSING or f.name not in hints:
-            continue
-        if _matches(f.default, hints[f.name]) is False:
-            raise TypeError(f"{what}: config field {f.name!r} is declared {typing_name(hints[f.name])} but its default is "
-                            f"{f.default!r} ({type(f.default).__name__})")
-
-
-def typing_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 class Registry:
@@ -302,7 +144,7 @@ class Registry:
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # a broken plugin (even one calling sys.exit) must not break the others
-            self.plugin_errors[label] = _one_line(e)
+            self.plugin_errors[label] = one_line(e)
             return False
         finally:
             self._loading_source = previous
@@ -342,7 +184,7 @@ class Registry:
         if missing:
             raise ValueError(f"{self.kind} {shorten(name)} needs parameter(s): {', '.join(missing)}")
         hints = typing.get_type_hints(entry.config)
-        typed = {k: _coerce(v, hints.get(k, Any), f"{name}.{k}") for k, v in params.items()}
+        typed = {k: coerce(v, hints.get(k, Any), f"{name}.{k}") for k, v in params.items()}
         try:
             return entry.config(**typed)
         except ValueError as e:
@@ -369,6 +211,39 @@ def check(condition: bool, message: str) -> None:
 
 ATTENTION = Registry("attention variant", entry_point_group="attn.variants", base="attn.attention.base.Attention")
 POSITIONS = Registry("position method", entry_point_group="attn.variants", base="attn.positions.base.Position")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An attention spec resolved once: its name, typed config, the fields the text set, and the backend asked for."""
+
+    name: str
+    config: Any
+    given: dict[str, Any]
+    backend: str = "auto"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """Every init field of the config (what a results row records)."""
+        return {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config) if f.init}
+
+
+def check_backend(name: str, backend: str, backends: list[str], spec: str | None = None) -> None:
+    """``ValueError`` unless ``backend`` is ``auto`` or one of the variant's ``backends``."""
+    if backend != "auto" and backend not in backends:
+        where = f" in {spec!r}" if spec is not None else ""
+        raise ValueError(f"unknown backend {backend!r} for {name!r}{where}; valid: auto, {', '.join(backends)}")
+
+
+def resolve_variant(spec: str) -> Variant:
+    """``"name:key=v,...,backend=b"`` -> :class:`Variant`, every value typed and checked by the registry (the one
+    place both harnesses and the CLI read a variant's name); ``ValueError`` names what is wrong and what is valid."""
+    name, raw = parse_spec(spec)
+    backend = raw.pop("backend", "auto")
+    entry = ATTENTION.get(name)
+    check_backend(name, backend, [b.name for b in entry.cls.backends], spec)
+    config = ATTENTION.make_config(name, raw)
+    return Variant(name, config, {k: getattr(config, k) for k in raw}, backend)
 
 
 def register_attention(name: str, config: type) -> Callable[[type], type]:
@@ -411,7 +286,8 @@ def plugin_errors() -> dict[str, str]:
 
 
 __all__ = [
-    "ATTENTION", "POSITIONS", "Entry", "Registry", "build_attention", "build_position", "check",
+    "ATTENTION", "POSITIONS", "Entry", "Registry", "Variant", "build_attention", "build_position", "check",
+    "check_backend", "resolve_variant",
     "list_attention", "list_positions", "load_plugin", "parse_spec", "plugin_errors",
     "register_attention", "register_position", "shorten",
 ]

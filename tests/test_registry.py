@@ -167,3 +167,16 @@ def test_entry_point_plugin_is_loaded_lazily(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path), "PATH": ""}, check=True).stdout
     assert "ep_full" in out
+
+
+def test_resolve_variant_types_the_spec_once_for_every_caller():
+    v = attn.resolve_variant("sliding_window:window=64,sinks=4,backend=flex")
+    assert (v.name, v.given, v.backend) == ("sliding_window", {"window": 64, "sinks": 4}, "flex")
+    assert v.fields["window"] == 64 and v.fields["dilation"] == 1  # every field, defaults included
+    assert attn.resolve_variant("full").backend == "auto"
+    with pytest.raises(ValueError, match=r"unknown backend 'nope' for 'full' in 'full:backend=nope'; valid: auto, "):
+        attn.resolve_variant("full:backend=nope")
+    with pytest.raises(ValueError, match="unknown backend 'nope' for 'full'; valid: auto, "):
+        attn.build_attention("full", backend="nope")  # the same check, where no spec text exists
+    with pytest.raises(ValueError, match="window"):
+        attn.resolve_variant("sliding_window:window=zero")

@@ -24,6 +24,7 @@ from attn.attention.documents import document_spans, per_document
 from attn.attention.flex import FLEX_MIN_LEN
 from attn.attention.state import KVCache, checked
 from attn.attention.token_inputs import TokenInput
+from attn.registry import check_backend
 
 MODES = ("forward", "backward", "decode")
 # A training step = forward + backward; backward = 2 x forward (two matmuls per forward matmul).
@@ -161,11 +162,7 @@ class Attention(nn.Module):
 
     def __init__(self, config: Any, backend: str = "auto"):
         super().__init__()
-        names = [b.name for b in self.backends]
-        if backend != "auto" and backend not in names:
-            raise ValueError(
-                f"unknown backend {backend!r} for {self.name!r}; valid: auto, {', '.join(names)}"
-            )
+        check_backend(self.name, backend, [b.name for b in self.backends])
         self.config = config
         self.backend = backend
         self.last_backend: str | None = None
