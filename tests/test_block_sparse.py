@@ -13,6 +13,7 @@ import attn
 from attn.attention import block_sparse as bsp
 from attn.attention import flex
 from attn.attention.base import UnsupportedBackend
+from attn.attention.gathered import gathered_attention
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
 
@@ -162,7 +163,7 @@ def test_gathered_equals_the_float64_definition_and_bf16_is_no_worse_than_refere
     lq, lk = lens
     q, k, v = make_qkv(lq, lk, torch.float64, seed=seed)
     expected = float64_attention(q, k, v, definition_mask(cfg, lq, lk, causal))
-    torch.testing.assert_close(bsp.gathered_attention(q, k, v, bsp.block_layout(cfg, lq, lk, causal), cfg.block_size,
+    torch.testing.assert_close(gathered_attention(q, k, v, bsp.block_layout(cfg, lq, lk, causal), cfg.block_size,
                                                       causal), expected, **TOL[torch.float64])
     # bf16: the fast path's error against the float64 truth is within that of the bf16 reference.
     qb, kb, vb = (t.to(torch.bfloat16).requires_grad_() for t in (q, k, v))
@@ -206,7 +207,7 @@ def test_gathered_work_is_proportional_to_active_blocks():
     for causal in (True, False):
         active = int(bsp.block_layout(cfg, L, causal=causal).sum())
         with FlopCounterMode(display=False) as counter:
-            bsp.gathered_attention(q, k, v, bsp.block_layout(cfg, L, causal=causal), 16, causal)
+            gathered_attention(q, k, v, bsp.block_layout(cfg, L, causal=causal), 16, causal)
         block_flops = 4 * B * H * D * 16 * 16 * active
         assert block_flops <= counter.get_total_flops() <= 1.25 * block_flops
         assert block_flops < 4 * B * H * D * L * L / 4  # this layout is sparse at this length
@@ -217,7 +218,7 @@ def test_bidirectional_global_rows_do_not_make_every_row_dense():
     L = 512
     q, k, v = make_qkv(L, L, B=1, H=1, D=8)
     with FlopCounterMode(display=False) as counter:
-        bsp.gathered_attention(q, k, v, bsp.block_layout(cfg, L, causal=False), 8, False)
+        gathered_attention(q, k, v, bsp.block_layout(cfg, L, causal=False), 8, False)
     active = int(bsp.block_layout(cfg, L, causal=False).sum())  # one dense row, the rest 2 blocks
     assert counter.get_total_flops() <= 1.25 * 4 * 8 * 8 * 8 * active
 

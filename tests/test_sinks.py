@@ -145,9 +145,9 @@ def test_the_shared_checker_passes_sliding_window_with_sinks():
 @pytest.mark.parametrize("causal", [True, False])
 def test_blocked_sinks_in_groups_of_chunks_equal_the_definition(causal, monkeypatch):
     """At long lengths the chunks' spans (with the sinks in front) are copied a group at a time: bounded memory."""
-    from attn.attention import sliding_window
+    from attn.attention import blocked_window
 
-    monkeypatch.setattr(sliding_window, "SINK_GROUP_BYTES", 1 << 12)  # many groups, uneven last one
+    monkeypatch.setattr(blocked_window, "SINK_GROUP_BYTES", 1 << 12)  # many groups, uneven last one
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(1, 4, 1000, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(1, 2, 1000, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))

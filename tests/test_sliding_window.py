@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import attn
 from attn.attention import flex
 from attn.attention.base import UnsupportedBackend
-from attn.attention.sliding_window import blocked_attention
+from attn.attention.blocked_window import blocked_attention
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=4e-2, rtol=4e-2)}
 
