@@ -12,7 +12,6 @@ device, dtype and mode wins. The dense ``reference`` is chosen only when nothing
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -20,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from attn.attention import gqa
 from attn.attention.documents import document_spans, per_document
 from attn.attention.flex import FLEX_MIN_LEN
 from attn.attention.state import KVCache, checked
@@ -116,23 +116,6 @@ def visible_pairs(q_len: int, k_len: int, causal: bool, window: int | None = Non
     else:
         hi = torch.full_like(p, k_len - 1) if window is None else (p + window - 1).clamp(max=k_len - 1)
     return int((hi - lo + 1).clamp(min=0).sum())
-
-
-@functools.cache
-def _gqa_warning(cls: type) -> None:
-    warnings.warn(f"{cls.__qualname__} does not declare supports_gqa: grouped keys and values are repeated to the "
-                  "query heads before each call (the time and memory of multi-head attention; caches still hold "
-                  "H_kv heads)", stacklevel=4)
-
-
-def _repeated_for(cls: type, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: dict[str, torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """k, v and the token inputs (per key head) repeated to q's heads, for a variant without GQA support (warned
-    once per class)."""
-    _gqa_warning(cls)
-    g = q.shape[1] // k.shape[1]
-    return (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1),
-            {n: t.repeat_interleave(g, dim=1) for n, t in inputs.items()})
 
 
 class Attention(nn.Module):
@@ -264,7 +247,7 @@ class Attention(nn.Module):
             self.dispatch_queries = None
         self.last_backend = name
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
-            k, v, inputs = _repeated_for(type(self), q, k, v, inputs)
+            k, v, inputs = gqa.repeated_for(type(self), q, k, v, inputs)
         return getattr(self, f"backend_{name}")(q, k, v, causal, **inputs)
 
     def check_inputs(self, inputs: dict[str, torch.Tensor], k: torch.Tensor, length: int) -> None:
@@ -348,7 +331,7 @@ class Attention(nn.Module):
         its own ``step`` sees H heads."""
         self.check_inputs(inputs, k, k.shape[2])
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
-            k, v, inputs = _repeated_for(type(self), q, k, v, inputs)
+            k, v, inputs = gqa.repeated_for(type(self), q, k, v, inputs)
         return self.step(q, k, v, state, **inputs)
 
     @classmethod

@@ -8,6 +8,9 @@ xformers' 5-D BMGHK inputs). :func:`repeat_kv` is for references, tests and kern
 """
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -55,4 +58,21 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=True)
 
 
-__all__ = ["FOLD_MAX_QUERIES", "fold", "kv_groups", "repeat_kv", "sdpa", "unfold"]
+@functools.cache
+def _warn_repeated(cls: type) -> None:
+    warnings.warn(f"{cls.__qualname__} does not declare supports_gqa: grouped keys and values are repeated to the "
+                  "query heads before each call (the time and memory of multi-head attention; caches still hold "
+                  "H_kv heads)", stacklevel=4)
+
+
+def repeated_for(cls: type, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: dict[str, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """k, v and the token inputs (per key head) repeated to q's heads, for a variant without GQA support (warned
+    once per class)."""
+    _warn_repeated(cls)
+    g = q.shape[1] // k.shape[1]
+    return (k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1),
+            {n: t.repeat_interleave(g, dim=1) for n, t in inputs.items()})
+
+
+__all__ = ["FOLD_MAX_QUERIES", "fold", "kv_groups", "repeat_kv", "repeated_for", "sdpa", "unfold"]
