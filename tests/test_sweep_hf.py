@@ -122,7 +122,8 @@ def test_the_hf_guide_shows_the_tested_transformers_example_and_it_runs():
 
     root = Path(__file__).resolve().parents[1]
     example = (root / "examples" / "hf_llama.py").read_text()
-    assert example.strip() in (root / "docs" / "hf.md").read_text(), "docs/hf.md's transformers block must be examples/hf_llama.py"
+    guide = (root / "docs" / "hf.md").read_text()
+    assert example.strip() in guide, "docs/hf.md's transformers block must be examples/hf_llama.py"
     p = subprocess.run([sys.executable, str(root / "examples" / "hf_llama.py")], capture_output=True, text=True,
                        timeout=300, cwd=root)
     assert p.returncode == 0, p.stderr
