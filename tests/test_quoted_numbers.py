@@ -292,6 +292,8 @@ quote(RESULTS, "({} and {} s at 64K against SDPA's {} s)",
       *(sec(VR, ".1f", **FWD, **K64, variant_spec=v) for v in ("full:alibi=true", "full:prefix=512", "full")))
 quote(RESULTS, "ALiBi ({} ms at 64K: each step", ms(VR, ".1f", **DEC, **K64, variant_spec="full:alibi=true"))
 quote(RESULTS, "sink logits ({} ms at 64K: each step", ms(VR, ".0f", **DEC, **K64, variant_spec="full:sink_logit=true"))
+quote(RESULTS, "`block_sparse` decodes with its bounded cache here too ({}–{} MiB at every context)",
+      mib(VR, ".1f", "min", **DEC, variant_spec=BSP), mib(VR, ".1f", "max", **DEC, variant_spec=BSP))
 
 for label, spec in (("`full`", "full"), ("`sliding_window:window=1024`", "sliding_window:window=1024"),
                     ("`block_sparse` (64 / 2 local / 1 global)", "block_sparse"), ("`linear`", "linear")):
