@@ -3,7 +3,10 @@
 Each quote is a template of the text with ``{}`` where the numbers go and, for each, the file, the row
 selector, the column, how the rows are combined and how the number is written. The test renders the template
 from the rows and looks for the rendered text in the document (whitespace folded), so a re-run that changes a
-row, or an edit that changes the text, fails here. Pure file reads: well under a second.
+row, or an edit that changes the text, fails here. What is quoted is what the runs measured (times, memory,
+accuracies, counts, fitted slopes, each run's conditions); a run's settings (lengths, steps, widths) are its
+command's. Also: every committed file has its section in results/README.md, and every link resolves. Pure file
+reads: well under a second.
 """
 from __future__ import annotations
 
