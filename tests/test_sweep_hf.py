@@ -115,14 +115,15 @@ def test_bad_hf_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_the_readme_shows_the_tested_transformers_example_and_it_runs():
+def test_the_hf_guide_shows_the_tested_transformers_example_and_it_runs():
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     example = (root / "examples" / "hf_llama.py").read_text()
-    assert example.strip() in (root / "README.md").read_text(), "README's transformers block must be examples/hf_llama.py"
+    guide = (root / "docs" / "hf.md").read_text()
+    assert example.strip() in guide, "docs/hf.md's transformers block must be examples/hf_llama.py"
     p = subprocess.run([sys.executable, str(root / "examples" / "hf_llama.py")], capture_output=True, text=True,
                        timeout=300, cwd=root)
     assert p.returncode == 0, p.stderr

@@ -1,0 +1,471 @@
+"""Every number README.md and results/README.md quote from a results file, read back from its committed row.
+
+Each quote is a template of the text with ``{}`` where the numbers go and, for each, the file, the row
+selector, the column, how the rows are combined and how the number is written. The test renders the template
+from the rows and looks for the rendered text in the document (whitespace folded), so a re-run that changes a
+row, or an edit that changes the text, fails here. What is quoted is what the runs measured (times, memory,
+accuracies, counts, fitted slopes, each run's conditions); a run's settings (lengths, steps, widths) are its
+command's. Also: every committed file has its section in results/README.md, and every link resolves. Pure file
+reads: well under a second.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README, RESULTS = "README.md", "results/README.md"
+
+
+@cache
+def rows(file: str) -> tuple[dict[str, Any], ...]:
+    return tuple(json.loads(line) for line in (ROOT / "results" / file).read_text().splitlines() if line.strip())
+
+
+@cache
+def text(doc: str) -> str:
+    return " ".join((ROOT / doc).read_text().split())
+
+
+def matches(row: dict[str, Any], key: str, want: Any) -> bool:
+    if key == "row":  # a predicate on the whole row
+        return want(row)
+    return want(row.get(key)) if callable(want) else row.get(key) == want
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of log(y) on log(x): the fitted exponent the figures and the report draw."""
+    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def write(x: float, spec: str) -> str:
+    """``spec`` as ``format`` takes it, plus ``n0`` (thousands apart by a space: 23 788) and ``#.3g`` without
+    a trailing point (214, not 214.)."""
+    if spec == "n0":
+        return format(x, ",.0f").replace(",", " ")
+    return format(x, spec).rstrip(".") if spec.startswith("#") else format(x, spec)
+
+
+@dataclass(frozen=True)
+class V:
+    """One quoted number: the rows of ``file`` matching ``where`` (a value, a predicate on the value, or under
+    the key ``row`` a predicate on the row), column ``col`` combined by ``agg``, times ``scale``, written with
+    ``spec``. ``agg``: ``one`` (exactly one row), ``mean``, ``min``, ``max``, ``slope`` (log-log on seq_len);
+    with ``by``, ``min``/``max`` of the means of the groups of rows sharing those columns. ``col="k/n"`` writes
+    sum(round(value * n)) / sum(n): passes out of examples."""
+
+    file: str
+    where: dict[str, Any] = field(default_factory=dict, hash=False)
+    col: str = "value"
+    agg: str = "one"
+    spec: str = ".2f"
+    scale: float = 1.0
+    by: tuple[str, ...] = ()
+
+    def matching(self) -> list[dict[str, Any]]:
+        hit = [r for r in rows(self.file) if all(matches(r, k, v) for k, v in self.where.items())]
+        assert hit, f"no row of {self.file} matches {self.where}"
+        if self.agg == "one":
+            assert len(hit) == 1, f"{len(hit)} rows of {self.file} match {self.where}; quote one"
+        return hit
+
+    def number(self) -> float:
+        hit = self.matching()
+        if self.agg == "slope":
+            return slope([(r["seq_len"], r[self.col]) for r in hit])
+        if self.by:
+            groups: dict[tuple, list[float]] = {}
+            for r in hit:
+                groups.setdefault(tuple(str(r.get(c)) for c in self.by), []).append(r[self.col])
+            values = [statistics.mean(g) for g in groups.values()]
+        else:
+            values = [r[self.col] for r in hit]
+        assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values), (self, values)
+        return {"one": lambda xs: xs[0], "mean": statistics.mean, "min": min, "max": max}[self.agg](values)
+
+    def render(self) -> str:
+        if self.col == "k/n":
+            hit = self.matching()
+            return f"{sum(round(r['value'] * r['n']) for r in hit)}/{sum(r['n'] for r in hit)}"
+        return write(self.number() * self.scale, self.spec)
+
+
+@dataclass(frozen=True)
+class Q:
+    doc: str
+    template: str
+    values: tuple[V, ...]
+
+    def render(self) -> str:
+        return " ".join(self.template.format(*(v.render() for v in self.values)).split())
+
+
+MIB = 1 / 2**20
+
+
+def ms(file: str, spec: str, agg: str = "one", **where: Any) -> V:
+    return V(file, where, "latency_ms", agg, spec)
+
+
+def pct(file: str, **where: Any) -> V:
+    """A fraction of the matmul peak, written as percent without the sign."""
+    return V(file, where, "peak_fraction", "one", ".0f", 100)
+
+
+def sec(file: str, spec: str, **where: Any) -> V:
+    return V(file, where, "latency_ms", "one", spec, 1e-3)
+
+
+def mib(file: str, spec: str, agg: str = "one", **where: Any) -> V:
+    return V(file, where, "peak_mem_bytes", agg, spec, MIB)
+
+
+def val(file: str, spec: str = ".2f", agg: str = "one", **where: Any) -> V:
+    return V(file, where, "value", agg, spec)
+
+
+def kn(file: str, **where: Any) -> V:
+    return V(file, where, "k/n", "sum")
+
+
+# -- what the run's rows say about its conditions: written the same way for every committed file ------------------
+
+def cost_conditions(file: str) -> str:
+    rs = rows(file)
+    peaks = [r["peak_flops_per_s"] for r in rs if r.get("peak_flops_per_s")]
+    ok = sum(r["status"] == "ok" for r in rs)
+    noisy = sum(bool(r.get("noisy")) for r in rs)
+    again = sum((r.get("attempts") or 1) > 1 for r in rs)
+    machine = "/".join(sorted({r["device_name"] for r in rs}))
+    torch = "/".join(sorted({r["torch_version"] for r in rs}))
+    return (f"{machine}, torch {torch}: {ok}/{len(rs)} cells ok, {noisy} noisy, {again} re-measured; matmul peak "
+            f"{min(peaks) / 1e9:.0f}–{max(peaks) / 1e9:.0f} GFLOP/s; other processes took at most "
+            f"{max(r.get('other_cpu') or 0 for r in rs):.2f} cores")
+
+
+def accuracy_conditions(file: str) -> str:
+    rs = rows(file)
+    ok = sum(r["status"] == "ok" for r in rs)
+    machine = "/".join(sorted({r["device_name"] for r in rs}))
+    threads = "/".join(str(t) for t in sorted({r["num_threads"] for r in rs}))
+    torch = "/".join(sorted({r["torch_version"] for r in rs}))
+    return f"{machine}, torch {torch}, {threads} thread(s): {ok}/{len(rs)} rows ok"
+
+
+# -- the quotes: README.md ------------------------------------------------------------------------------------------
+
+QUOTES: list[Q] = []
+
+
+def quote(doc: str, template: str, *values: V) -> None:
+    QUOTES.append(Q(doc, template, values))
+
+
+CS, BS, LONG, TG, BT, QK, DC = ("cpu-speed.jsonl", "cpu-speed-block-sparse-decode.jsonl", "long-cpu.jsonl",
+                                "targets-cpu.jsonl", "blocked-train-cpu.jsonl", "quick-cpu.jsonl", "decode-cpu.jsonl")
+SS, VR, HL, GQ = "sinks-softcap-cpu.jsonl", "variants-cpu.jsonl", "hf-llama-cpu.jsonl", "gqa-cpu.jsonl"
+SM, GM = "accuracy-smollm2-cpu.jsonl", "accuracy-gemma3-cpu.jsonl"
+MA, MR = "accuracy-mqar-attention-cpu.jsonl", "accuracy-mqar-recurrent-cpu.jsonl"
+FL, LG = "accuracy-full-lm-cpu.jsonl", "accuracy-lengthgen-cpu.jsonl"
+WP, FP = "accuracy-passkey-window-probe-cpu.jsonl", "accuracy-passkey-finetune-probe-cpu.jsonl"
+RU, RW = "accuracy-ruler-cpu.jsonl", "accuracy-ruler-window-cpu.jsonl"
+
+BSP = "block_sparse:block_size=64,local_blocks=2,global_blocks=1"
+SW = "sliding_window:window=256"
+FWD, DEC, TRAIN = {"mode": "forward"}, {"mode": "decode"}, {"mode": "train"}
+K16, K64 = {"seq_len": 16384}, {"seq_len": 65536}
+
+quote(README, "one forward call at 16K tokens takes {} ms with `full` (SDPA), {} ms with `sliding_window` (window "
+      "256, Flex), {} ms with `block_sparse` (Flex) and {} ms with `linear` (chunked)",
+      ms(CS, ".0f", **FWD, **K16, variant_spec="full:backend=sdpa"),
+      ms(CS, ".1f", **FWD, **K16, variant_spec=f"{SW},backend=flex"),
+      ms(CS, ".1f", **FWD, **K16, variant_spec=f"{BSP},backend=flex"),
+      ms(CS, ".1f", **FWD, **K16, variant_spec="linear:backend=chunked"))
+quote(README, "`full`'s KV cache grows from {} ms at 1K of context to {} ms at 128K",
+      ms(CS, ".3f", **DEC, seq_len=1024, variant_spec="full"), ms(CS, ".1f", **DEC, seq_len=131072, variant_spec="full"))
+for agg in ("min", "max"):  # "1.0 MiB" holds at every context
+    quote(README, "`sliding_window` {}–{} ms in {} MiB", ms(CS, ".3f", "min", **DEC, variant_spec=SW),
+          ms(CS, ".3f", "max", **DEC, variant_spec=SW), V(CS, {**DEC, "variant_spec": SW}, "peak_mem_bytes", agg, ".1f", MIB))
+quote(README, "`linear` {}–{} ms (its recurrent state)", ms(CS, ".3f", "min", **DEC, variant_spec="linear"),
+      ms(CS, ".3f", "max", **DEC, variant_spec="linear"))
+quote(README, "`block_sparse` {}–{} ms in {}–{} MiB", ms(BS, ".2f", "min"), ms(BS, ".2f", "max"),
+      mib(BS, ".1f", "min"), mib(BS, ".1f", "max"))
+quote(README, "`full` takes {} s at 128K", sec(LONG, ".0f", variant_spec="full", seq_len=131072))
+quote(README, "`sliding_window` reaches 1M in {} s, `block_sparse` in {} s, `linear` in {} s",
+      *(sec(LONG, ".1f", variant_spec=v, seq_len=2**20) for v in (SW, BSP, "linear")))
+
+SM_PPL = {"task": "lm", "metric": "perplexity"}
+SM_WIN, SM_SINK = "sliding_window:window=1024,backend=blocked", "sliding_window:sinks=4,window=1024,backend=blocked"
+SM_BS = "block_sparse:block_size=128,global_blocks=1,local_blocks=8,backend=gathered"
+quote(README, "(perplexity {} against full attention's {}), and four attention sinks bring it back ({})",
+      *(val(SM, **SM_PPL, variant_spec=v, eval_len=4096) for v in (SM_WIN, "full", SM_SINK)))
+GM_OWN, GM_LOCAL = "sliding_attention=sliding_window:backend=blocked", "sliding_window:window=512,backend=blocked"
+PASSKEY = {"task": "passkey", "metric": "exact_match"}
+quote(README, "finds every passkey at 4K ({}) and at 8K ({})",
+      *(kn(GM, **PASSKEY, variant_spec=GM_OWN, eval_len=L) for L in (4096, 8192)))
+quote(README, "finds none ({} at 4K, {} at 8K)", *(kn(GM, **PASSKEY, variant_spec="full", eval_len=L) for L in (4096, 8192)))
+
+# -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
+
+quote(RESULTS, "| `full` / sdpa, forward | {} ms | {}% |",
+      ms(CS, ".0f", **FWD, **K16, variant_spec="full:backend=sdpa"), pct(CS, **FWD, **K16, variant_spec="full:backend=sdpa"))
+for label, spec, mode, fmt in (("`sliding_window(256)` / flex, forward", f"{SW},backend=flex", FWD, ".1f"),
+                               ("`block_sparse` / flex, forward", f"{BSP},backend=flex", FWD, ".1f"),
+                               ("`linear` elu1 / chunked, forward", "linear:backend=chunked", FWD, ".1f"),
+                               ("`sliding_window` / blocked, train", SW, TRAIN, ".0f"),
+                               ("`block_sparse` / gathered, train", BSP, TRAIN, ".0f"),
+                               ("`linear` / chunked, train", "linear", TRAIN, ".0f")):
+    quote(RESULTS, f"| {label} | {{}} ms | {{}}% |", ms(CS, fmt, **mode, **K16, variant_spec=spec),
+          pct(CS, **mode, **K16, variant_spec=spec))
+for agg in ("min", "max"):
+    quote(RESULTS, "`sliding_window` {}–{} ms (a ring buffer of the window written in place) in {} MiB at every context",
+          ms(CS, ".3f", "min", **DEC, variant_spec=SW), ms(CS, ".3f", "max", **DEC, variant_spec=SW),
+          V(CS, {**DEC, "variant_spec": SW}, "peak_mem_bytes", agg, ".1f", MIB))
+quote(RESULTS, "`linear` {}–{} ms (the recurrent state)", ms(CS, ".3f", "min", **DEC, variant_spec="linear"),
+      ms(CS, ".3f", "max", **DEC, variant_spec="linear"))
+quote(RESULTS, "`full`'s KV cache at {} ms (1K), {} ms (4K), {} ms (16K) and {} ms (128K)",
+      *(ms(CS, f, **DEC, seq_len=L, variant_spec="full") for f, L in ((".3f", 1024), (".3f", 4096), (".2f", 16384),
+                                                                      (".1f", 131072))))
+quote(RESULTS, "`linear`'s measured {}–{} MiB", mib(CS, ".2f", "min", **DEC, variant_spec="linear"),
+      mib(CS, ".2f", "max", **DEC, variant_spec="linear"))
+quote(RESULTS, "every token: {} MiB at 64K", mib(CS, ".0f", **DEC, **K64, variant_spec=BSP))
+quote(RESULTS, "One token decodes in {}–{} ms and {}–{} MiB at every context from 1K to 1M (1M: {} ms)",
+      ms(BS, ".2f", "min"), ms(BS, ".2f", "max"), mib(BS, ".1f", "min"), mib(BS, ".1f", "max"),
+      ms(BS, ".3f", seq_len=2**20))
+
+SPAN = {"seq_len": lambda n: 8192 <= n <= 131072}
+quote(RESULTS, "(log-log slope {} over 8K–128K) and takes {} s at 128K",
+      V(LONG, {**SPAN, "variant_spec": "full"}, "latency_ms", "slope"), sec(LONG, ".0f", variant_spec="full", seq_len=131072))
+quote(RESULTS, "`sliding_window` (flex) in {} s, `block_sparse` (flex) in {} s and `linear` (chunked) in {} s, with "
+      "slopes {}, {} and {} over 8K–128K",
+      *(sec(LONG, ".1f", variant_spec=v, seq_len=2**20) for v in (SW, BSP, "linear")),
+      *(V(LONG, {**SPAN, "variant_spec": v}, "latency_ms", "slope") for v in (SW, BSP, "linear")))
+quote(RESULTS, "{} s at 256K, {} s at 512K, as its fraction of the matmul peak drops from {} to {}",
+      sec(LONG, ".2f", variant_spec="linear", seq_len=2**18), sec(LONG, ".1f", variant_spec="linear", seq_len=2**19),
+      V(LONG, {"variant_spec": "linear", "seq_len": 2**18}, "peak_fraction"),
+      V(LONG, {"variant_spec": "linear", "seq_len": 2**19}, "peak_fraction"))
+
+quote(RESULTS, "`full` (SDPA) {} ms, `sliding_window` flex {} ms (blocked {} ms), `block_sparse` flex {} ms (gathered "
+      "{} ms), `linear` chunked {} ms (the recurrence {} ms)",
+      *(ms(TG, f, **FWD, **K16, variant_spec=v) for f, v in (
+          (".0f", "full:backend=sdpa"), (".1f", f"{SW},backend=flex"), (".0f", f"{SW},backend=blocked"),
+          (".1f", f"{BSP},backend=flex"), (".0f", f"{BSP},backend=gathered"), (".1f", "linear:backend=chunked"),
+          (".0f", "linear:backend=recurrent"))))
+quote(RESULTS, "{} ms at 4K, {} ms at 8K, {} ms at 16K", *(ms(BT, ".0f", seq_len=L) for L in (4096, 8192, 16384)))
+quote(RESULTS, "At 4K forward: `full` {} ms, `sliding_window` {} ms, `block_sparse` {} ms, `linear` {} ms",
+      *(ms(QK, f, **FWD, seq_len=4096, variant_spec=v) for f, v in (
+          (".0f", "full"), (".1f", SW), (".1f", BSP), (".1f", "linear"))))
+
+quote(RESULTS, "`sliding_window` took {} ms a token at 64K here against {} ms in `cpu-speed.jsonl`",
+      ms(DC, ".3f", **K64, variant_spec=SW), ms(CS, ".4f", **DEC, **K64, variant_spec=SW))
+quote(RESULTS, "`block_sparse` {} ms (in {} MiB", ms(DC, ".1f", **K64, variant_spec=BSP), mib(DC, ".0f", **K64, variant_spec=BSP))
+quote(RESULTS, "against {} ms in `cpu-speed-block-sparse-decode.jsonl`", ms(BS, ".3f", **K64))
+quote(RESULTS, "`full` ({} ms at 1K, {} ms at 64K) and `linear` ({}–{} ms)",
+      ms(DC, ".3f", seq_len=1024, variant_spec="full"), ms(DC, ".2f", **K64, variant_spec="full"),
+      ms(DC, ".3f", "min", variant_spec="linear"), ms(DC, ".3f", "max", variant_spec="linear"))
+
+SINKS, DIL = f"{SW},sinks=4", f"{SW},dilation=4"
+quote(RESULTS, "`sliding_window:window=256,sinks=4` decodes at {}–{} ms a token in {}–{} MiB from 1K to 1M tokens of "
+      "context (the plain window: {}–{} ms in {}–{} MiB)",
+      *(f(SS, s, a, **DEC, variant_spec=v) for v in (SINKS, SW) for f, s, a in (
+          (ms, ".3f", "min"), (ms, ".3f", "max"), (mib, ".2f", "min"), (mib, ".2f", "max"))))
+quote(RESULTS, "decodes in {}–{} ms and {}–{} MiB.", *(f(SS, s, a, **DEC, variant_spec=DIL) for f, s, a in (
+      (ms, ".3f", "min"), (ms, ".3f", "max"), (mib, ".2f", "min"), (mib, ".2f", "max"))))
+quote(RESULTS, "Forward at 64K: `full` {} s (SDPA) vs {} s with `softcap=50`",
+      sec(SS, ".1f", **FWD, **K64, variant_spec="full"), sec(SS, ".1f", **FWD, **K64, variant_spec="full:softcap=50"))
+quote(RESULTS, "`sliding_window` {} ms, {} ms with 4 sinks, {} ms softcapped (both through Flex), {} ms dilated",
+      *(ms(SS, ".0f", **FWD, **K64, variant_spec=v) for v in (SW, SINKS, f"{SW},softcap=50", DIL)))
+
+VARIANTS = ("full", "full:alibi=true", "full:sink_logit=true", "full:prefix=512", SW, SINKS, BSP, "linear", "retention",
+            "gla", "gated_deltanet")
+quote(RESULTS, "| forward |" + " {} |" * len(VARIANTS), *(ms(VR, "n0", **FWD, **K64, variant_spec=v) for v in VARIANTS))
+quote(RESULTS, "| decode one token |" + " {} |" * len(VARIANTS),
+      *(ms(VR, "#.3g", **DEC, **K64, variant_spec=v) for v in VARIANTS))
+quote(RESULTS, "({} and {} s at 64K against SDPA's {} s)",
+      *(sec(VR, ".1f", **FWD, **K64, variant_spec=v) for v in ("full:alibi=true", "full:prefix=512", "full")))
+quote(RESULTS, "ALiBi ({} ms at 64K: each step", ms(VR, ".1f", **DEC, **K64, variant_spec="full:alibi=true"))
+quote(RESULTS, "sink logits ({} ms at 64K: each step", ms(VR, ".0f", **DEC, **K64, variant_spec="full:sink_logit=true"))
+quote(RESULTS, "`block_sparse` decodes with its bounded cache here too ({}–{} MiB at every context)",
+      mib(VR, ".1f", "min", **DEC, variant_spec=BSP), mib(VR, ".1f", "max", **DEC, variant_spec=BSP))
+
+for label, spec in (("`full`", "full"), ("`sliding_window:window=1024`", "sliding_window:window=1024"),
+                    ("`block_sparse` (64 / 2 local / 1 global)", "block_sparse"), ("`linear`", "linear")):
+    quote(RESULTS, f"| prefill, {label} | {{}} ms | {{}} s | {{}} s |", ms(HL, ".0f", **FWD, seq_len=1024, variant_spec=spec),
+          sec(HL, ".1f", **FWD, **K16, variant_spec=spec), sec(HL, ".1f", **FWD, **K64, variant_spec=spec))
+for spec in ("full", "linear"):
+    quote(RESULTS, f"| one decoded token, `{spec}` | {{}} ms | {{}} ms | {{}} ms |",
+          *(ms(HL, ".1f", **DEC, seq_len=L, variant_spec=spec) for L in (1024, 16384, 65536)))
+quote(RESULTS, "`full`'s prefill runs at {}–{}% of the matmul peak at 32K–64K",
+      *(pct(HL, **FWD, seq_len=L, variant_spec="full") for L in (32768, 65536)))
+
+HF, OP = {"scope": "hf"}, {"scope": "op"}
+quote(RESULTS, "takes {} ms with 8 key/value heads and {} ms with its own 2, and needs {} vs {} MiB",
+      ms(GQ, ".1f", **HF, **DEC, num_kv_heads=None), ms(GQ, ".1f", **HF, **DEC, num_kv_heads=2),
+      mib(GQ, ".0f", **HF, **DEC, num_kv_heads=None), mib(GQ, ".0f", **HF, **DEC, num_kv_heads=2))
+quote(RESULTS, "decodes in {} ms with 8 key/value heads, {} ms with 2 and {} ms with 1, in {}, {} and {} MiB",
+      *(ms(GQ, ".2f", **OP, **DEC, num_kv_heads=h) for h in (None, 2, 1)),
+      *(mib(GQ, ".1f", **OP, **DEC, num_kv_heads=h) for h in (None, 2, 1)))
+quote(RESULTS, "({} s / {} s / {} s forward, {} s / {} s / {} s train)",
+      *(sec(GQ, ".2f", **OP, **FWD, num_kv_heads=h) for h in (None, 2, 1)),
+      *(sec(GQ, ".1f", **OP, **TRAIN, num_kv_heads=h) for h in (None, 2, 1)))
+
+
+def smol_cell(spec: str, length: int, position: str = "checkpoint", ppl: bool = True) -> tuple[str, list[V]]:
+    """A SmolLM2 table cell: passkey at depths 0 / 0.5 / 1 · niah_single_1 · perplexity."""
+    at = {"variant_spec": spec, "position_spec": position, "eval_len": length}
+    vals = [kn(SM, **PASSKEY, **at, depth=d) for d in (0.0, 0.5, 1.0)]
+    vals.append(kn(SM, task="ruler", subtask="niah_single_1", metric="string_match", **at))
+    if ppl:
+        vals.append(val(SM, **SM_PPL, **at))
+    return "{} {} {} · {}" + (" · {}" if ppl else ""), vals
+
+
+def table_row(doc: str, label: str, cells: list[tuple[str, list[V]] | str]) -> None:
+    texts = [c if isinstance(c, str) else c[0] for c in cells]
+    quote(doc, f"| {label} | " + " | ".join(texts) + " |",
+          *(v for c in cells if not isinstance(c, str) for v in c[1]))
+
+
+for label, spec in (("`full`", "full"), ("`sliding_window:window=1024`", SM_WIN),
+                    ("`sliding_window:sinks=4,window=1024`", SM_SINK),
+                    ("`block_sparse:block_size=128,local_blocks=8,global_blocks=1`", SM_BS)):
+    last = smol_cell(spec, 16384, ppl=False) if spec == "full" else "--"
+    table_row(RESULTS, label, [smol_cell(spec, L) for L in (2048, 4096, 8192)] + [last])
+for pos in ("rope_yarn:factor=2", "rope_ntk:factor=2", "rope_dynamic:factor=2"):
+    table_row(RESULTS, f"`full` + `{pos}`", ["--", "--", "--", smol_cell("full", 16384, pos, ppl=False)])
+quote(RESULTS, "perplexity on {} tokens of held-out Python source",
+      V(SM, {**SM_PPL, "variant_spec": "full", "eval_len": 2048}, "scored_tokens", "one", ".0f"))
+quote(RESULTS, "its perplexity goes from full attention's {} to {}",
+      *(val(SM, **SM_PPL, variant_spec=v, eval_len=4096) for v in ("full", SM_WIN)))
+quote(RESULTS, "(the key before the question {}, perplexity {})",
+      kn(SM, **PASSKEY, variant_spec=SM_SINK, position_spec="checkpoint", eval_len=4096, depth=1.0),
+      val(SM, **SM_PPL, variant_spec=SM_SINK, eval_len=4096))
+MK = {"task": "ruler", "subtask": "niah_multikey_1", "metric": "string_match", "eval_len": 2048}
+quote(RESULTS, "`niah_multikey_1` gives `full`, the sinks and block-sparse {} and the bare window {}",
+      kn(SM, **MK, variant_spec="full"), kn(SM, **MK, variant_spec=SM_WIN))
+quote(RESULTS, "beyond this model for every variant ({})",
+      kn(SM, task="ruler", subtask="vt", metric="string_match", variant_spec="full"))
+
+
+def gemma_cell(spec: str, length: int) -> tuple[str, list[V]]:
+    at = {"variant_spec": spec, "eval_len": length}
+    vals = [kn(GM, **PASSKEY, **at, depth=d) for d in (0.0, 0.5, 1.0)]
+    return "{} {} {} · {}", vals + [kn(GM, task="ruler", subtask="niah_single_1", metric="string_match", **at)]
+
+
+for label, spec in (("own 5 sliding (512) : 1 global", GM_OWN), ("`full` (all-global)", "full"),
+                    ("`sliding_window:window=512` (all-local)", GM_LOCAL)):
+    table_row(RESULTS, label, [gemma_cell(spec, L) for L in (4096, 8192, 16384)])
+
+MQAR = (("`full`", MA, "full"), ("`block_sparse:block_size=16`", MA, "block_sparse:block_size=16"), ("`gla`", MR, "gla"),
+        ("`retention`", MR, "retention"), ("`gated_deltanet`", MR, "gated_deltanet"), ("`linear`", MA, "linear"),
+        ("`sliding_window:window=16`", MA, "sliding_window:window=16"))
+for label, file, spec in MQAR:
+    acc = {"metric": "accuracy", "variant_spec": spec}
+    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} | {{}} | {{}} / {{}} |",
+          *(val(file, ".3f", "mean", **acc, d_model=w, eval_len=L) for L in (64, 128) for w in (32, 64)),
+          *(V(file, {**acc, "d_model": w, "eval_len": 128}, "state_numbers", "max", "n0") for w in (32, 64)))
+quote(RESULTS, "(GLA {} -> {} at 128 from width 32 to 64)",
+      *(val(MR, ".3f", "mean", metric="accuracy", variant_spec="gla", d_model=w, eval_len=128) for w in (32, 64)))
+
+LENS = (256, 512, 1024, 2048, 4096)
+BPB = {"task": "lm", "metric": "bpb"}
+for pos in ("none", "rope", "rope_linear", "rope_ntk", "rope_dynamic", "rope_llama3", "rope_yarn"):
+    quote(RESULTS, f"| `{pos}` |" + " {} |" * 7,
+          *(val(FL, ".2f", "mean", **BPB, position=pos, stage="zero_shot", eval_len=L) for L in LENS),
+          *(val(FL, ".2f", "mean", **BPB, position=pos, stage="finetune", eval_len=L) for L in (256, 4096)))
+quote(RESULTS, "worse than plain RoPE at 2x ({} vs {})",
+      *(val(FL, ".2f", "mean", **BPB, position=p, stage="zero_shot", eval_len=512) for p in ("rope_linear", "rope")))
+quote(RESULTS, "(at 2x: RoPE {}, YaRN {}, NTK {}, PI {})",
+      *(val(FL, ".2f", "mean", **PASSKEY, position=p, stage="zero_shot", eval_len=512)
+        for p in ("rope", "rope_yarn", "rope_ntk", "rope_linear")))
+NOT_PI = {**PASSKEY, "stage": "finetune", "eval_len": 512, "position": lambda p: p != "rope_linear"}
+quote(RESULTS, "every method but PI does at 2x ({}–{}; PI {})", V(FL, NOT_PI, agg="min", by=("position",)),
+      V(FL, NOT_PI, agg="max", by=("position",)),
+      val(FL, ".2f", "mean", **PASSKEY, position="rope_linear", stage="finetune", eval_len=512))
+quote(RESULTS, "at 4x or more none gets past {}",
+      V(FL, {**PASSKEY, "eval_len": lambda n: n >= 1024}, agg="max", by=("position", "stage", "eval_len")))
+quote(RESULTS, "not after fine-tuning at 256: passkey {} (dynamic) vs {} (NTK), bits per byte {} vs {}",
+      *(val(FL, ".2f", "mean", **m, position=p, stage="finetune", eval_len=256)
+        for m in (PASSKEY, BPB) for p in ("rope_dynamic", "rope_ntk")))
+quote(RESULTS, "PI fine-tuned for 100 steps stays at {}",
+      val(FL, ".2f", "mean", **PASSKEY, position="rope_linear", stage="finetune", eval_len=512))
+
+PROBE = {"metric": "swap_exact_match"}
+WIN = {**PROBE, "variant_spec": SW}
+FULLP = {**PROBE, "variant_spec": "full"}
+quote(RESULTS, "At 512 the window scores {} at depth 0.75 (full attention: {})",
+      val(WP, **WIN, eval_len=512, depth=0.75), val(WP, **FULLP, eval_len=512, depth=0.75))
+quote(RESULTS, "but {} at depth 1.0 (full: {})", val(WP, **WIN, eval_len=512, depth=1.0),
+      val(WP, **FULLP, eval_len=512, depth=1.0))
+quote(RESULTS, "depth 1.0 scores {} and {} (full: {} and {}), and every key outside the window scores {}",
+      *(val(WP, **w, eval_len=L, depth=1.0) for w in (WIN, FULLP) for L in (1024, 2048)),
+      V(WP, {**WIN, "row": lambda r: (r["eval_len"] >= 512 and r["depth"] <= 0.5)
+             or (r["eval_len"] >= 1024 and r["depth"] <= 0.75)}, agg="max", spec=".0f"))
+quote(RESULTS, "PI reaches {} and YaRN {}",
+      *(val(FP, ".3f", "mean", **PASSKEY, position_spec=p, stage="finetune", eval_len=512) for p in ("rope_linear", "rope_yarn")))
+
+for label, spec, pos in (("`full` · `none`", "full", "none"), ("`full` · `rope`", "full", "rope"),
+                         ("`full` · `rope_yarn`", "full", "rope_yarn"), ("`full` · `alibi`", "full", "alibi"),
+                         ("`retention` (RetNet)", "retention", "none"), ("`gla`", "gla", "none")):
+    at = {**BPB, "variant_spec": spec, "position_spec": pos}
+    quote(RESULTS, f"| {label} |" + " {} |" * 6, *(val(LG, ".2f", "mean", **at, stage="zero_shot", eval_len=L) for L in LENS),
+          val(LG, ".2f", "mean", **at, stage="finetune", eval_len=4096))
+
+quote(RESULTS, "(the best `string_match` of the 24 cells: {} for `full`, {} for the window)",
+      *(val(f, ".3f", "max", metric="string_match") for f in (RU, RW)))
+
+
+# -- the tests -----------------------------------------------------------------------------------------------------
+
+def committed() -> list[str]:
+    return sorted(p.name for p in (ROOT / "results").glob("*.jsonl"))
+
+
+@pytest.mark.parametrize("file", committed())
+def test_every_committed_run_has_its_section_with_the_conditions_its_rows_hold(file):
+    doc = text(RESULTS)
+    assert f"### `{file}`" in doc, f"results/README.md has no section for {file}"
+    cost = "task" not in rows(file)[0]
+    assert (cost_conditions if cost else accuracy_conditions)(file) in doc, file
+
+
+@pytest.mark.parametrize("q", QUOTES, ids=lambda q: f"{q.doc}: {q.template[:60]}")
+def test_the_quoted_number_is_the_committed_rows(q):
+    rendered = q.render()
+    assert rendered in text(q.doc), f"{q.doc} should say: {rendered!r}"
+
+
+def test_every_quote_is_checked_and_reads_a_committed_file():
+    assert {q.doc for q in QUOTES} == {README, RESULTS}
+    assert all(v.file in committed() for q in QUOTES for v in q.values)
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("doc", [README, RESULTS, *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))])
+def test_every_link_and_image_path_exists(doc):
+    body = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
+    body = re.sub(r"`[^`]*`", "", body)
+    for target in LINK.findall(body):
+        if re.match(r"[a-z]+://", target) or target.startswith("#"):
+            continue
+        path = (ROOT / doc).parent / target.split("#", 1)[0]
+        assert path.exists(), f"{doc} links to {target}, which does not exist"
+
+
+def test_the_readme_stays_short_and_keeps_its_two_commands():
+    readme = (ROOT / README).read_text()
+    assert len(readme.splitlines()) <= 250
+    assert "bash scripts/main.sh" in readme and "bash scripts/test.sh" in readme
