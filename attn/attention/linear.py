@@ -103,7 +103,7 @@ def limit_fla_autotune(default: int = 2) -> int:
     head count, forward and backward: minutes of a first call, which a GPU check with ~8 minutes in all
     cannot spend. Kept: the configs with 4 warps first, then 3 stages, then the largest tiles -- the
     shapes fla's own tuning picks most on Hopper. The fastest config may be among those cut: fla's
-    numbers are then a lower bound, and the README says so.
+    numbers are then a lower bound, and docs/gpu.md says so.
     """
     keep = int(os.environ.get(FLA_AUTOTUNE_ENV, default))
     if keep <= 0:
