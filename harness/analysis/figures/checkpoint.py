@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import binomtest
 
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, _figure, _finish, _legend_entries, _length_axis, _style, save
 from harness.analysis.figures.style import palette as make_palette
 
@@ -61,6 +62,7 @@ def checkpoint_points(acc: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+@register_figure('checkpoints', 'accuracy')
 def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                      formats: Sequence[str] = ("png",)) -> Figure:
     """Accuracy by length per variant and scaling, one row of panels per checkpoint (its own colours: labels here are

@@ -21,6 +21,7 @@ from matplotlib.ticker import FuncFormatter
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     FAIL_MARKER,
     Skip,
@@ -162,6 +163,10 @@ def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) ->
 
 
 
+@register_figure('latency', 'cost',
+                 description="Median time per call against sequence length (log-log); band = interquartile "
+                             "range. One panel per scope · mode: op = the attention call alone, model = the "
+                             "whole backbone; train = forward + backward.")
 def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                  formats: Sequence[str] = ("png",)) -> Figure:
     """Median latency vs length, one panel per mode; the band spans the timing IQR."""
@@ -171,6 +176,8 @@ def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
     return fig
 
 
+@register_figure('throughput', 'cost',
+                 description='Tokens per second against sequence length (log-log), per scope · mode.')
 def plot_throughput(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                     formats: Sequence[str] = ("png",)) -> Figure:
     """Tokens per second vs length."""
@@ -181,6 +188,9 @@ def plot_throughput(cost: pd.DataFrame, out: str | Path | None = None, *, palett
 
 
 
+@register_figure('memory', 'cost',
+                 description="Peak memory above the baseline against sequence length (log-log); decode rows: "
+                             "the state that is kept.")
 def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                 formats: Sequence[str] = ("png",)) -> Figure:
     """Peak memory vs length; oom/timeout marked where they happened; the device limit when known."""
@@ -194,6 +204,9 @@ def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: d
     return fig
 
 
+@register_figure('flops_fraction', 'cost',
+                 description="Useful FLOP/s as a fraction of the matmul peak timed next to each cell (1 = the "
+                             "machine's matmul speed).")
 def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                         formats: Sequence[str] = ("png",)) -> Figure:
     """Achieved FLOP/s as a fraction of the device's measured peak: how close each backend gets to the hardware.
@@ -212,6 +225,8 @@ def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, pa
     return fig
 
 
+@register_figure('speedup', 'cost',
+                 description='Speed-up over full attention at the same length and shape (log2 axis; 1× = parity).')
 def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                  formats: Sequence[str] = ("png",)) -> Figure:
     """Speed-up over the fastest ``full`` backend vs length; where each variant starts winning is annotated.

@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.analysis import frames as F
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, _figure, _finish, _style, save
 
 
@@ -20,6 +21,8 @@ def _default_build(name: str, **params: Any) -> Any:
     return attn.build_attention(name, **params)
 
 
+@register_figure('block_sparse_layout', 'variants',
+                 description='The block-sparse layouts measured: which key blocks each query block sees.')
 def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                              formats: Sequence[str] = ("png",), build: Callable[..., Any] | None = None,
                              max_blocks: int = 64) -> Figure:

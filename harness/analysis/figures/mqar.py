@@ -19,6 +19,7 @@ from matplotlib.ticker import NullLocator
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
     _band,
@@ -94,6 +95,11 @@ def _draw(pts: pd.DataFrame, x: str, curve: pd.Series, colour_of: dict, name: st
     return fig
 
 
+@register_figure('mqar', 'accuracy', tasks=('mqar',),
+                 description="Multi-query associative recall (Zoology's protocol) against the decoding state "
+                             "one layer carries, one line per variant family; each seed at its best learning "
+                             "rate, mean over seeds. Dashed: the in-context baseline (a random value of the "
+                             "context); dotted: chance.")
 def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
               formats: Sequence[str] = ("png",)) -> Figure:
     """MQAR accuracy vs decoding state per layer (numbers), one line per variant family (its widths, windows, blocks:
@@ -110,6 +116,9 @@ def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict
                  "MQAR recall vs state size (Zoology)", "decoding state per layer (numbers)", notes, df, out, formats)
 
 
+@register_figure('mqar-width', 'accuracy', tasks=('mqar',),
+                 description="Multi-query associative recall against model width, one line per variant; same "
+                             "points and reference lines as the state-size figure.")
 def plot_mqar_width(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                     formats: Sequence[str] = ("png",)) -> Figure:
     """MQAR accuracy vs model width (``d_model``; the preset's own where a row has none), one line per variant

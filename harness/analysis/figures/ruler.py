@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
-from harness.analysis.figures.accuracy import _acc_series, _train_marks
+from harness.analysis.figures.accuracy import accuracy_series, train_marks
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
     _band,
@@ -31,6 +32,7 @@ from harness.analysis.figures.style import (
 METRIC = "string_match"
 
 
+@register_figure('ruler', 'accuracy', tasks=('ruler',))
 def plot_ruler(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                formats: Sequence[str] = ("png",)) -> Figure:
     """RULER's string-match score vs evaluation length, one panel per task (``subtask``) and the mean over tasks."""
@@ -50,11 +52,11 @@ def plot_ruler(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dic
     with _style():
         fig, axes = _figure(len(panels), width=4.2, height=3.3, ncols=min(len(panels), 4))
         for ax, (name, sub) in zip(axes, panels, strict=True):
-            for label, g, colour, style in _acc_series(sub, pal):
+            for label, g, colour, style in accuracy_series(sub, pal):
                 ax.plot(g["length"], g["value"], color=colour, label=label, gid=f"ruler:{name}:{label}", markersize=4,
                         **style)
                 _band(ax, g, colour, f"band:{name}:{label}")
-            _train_marks(ax, sub)
+            train_marks(ax, sub)
             _length_axis(ax, sub["length"], "evaluation length (bytes)")
             ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel(METRIC)

@@ -233,6 +233,20 @@ def _frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
 
 
 
+def accuracy_rows(acc: pd.DataFrame, fidelity: bool) -> pd.DataFrame:
+    """The accuracy rows with a value and a length: fidelity's (``fidelity``) or every task's score rows (Skip if
+    none)."""
+    if len(acc) == 0:
+        raise Skip("no accuracy rows")
+    if "length" not in acc:
+        acc = F.prepare_accuracy(acc)
+    sel = acc[(acc["task"] == "fidelity") == fidelity]
+    sel = sel[sel["value"].notna() & sel["length"].notna()]
+    if len(sel) == 0:
+        raise Skip("no fidelity rows (task 'fidelity')" if fidelity else "no accuracy rows with a value and an eval length")
+    return sel
+
+
 def mem_unit(max_bytes: float) -> tuple[float, str]:
     """MiB below 2 GiB, GiB above: the axis reads in small numbers."""
     return (2.0**30, "GiB") if max_bytes >= 2.0**31 else (2.0**20, "MiB")
