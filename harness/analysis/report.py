@@ -21,7 +21,7 @@ from harness.analysis import derive as D
 from harness.analysis import figures as P
 from harness.analysis import frames as F
 from harness.analysis.figures.positions import position_table
-from harness.analysis.figures.style import _style
+from harness.analysis.figures.style import figure_style, provenance
 from harness.analysis.findings import findings
 
 ENV_COLUMNS = ("device", "device_name", "cpu_capability", "num_threads", "torch_version", "cuda_version",
@@ -211,7 +211,7 @@ COST_FIGURE_KINDS = ("cost", "variants")
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    with _style():
+    with figure_style():
         fig.savefig(buf, format="png", dpi=REPORT_DPI)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -303,14 +303,14 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
         run = cost if src is None else cost[cost["results_file"] == src]
         F.check_single_device(run)
         anchor = ids("run")
-        caption = F.caption(run)
+        caption = provenance(run)
         groups.append((anchor, f"Run: {Path(str(src)).name if src else 'cost'}",
                        [f'<p class="muted">{html.escape(str(src or ""))} · {html.escape(caption)}</p>',
                         *_cost_run(run, acc.iloc[0:0], [str(src)] if src else results.sources, ids)]))
     if len(acc):
         srcs = sorted(acc["results_file"].unique()) if "results_file" in acc else []
         anchor = ids("run")
-        head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(F.caption(None, acc))}</p>'
+        head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(provenance(None, acc))}</p>'
         groups.append((anchor, "Accuracy", [head, *_accuracy_group(cost, acc, srcs, ids)]))
     contents = "".join(f'<li><a href="#{a}">{html.escape(h)}</a></li>' for a, h, _ in groups)
     parts = [f"<h1>{html.escape(title)}</h1>",

@@ -19,16 +19,17 @@ from harness.analysis import frames as F
 from harness.analysis.figures.registry import own_figures, register_figure
 from harness.analysis.figures.style import (
     Skip,
-    _band,
-    _figure,
-    _finish,
-    _frame_palette,
-    _legend_entries,
-    _length_axis,
-    _order_key,
-    _style,
-    _styles,
     accuracy_rows,
+    draw_band,
+    figure_style,
+    finish_figure,
+    frame_palette,
+    legend_entries,
+    length_axis,
+    line_styles,
+    new_figure,
+    order_key,
+    provenance,
     save,
 )
 
@@ -36,7 +37,7 @@ from harness.analysis.figures.style import (
 def accuracy_series(pts: pd.DataFrame, pal: dict) -> list[tuple[str, pd.DataFrame, Any, dict[str, Any]]]:
     """Lines of one panel: coloured by variant when several variants share it, else by position."""
     several = pts["variant_label"].nunique() > 1
-    pos_styles = _styles(pts["position_label"])
+    pos_styles = line_styles(pts["position_label"])
     train_varies = "train_len" in pts and pts.groupby(["variant_label", "position_label"])["train_len"].nunique().max() > 1
     keys = ["variant_label", "position_label", "extra_label"] + (["train_len"] if train_varies else [])
     out = []
@@ -50,7 +51,7 @@ def accuracy_series(pts: pd.DataFrame, pal: dict) -> list[tuple[str, pd.DataFram
         finetuned = "stage" in g and g["stage"].iloc[0] == "finetune"  # same colour, dashed: the same method fine-tuned
         style = pos_styles[position] if several else {"linestyle": "--" if finetuned else "-", "marker": "o"}
         out.append((label, g.sort_values("length"), pal[variant if several else position], style))
-    return sorted(out, key=lambda s: _order_key(s[0]))
+    return sorted(out, key=lambda s: order_key(s[0]))
 
 
 def train_marks(ax: Axes, sub: pd.DataFrame) -> None:
@@ -76,22 +77,22 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
         raise Skip(f"no accuracy rows other than {' and '.join(own)} "
                    f"(drawn in {' and '.join(f'{f}.png' for f in own.values())})")
     pts = D.accuracy_points(df)
-    pal = palette or _frame_palette(df)
+    pal = palette or frame_palette(df)
     panels = sorted(pts.groupby(["task", "metric"]).groups)
-    with _style():
-        fig, axes = _figure(len(panels))
+    with figure_style():
+        fig, axes = new_figure(len(panels))
         for ax, (task, metric) in zip(axes, panels, strict=True):
             sub = pts[(pts["task"] == task) & (pts["metric"] == metric)]
             for label, g, colour, style in accuracy_series(sub, pal):
                 ax.plot(g["length"], g["value"], color=colour, label=label, gid=f"accuracy:{label}", markersize=4, **style)
-                _band(ax, g, colour, f"band:{label}")
+                draw_band(ax, g, colour, f"band:{label}")
             train_marks(ax, sub)
             if F.lower_is_better(metric) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
-            _length_axis(ax, sub["length"], "evaluation length (tokens)")
+            length_axis(ax, sub["length"], "evaluation length (tokens)")
             ax.set_ylabel(metric)
             ax.set_title(f"{task} · {metric}")
-        _finish(fig, "Accuracy vs evaluation length", F.caption(accuracy=df), _legend_entries(axes))
+        finish_figure(fig, "Accuracy vs evaluation length", provenance(accuracy=df), legend_entries(axes))
     save(fig, out, "accuracy", formats)
     return fig
 

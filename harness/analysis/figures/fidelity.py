@@ -11,16 +11,17 @@ from harness.analysis import derive as D
 from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
-    _band,
-    _figure,
-    _finish,
-    _frame_palette,
-    _legend_entries,
-    _length_axis,
-    _order_key,
-    _style,
     accuracy_rows,
     backend_shade,
+    draw_band,
+    figure_style,
+    finish_figure,
+    frame_palette,
+    legend_entries,
+    length_axis,
+    new_figure,
+    order_key,
+    provenance,
     save,
 )
 
@@ -35,26 +36,26 @@ def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
     backend = pts["backend"] if "backend" in pts else pd.Series("", index=pts.index)
     pts["series"] = [f"{v}/{b}" if b else v for v, b in zip(pts["variant_label"], backend, strict=True)]
     pts["series"] = [f"{s} [{e}]" if e else s for s, e in zip(pts["series"], pts["extra_label"], strict=True)]
-    pal = palette or _frame_palette(df)
+    pal = palette or frame_palette(df)
     metrics = sorted(pts["metric"].unique())
-    with _style():
-        fig, axes = _figure(len(metrics))
+    with figure_style():
+        fig, axes = new_figure(len(metrics))
         for ax, metric in zip(axes, metrics, strict=True):
             sub = pts[pts["metric"] == metric]
-            for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
+            for series, g in sorted(sub.groupby("series"), key=lambda kv: order_key(kv[0])):
                 g = g.sort_values("length")
                 colour = pal[g["variant_label"].iloc[0]]
                 if "backend" in g and isinstance(g["backend"].iloc[0], str) and g["backend"].iloc[0]:
                     colour = backend_shade(colour, g["backend"].iloc[0])  # as the cost figures draw this backend
                 ax.plot(g["length"], g["value"], color=colour, marker="o", markersize=4, label=series,
                         gid=f"fidelity:{series}")
-                _band(ax, g, colour, f"band:{series}")
+                draw_band(ax, g, colour, f"band:{series}")
             if F.lower_is_better(metric) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
-            _length_axis(ax, sub["length"])
+            length_axis(ax, sub["length"])
             ax.set_ylabel(f"{metric} vs full attention")
             ax.set_title(metric)
-        _finish(fig, "Fidelity to full attention", F.caption(accuracy=df), _legend_entries(axes))
+        finish_figure(fig, "Fidelity to full attention", provenance(accuracy=df), legend_entries(axes))
     save(fig, out, "fidelity", formats)
     return fig
 

@@ -14,10 +14,11 @@ from harness.analysis.figures.positions import row_labels
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    _figure,
-    _finish,
-    _style,
     accuracy_rows,
+    figure_style,
+    finish_figure,
+    new_figure,
+    provenance,
     save,
 )
 
@@ -34,8 +35,8 @@ def plot_passkey(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
     pts = D.accuracy_points(df[df["depth"].notna()], extra=("depth",))
     pts = pts.assign(row=row_labels(pts))
     panels = sorted(pts.groupby(["row", "metric"]).groups)
-    with _style():
-        fig, axes = _figure(len(panels), width=5.5, height=0.4 * pts["depth"].nunique() + 2.0, ncols=min(len(panels), 2))
+    with figure_style():
+        fig, axes = new_figure(len(panels), width=5.5, height=0.4 * pts["depth"].nunique() + 2.0, ncols=min(len(panels), 2))
         for ax, (row, metric) in zip(axes, panels, strict=True):
             sub = pts[(pts["row"] == row) & (pts["metric"] == metric)]
             table = sub.pivot_table(index="depth", columns="length", values="value", aggfunc="mean").sort_index()
@@ -49,7 +50,7 @@ def plot_passkey(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("passkey depth (fraction of context)")
             ax.set_title(row)
-        _finish(fig, "Passkey retrieval by length and depth", F.caption(accuracy=df))
+        finish_figure(fig, "Passkey retrieval by length and depth", provenance(accuracy=df))
     save(fig, out, "passkey", formats)
     return fig
 

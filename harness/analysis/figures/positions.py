@@ -13,10 +13,11 @@ from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    _figure,
-    _finish,
-    _style,
     accuracy_rows,
+    figure_style,
+    finish_figure,
+    new_figure,
+    provenance,
     save,
 )
 
@@ -49,8 +50,8 @@ def plot_position_heatmap(acc: pd.DataFrame, out: str | Path | None = None, *, p
     if not panels:
         raise Skip("needs accuracy rows of at least two position methods on one task")
     df = accuracy_rows(acc, fidelity=False)
-    with _style():
-        fig, axes = _figure(len(panels), width=6.0, height=0.5 + 0.45 * pts["position_label"].nunique() + 1.5, ncols=1)
+    with figure_style():
+        fig, axes = new_figure(len(panels), width=6.0, height=0.5 + 0.45 * pts["position_label"].nunique() + 1.5, ncols=1)
         for ax, (task, metric) in zip(axes, panels, strict=True):
             table = position_table(pts[(pts["task"] == task) & (pts["metric"] == metric)])
             sns.heatmap(table, ax=ax, annot=True, fmt=".3g", cmap="viridis_r" if F.lower_is_better(metric) else "viridis",
@@ -60,7 +61,7 @@ def plot_position_heatmap(acc: pd.DataFrame, out: str | Path | None = None, *, p
             ax.set_xlabel("evaluation length (tokens)")
             ax.set_ylabel("position method")
             ax.set_title(f"{task} · {metric}")
-        _finish(fig, "Length generalisation by position method", F.caption(accuracy=df))
+        finish_figure(fig, "Length generalisation by position method", provenance(accuracy=df))
     save(fig, out, "position_heatmap", formats)
     return fig
 

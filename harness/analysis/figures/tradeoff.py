@@ -15,12 +15,13 @@ from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    _figure,
-    _finish,
-    _order_key,
-    _style,
+    figure_style,
+    finish_figure,
     mem_unit,
+    new_figure,
+    order_key,
     palette_for,
+    provenance,
     save,
 )
 
@@ -71,8 +72,8 @@ def plot_tradeoff(cost: pd.DataFrame, acc: pd.DataFrame, out: str | Path | None 
     has_mem = mem.notna().any()
     scale, unit = mem_unit(float(mem.max()) if has_mem else 0.0)
     pts = pts.assign(mem=mem / scale)
-    with _style():
-        fig, axes = _figure(len(panels), width=5.5, height=4.5)
+    with figure_style():
+        fig, axes = new_figure(len(panels), width=5.5, height=4.5)
         for ax, (task, metric) in zip(axes, panels, strict=True):
             sub = pts[(pts["task"] == task) & (pts["metric"] == metric)]
             sizes = {"size": "mem", "sizes": (40, 600), "size_norm": (0, pts["mem"].max())} if has_mem else {}
@@ -88,10 +89,10 @@ def plot_tradeoff(cost: pd.DataFrame, acc: pd.DataFrame, out: str | Path | None 
             ax.set_ylabel(metric)
             ax.set_title(f"{task} · {metric}")
         legend = [(Line2D([], [], color=pal[v], marker="o", linestyle=""), v)
-                  for v in sorted(pts["variant_label"].unique(), key=_order_key)]
+                  for v in sorted(pts["variant_label"].unique(), key=order_key)]
         if has_mem:
             legend.append((Line2D([], [], color="none"), f"marker area ∝ peak memory ({unit}, max {pts['mem'].max():.3g})"))
-        _finish(fig, "Quality / cost trade-off", f"{F.caption(cost)} · {note}", legend)
+        finish_figure(fig, "Quality / cost trade-off", f"{provenance(cost)} · {note}", legend)
     save(fig, out, "tradeoff", formats)
     return fig
 
