@@ -58,7 +58,7 @@ def _fmt_params(params: dict[str, Any]) -> str:
 @click.option("--plugin", "plugins", multiple=True, help="File or module registering extra variants.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
-    """List attention variants, position methods and sweep presets."""
+    """List attention variants, position methods, accuracy tasks and sweep presets."""
     import attn
 
     reported = load_plugins(plugins)
@@ -68,11 +68,13 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
             warn_plugin(label, err)
     presets = _presets()
     checkpoints = _checkpoints()
+    tasks = _tasks()
     if as_json:
-        click.echo(json.dumps({"attention": variants, "positions": positions, "presets": presets,
+        click.echo(json.dumps({"attention": variants, "positions": positions, "tasks": tasks, "presets": presets,
                                "checkpoints": checkpoints}, default=str, indent=1))
     else:
         _print_listing(variants, positions, presets)
+        _print_tasks(tasks)
         _print_checkpoints(checkpoints)
     if reported:  # the listing lacks the variants asked for: the exit status says so too
         raise click.exceptions.Exit(1)
@@ -115,6 +117,30 @@ def _auto_lines(orders: dict[str, list[str]]) -> list[str]:
         device, _, mode = key.partition("/")
         by_device.setdefault(device, {}).setdefault(" > ".join(order), []).append("train" if mode == "backward" else mode)
     return [f"{device} {'/'.join(modes)}: {order}" for device, groups in by_device.items() for order, modes in groups.items()]
+
+
+def _tasks() -> list[dict[str, Any]]:
+    """The registered accuracy tasks (harness/accuracy/tasks/)."""
+    from harness.accuracy.tasks import listing
+
+    return listing()
+
+
+def _print_tasks(tasks: list[dict[str, Any]]) -> None:
+    click.secho("Accuracy tasks (accuracy --task NAME)", bold=True)
+    for t in tasks:
+        click.echo(f"  {t['name']:<16} {t['doc']}")
+        if t["params"]:
+            click.echo(f"    params:       {_fmt_params(t['params'])}")
+        click.echo(f"    evaluates at: {t['default_eval_lens']} (L: the training length"
+                   + (")" if t["trains"] else "; models of --base-task)"))
+        if t["main_metric"]:
+            click.echo(f"    main metric:  {t['main_metric']}")
+        for what, key in (("columns", "columns"), ("options", "options"), ("figures", "figures")):
+            if t[key]:
+                click.echo(f"    {what + ':':<13} {', '.join(t[key])}")
+        if not t["source"].startswith("harness.accuracy.tasks."):
+            click.echo(f"    from {t['source']}")
 
 
 def _checkpoints() -> list[dict[str, Any]]:

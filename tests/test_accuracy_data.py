@@ -7,9 +7,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.accuracy import lm, mqar, passkey
 from harness.accuracy.common import IGNORE, split_of
 from harness.accuracy.stats import cluster_se, clustered_accuracy, mean_ci, summarize, wilson
+from harness.accuracy.tasks import lm, mqar, passkey
 
 # -- MQAR ------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from attn import hf  # noqa: E402
-from harness.accuracy.lm import load_corpus  # noqa: E402
+from harness.accuracy.tasks.lm import load_corpus  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.results import ACCURACY_FIELDS, read_rows  # noqa: E402
 

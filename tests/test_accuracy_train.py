@@ -6,7 +6,7 @@ import torch
 
 import attn
 from harness.accuracy.build import Spec, make_model
-from harness.accuracy.mqar import MQAR, MQARConfig
+from harness.accuracy.tasks.mqar import MQAR, MQARConfig
 from harness.accuracy.train import TrainConfig, lr_at, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,8 +17,9 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, GenerationConfi
 
 from attn import checkpoints, hf  # noqa: E402
 from attn.hf.layers import LIFTED_WINDOW, layer_plan  # noqa: E402
-from harness.accuracy import hf_prompts, ruler  # noqa: E402
+from harness.accuracy import hf_prompts  # noqa: E402
 from harness.accuracy.hf_checkpoint import load_checkpoint  # noqa: E402
+from harness.accuracy.tasks import ruler  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

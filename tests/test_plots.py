@@ -583,7 +583,7 @@ def test_mqar_width_figure_has_one_curve_per_variant_spec(mqar_acc, tmp_path):
 
 
 def test_mqar_table_picks_the_same_learning_rate_as_the_figure():
-    from harness.accuracy.lengthgen import table
+    from harness.accuracy.tasks import table
 
     rows = mqar_rows()
     t = table(rows, "mqar")  # with the extrapolation rows, two training lengths meet at eval length 128

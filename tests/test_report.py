@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from harness.analysis import findings as FI  # noqa: E402
 from harness.analysis import frames as F  # noqa: E402
 from harness.analysis import report as R  # noqa: E402
 from harness.cli import main  # noqa: E402
@@ -265,7 +266,7 @@ def test_findings_state_only_what_enough_lengths_support():
     rows += [row("block_sparse", L, 1e-3 * L, backend="flex") for L in (1024, 2048)]  # two points: no exponent
     rows += [row("test_raises", L, None, "error", "RuntimeError: boom", backend="reference") for L in (1024, 2048)]
     cost = F.prepare_cost(pd.DataFrame(rows))
-    text = "\n".join(R.findings(cost, pd.DataFrame()))
+    text = "\n".join(FI.findings(cost, pd.DataFrame()))
     assert "full/sdpa (op · forward): latency grows as L^2.00 (R² 1.00, 3 lengths" in text
     assert "L^-1" not in text and "1 latency fit(s) are not stated: negative" in text
     assert "block_sparse/flex (op · forward): latency grows" not in text  # two lengths: no exponent
@@ -276,5 +277,5 @@ def test_findings_state_only_what_enough_lengths_support():
     reach = R.reach_table(cost).set_index("series")
     assert reach.loc["test_raises/reference", "why"] == "RuntimeError: boom"
     many = [row(f"v{i}", L, 1.0, backend="b") for i in range(20) for L in (1024, 2048, 4096)]
-    lines = R.findings(F.prepare_cost(pd.DataFrame(rows + many)), pd.DataFrame())
-    assert len(lines) == R.MAX_FINDINGS and lines[-1].endswith("more finding(s) in the tables below.")
+    lines = FI.findings(F.prepare_cost(pd.DataFrame(rows + many)), pd.DataFrame())
+    assert len(lines) == FI.MAX_FINDINGS and lines[-1].endswith("more finding(s) in the tables below.")

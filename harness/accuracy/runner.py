@@ -32,14 +32,9 @@ import attn
 from attn.attention.base import UnsupportedBackend
 from harness.accuracy import build
 from harness.accuracy.build import Spec
-from harness.accuracy.common import Task
-from harness.accuracy.fidelity import run_fidelity
-from harness.accuracy.jobs import TASKS, TRAINED_TASKS, Job, Plan, Run, resolved, short_hash
-from harness.accuracy.lm import LM, LMConfig
-from harness.accuracy.mqar import MQAR, MQARConfig
-from harness.accuracy.passkey import Passkey, PasskeyConfig
-from harness.accuracy.ruler import Ruler, RulerConfig
+from harness.accuracy.jobs import Job, Plan, Run, resolved, short_hash
 from harness.accuracy.stats import Measure
+from harness.accuracy.tasks import cell_columns, get_task, make_task, trained_task, trained_task_names
 from harness.accuracy.train import TrainResult, train
 from harness.environment import environment
 from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
@@ -47,8 +42,8 @@ from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
 MEMORY_FRACTION = 0.8  # of the memory available at the start, as for sweep cells (harness.cost.sweep.default_mem_limit_gib)
 FLOAT_BYTES = 4  # models train in float32
 TOKEN_BYTES = 8  # int64 token ids
-# Columns a cell may add to the accuracy schema; all of them are part of a row's identity.
-CELL_FIELDS = ("stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "subtask", "eval_id")
+# Columns a cell may add to the accuracy schema (the runner's and the registered tasks'); all part of a row's identity.
+CELL_FIELDS = cell_columns()
 # What tells two trained models of one task apart beyond the spec columns: width and learning rate (a grid over
 # them picks the best rate per point, as Zoology does).
 TRAIN_FIELDS = ("d_model", "short_conv", "lr")
@@ -59,28 +54,6 @@ def width(job: Job) -> dict[str, Any]:
     """The backbone overrides of a job: its width (MQAR's recall vs width) and short convolution, when it sets them
     (left out otherwise, so the identity of runs made before they existed does not change)."""
     return ({} if job.d_model is None else {"d_model": job.d_model}) | ({"short_conv": job.short_conv} if job.short_conv else {})
-
-
-def make_task(name: str, params: dict[str, Any]) -> Task:
-    """Task object from its name and config params (unknown params are an error)."""
-    cls, config = {"mqar": (MQAR, MQARConfig), "passkey": (Passkey, PasskeyConfig), "ruler": (Ruler, RulerConfig),
-                   "lm": (LM, LMConfig)}[name]
-    fields = {f.name for f in dataclasses.fields(config)}
-    unknown = sorted(set(params) - fields)
-    if unknown:
-        raise ValueError(f"{name}: unknown task parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-    return cls(config(**params))
-
-
-def default_eval_lens(job: Job) -> list[int]:
-    L = job.train_len
-    if job.task == "lengthgen":
-        return [L * m for m in (1, 2, 4, 8, 16)]
-    if job.task == "fidelity":
-        return [L, 4 * L]
-    if job.task == "mqar":
-        return [L]  # Zoology's protocol: recall at the length trained (other lengths add extrapolation)
-    return [L, 2 * L, 4 * L]
 
 
 def memory_budget() -> int:
@@ -103,9 +76,7 @@ def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, 
     preset = attn.PRESETS[job.model]
     d, layers = job.d_model or preset["d_model"], preset.get("n_layers", 1)
     per_train_token = job.train.batch_size * (FLOAT_BYTES * d * (layers + 1) + 2 * TOKEN_BYTES)
-    per_eval_token = FLOAT_BYTES * d + TOKEN_BYTES
-    if job.task == "fidelity":
-        per_eval_token = max(per_eval_token, 3 * FLOAT_BYTES * job.fidelity_heads * job.fidelity_head_dim)
+    per_eval_token = get_task(job.task).eval_bytes_per_token(job, FLOAT_BYTES * d + TOKEN_BYTES)
     checks = [("train length", job.train_len, per_train_token,
                f"training: batch {job.train.batch_size} x length x d_model {d} x {layers + 1} activations")]
     if finetune_len is not None:
@@ -166,10 +137,10 @@ def is_oom(err: BaseException) -> bool:
 
 def plan(job: Job) -> Plan:
     """Validate a job completely (ValueError naming the problem) and list its runs."""
-    if job.task not in TASKS:
-        raise ValueError(f"unknown task {job.task!r}; valid: {', '.join(TASKS)}")
-    if job.trained_task not in TRAINED_TASKS:
-        raise ValueError(f"{job.task}: base task must be one of {', '.join(TRAINED_TASKS)}, got {job.trained_task!r}")
+    spec = get_task(job.task)  # ValueError naming the registered tasks
+    trained = trained_task(job)
+    if trained not in trained_task_names():
+        raise ValueError(f"{job.task}: base task must be one of {', '.join(trained_task_names())}, got {trained!r}")
     if job.train_len < 1:
         raise ValueError(f"train length must be >= 1, got {job.train_len}")
     if not job.seeds:
@@ -180,7 +151,7 @@ def plan(job: Job) -> Plan:
         raise ValueError("at least one --variant and one --position are needed")
     if job.model not in attn.PRESETS:
         raise ValueError(f"unknown model preset {job.model!r}; valid: {', '.join(attn.PRESETS)}")
-    eval_lens = sorted(set(job.eval_lens or default_eval_lens(job)))
+    eval_lens = sorted(set(job.eval_lens or spec.default_eval_lens(job.train_len)))
     if eval_lens[0] < 1:
         raise ValueError(f"evaluation lengths must be >= 1, got {eval_lens}")
     preset = attn.PRESETS[job.model]
@@ -189,22 +160,19 @@ def plan(job: Job) -> Plan:
     head_dim = (job.d_model or preset["d_model"]) // preset["n_heads"]
     variants = [build.parse_variant(v) for v in job.variants]
     positions = [build.parse_position(p, head_dim) for p in job.positions]
-    if job.task == "fidelity":
-        variants = [v for v in variants if v.name != "full"]
-        if not variants:
-            raise ValueError("fidelity compares variants with full attention: give at least one other --variant")
-    task = make_task(job.trained_task, job.task_params)
+    variants = spec.evaluated_variants(variants)
+    trained_variants = spec.trained_variants(variants)
+    task = make_task(trained, job.task_params)
     ft_len = job.finetune_len or 2 * job.train_len
     task.check(job.train_len, eval_lens + ([ft_len] if job.finetune_steps > 0 else []))
     check_lengths_fit(job, eval_lens, ft_len if job.finetune_steps > 0 else None)  # before any model is built
     max_len = max(eval_lens + [job.train_len, ft_len])
-    for v in ([Spec("full")] if job.task == "fidelity" else variants):
+    for v in trained_variants:
         for p in positions:  # builds every model once, so bad params fail now, not after hours
             for ctx in {job.train_len, max_len}:
                 build.make_model(job.model, task.vocab_size, v, p, build.scaled_params(p, job.train_len, ctx, head_dim),
                                  max_len, 0, **width(job))
     runs = []
-    trained_variants = [Spec("full")] if job.task == "fidelity" else variants
     for seed in job.seeds:
         for v in trained_variants:
             for p in positions:
@@ -319,11 +287,7 @@ class Runner:
               "finetune_lr": job.finetune.lr} if stage == "finetune" else {})
 
     def run_plan(self, p: Plan) -> None:
-        if p.job.task == "fidelity":
-            run_fidelity(self, p)
-            return
-        for i in range(len(p.runs)):
-            self.run_model(p, i)
+        get_task(p.job.task).run(self, p)
 
     def run_model(self, p: Plan, i: int) -> None:
         """Every pending cell of the plan's ``i``-th run, at every stage: one trained model (what a remote executor
@@ -385,5 +349,5 @@ def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progres
     return runner
 
 
-__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "TASKS", "check_lengths_fit", "default_eval_lens",
-           "is_oom", "make_task", "memory_budget", "memory_cap", "plan", "run_jobs", "short_hash"]
+__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "check_lengths_fit", "is_oom", "memory_budget",
+           "memory_cap", "plan", "run_jobs", "short_hash"]

@@ -15,12 +15,11 @@ import pandas as pd
 from harness.analysis.frames import (
     FAILED,
     MEM_LIMIT_COLUMNS,
-    _fmt_value,
     cells,
+    fmt_value,
     lower_is_better,
     ok_rows,
     prepare_cost,
-    preset_width,
 )
 from harness.messages import one_line
 from harness.results import PROPORTIONS, best_lr
@@ -240,8 +239,8 @@ SERIES_DIMS = ("stage", "source", "layer", "subtask", "num_pairs", "gap_rule", "
 AVERAGED_DIMS = ("depth",)  # averaged in per-length views; an axis of its own in the passkey heatmap
 
 
-def _dim_text(v: Any) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt_value(v)
+def dim_text(v: Any) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt_value(v)
 
 
 def _seed_ci(values: np.ndarray, confidence: float = 0.95,
@@ -291,11 +290,11 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
     if "gap_rule" in dims:  # MQAR's gap as a rule (0, half, max): its token count grows with the length
         dims = [c for c in dims if c != "gap"]
     for c in dims:
-        acc[c] = acc[c].map(_dim_text)
+        acc[c] = acc[c].map(dim_text)
     kept = [c for c in extra if c in acc]
     averaged = [c for c in AVERAGED_DIMS if c in acc and c not in kept]
     for c in (*kept, *averaged):
-        acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(_dim_text)
+        acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(dim_text)
     base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
     acc = best_lr_rows(acc, [*base, *averaged])
     rows = []
@@ -325,53 +324,6 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
                                for vals in g[varying].itertuples(index=False)]
     pts["extra_label"] = labels
     return pts
-
-
-# What tells MQAR points apart beyond the variant label: the family (``variant``), the width and the state size.
-MQAR_POINT = ("variant", "d_model", "state_numbers")
-
-
-def mqar_points(acc: pd.DataFrame, metric: str = "accuracy") -> tuple[pd.DataFrame, dict[str, int]]:
-    """Zoology's MQAR points (Arora et al. 2023, Fig. 2): one per variant label, width and state size at each
-    training length, evaluated at that length; each seed at its best learning rate, then the mean over seeds
-    with a t interval clipped to [0, 1] (:func:`accuracy_points`).
-
-    Columns: ``panel`` (``"train_len=64"``, plus ``num_pairs`` where pairs vary at one training length),
-    ``family`` (the variant name), ``suffix`` (position, and the series columns that vary, for labels),
-    ``width`` (``d_model``, the preset's own where the row has None), ``state_numbers``, ``value``,
-    ``ci_low``/``ci_high``, ``rows``, and the panel's ``baseline`` and ``chance`` (means of its rows').
-    Also returns how many rows were left out, by reason: the old protocol (rows with a ``gap_rule``: a fixed
-    key-query gap, no state size) and extrapolation (evaluated at another length than trained)."""
-    df = acc[(acc["task"] == "mqar") & (acc["metric"] == metric) & acc["value"].notna()]
-    old = df["gap_rule"].map(_dim_text) != "" if "gap_rule" in df else pd.Series(False, index=df.index)
-    extrapolation = ~old & (df["length"] != df["train_len"])
-    left_out = {"old protocol (gap_rule, no state size)": int(old.sum()),
-                "extrapolation (eval_len != train_len)": int(extrapolation.sum())}
-    df = df[~old & ~extrapolation].copy()
-    for c in ("d_model", "state_numbers", "baseline", "chance", "num_pairs"):
-        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else np.nan
-    pts = accuracy_points(df, extra=MQAR_POINT) if len(df) else pd.DataFrame()
-    if len(pts) == 0:
-        return pts, left_out
-    df["pairs"] = df["num_pairs"].map(_dim_text)
-    several_pairs = set(df.groupby("train_len")["pairs"].nunique().loc[lambda n: n > 1].index)
-    df["panel"] = [_panel(t, n, t in several_pairs) for t, n in zip(df["train_len"], df["pairs"], strict=True)]
-    pts["panel"] = [_panel(t, n, t in several_pairs) for t, n in zip(pts["train_len"], pts["num_pairs"], strict=True)]
-    refs = df.groupby("panel")[["baseline", "chance"]].mean()
-    pts = pts.join(refs, on="panel")
-    several_positions = pts["position_label"].nunique() > 1
-    varying = [c for c in SERIES_DIMS if c in pts and c not in ("d_model", "num_pairs") and pts[c].nunique() > 1]
-    extras = [" ".join(f"{c}={r[c]}" for c in varying if r[c]) for _, r in pts.iterrows()]
-    pts["suffix"] = [(f" · {pos}" if several_positions else "") + (f" [{e}]" if e else "")
-                     for pos, e in zip(pts["position_label"], extras, strict=True)]
-    pts["family"] = pts["variant"]
-    models = pts["model"] if "model" in pts else pd.Series("", index=pts.index)
-    pts["width"] = [d if pd.notna(d) else preset_width(m) for d, m in zip(pts["d_model"], models, strict=True)]
-    return pts, left_out
-
-
-def _panel(train_len: float, pairs: str, with_pairs: bool) -> str:
-    return f"train_len={int(train_len)}" + (f" num_pairs={pairs}" if with_pairs else "")
 
 
 def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
@@ -405,8 +357,8 @@ def mem_limit(cost: pd.DataFrame) -> float | None:
 
 
 __all__ = [
-    "AVERAGED_DIMS", "MIN_FIT_POINTS", "MQAR_POINT", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points",
-    "best_lr_rows", "best_positions", "crossovers", "fit_exponents", "longest_reached", "mem_limit", "mqar_points", "noisy_mask",
+    "AVERAGED_DIMS", "MIN_FIT_POINTS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points",
+    "best_lr_rows", "best_positions", "crossovers", "dim_text", "fit_exponents", "longest_reached", "mem_limit", "noisy_mask",
     "noisy_rows", "peak_fraction", "plausible_exponent", "scaling_exponent", "scaling_fit", "short_reason", "speedups",
     "suspect_mask", "suspect_rows", "untrusted", "without_suspect",
 ]

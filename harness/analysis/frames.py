@@ -64,11 +64,11 @@ class Results:
 
 # -- labels -----------------------------------------------------------------------------------
 
-def _fmt_value(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, (list, tuple)):
-        return "(" + ",".join(_fmt_value(x) for x in v) + ")"
+        return "(" + ",".join(fmt_value(x) for x in v) + ")"
     return str(v)
 
 
@@ -126,7 +126,7 @@ def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
     first = next(iter(defaults), None) if kind == "attention" else None
     p = {k: v for k, v in params_dict(params).items()
          if k not in _LABEL_SKIP and k != "backend" and (k == first or k not in defaults or not _same(v, defaults[k]))}
-    inner = ", ".join(f"{k}={_fmt_value(v)}" for k, v in p.items())
+    inner = ", ".join(f"{k}={fmt_value(v)}" for k, v in p.items())
     return f"{name}({inner})" if inner else str(name)
 
 
@@ -217,7 +217,7 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
              "docs": "docs"}
 
     def suffix(row: pd.Series) -> str:
-        parts = [f"{short.get(c, '')}{'=' if c in short else ''}{_fmt_value(row[c])}" for c in varying
+        parts = [f"{short.get(c, '')}{'=' if c in short else ''}{fmt_value(row[c])}" for c in varying
                  if row[c] is not None and not (isinstance(row[c], float) and math.isnan(row[c]))]
         return f" [{' '.join(parts)}]" if parts else ""
 
@@ -365,42 +365,8 @@ def cells(cost: pd.DataFrame) -> pd.DataFrame:
     return latest(cost, CELL)
 
 
-def caption(cost: pd.DataFrame | None = None, accuracy: pd.DataFrame | None = None) -> str:
-    """The provenance line under every figure: device, torch and project version, shape."""
-    frames = [f for f in (cost, accuracy) if f is not None and len(f)]
-    if not frames:
-        return ""
-    df = pd.concat(frames, ignore_index=True)
-
-    def one(col: str) -> str | None:
-        if col not in df:
-            return None
-        vals = sorted({_fmt_value(v) for v in df[col].dropna()})
-        return "/".join(vals) if vals else None
-
-    parts = []
-    if (d := one("device_name") or one("device")) is not None:
-        parts.append(d)
-    if (t := one("torch_version")) is not None:
-        parts.append(f"torch {t}")
-    if (v := one("project_version")) is not None:
-        parts.append(f"attn-bench {v}")
-    if cost is not None and len(cost):
-        dims = (("B", "batch_size"), ("H", "num_heads"), ("H_kv", "num_kv_heads"), ("D", "head_dim"))
-        shape = [one("dtype"), *(f"{k}={x}" for k, c in dims
-                                if (x := _int_str(one(c))) is not None)]
-        parts.append(" ".join(s for s in shape if s))
-    return " · ".join(p for p in parts if p)
-
-
-def _int_str(s: str | None) -> str | None:
-    if s is None:
-        return None
-    return "/".join(str(int(float(x))) if x.replace(".", "", 1).isdigit() else x for x in s.split("/"))
-
-
 __all__ = [
-    "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "caption", "cells", "check_single_device", "devices", "fmt_len",
+    "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "cells", "check_single_device", "devices", "fmt_len", "fmt_value",
     "latest", "load_results", "lower_is_better", "ok_rows", "params_dict", "prepare_accuracy", "prepare_cost", "preset_width",
     "require_ok", "select_device", "spec_label", "status_counts",
 ]

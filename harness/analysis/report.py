@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
-import numpy as np
 import pandas as pd
 
 from harness.analysis import derive as D
 from harness.analysis import figures as P
 from harness.analysis import frames as F
-from harness.analysis.figures.accuracy import position_table
-from harness.analysis.figures.style import _style
+from harness.analysis.figures.positions import position_table
+from harness.analysis.figures.style import figure_style, provenance
+from harness.analysis.findings import findings
 
 ENV_COLUMNS = ("device", "device_name", "cpu_capability", "num_threads", "torch_version", "cuda_version",
                "project_version", "hostname", "seed")
@@ -205,94 +205,13 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-MAX_FINDINGS = 12
-
-
-def findings(cost: pd.DataFrame, acc: pd.DataFrame, limit: int = MAX_FINDINGS) -> list[str]:
-    """The few sentences that matter, ranked: what failed outright, who beats full and by how much
-    (largest first), where variants stopped, then the scaling exponents worth stating.
-
-    Exponents need 3 lengths, R² >= 0.9 and a value in [0, 3]; crossovers need 2 matched lengths.
-    Suspect cells (peak_fraction > 1) are left out of both, and a sentence says how many. The tables
-    below hold everything; a last sentence says how many findings were cut."""
-    ranked: list[tuple[int, float, str]] = []  # (rank, -weight, sentence)
-    if len(cost) and len(F.ok_rows(cost)):
-        trusted = D.without_suspect(cost)
-        for _, r in D.longest_reached(cost).iterrows():
-            where = f"({r['facet']})"
-            if not math.isfinite(r["longest_ok"]) and r["stopped_by"]:
-                ranked.append((0, 0.0, f"{r['series']} {where} ran at no length: {r['stopped_by']} at "
-                                        f"{F.fmt_len(r['stopped_at'])}" + (f" ({r['why']})." if r["why"] else ".")))
-            elif r["stopped_by"]:
-                ranked.append((2, -r["longest_ok"], f"{r['series']} {where} reached {F.fmt_len(r['longest_ok'])} before "
-                                                    f"{r['stopped_by']} at {F.fmt_len(r['stopped_at'])}."))
-        for _, r in D.crossovers(trusted).iterrows():
-            if r["matched_lengths"] < 2:
-                continue  # one shared length says nothing about where a curve crosses
-            at = f"{r['speedup_at_longest']:.2f}× at {F.fmt_len(r['longest_matched'])}"
-            if r["wins_everywhere"]:
-                text = f"faster than full at every length measured ({at})"
-            elif math.isfinite(r["crossover_len"]):
-                text = f"beats full from {F.fmt_len(r['crossover_len'])} tokens ({at})"
-            else:
-                text = f"does not beat full within the sweep ({at})"
-            ranked.append((1, -r["speedup_at_longest"], f"{r['series']} ({r['facet']}) {text}."))
-        fits = D.fit_exponents(trusted)
-        fits = fits[np.isfinite(fits["exponent"].astype(float))]
-        shaky = 0
-        for _, r in fits.iterrows():
-            if not D.plausible_exponent(r["exponent"], r["r2"]):
-                shaky += 1
-                continue
-            ranked.append((3, -r["to_len"], f"{r['series']} ({r['facet']}): latency grows as L^{r['exponent']:.2f} "
-                                            f"(R² {r['r2']:.2f}, {int(r['points'])} lengths, "
-                                            f"{F.fmt_len(r['from_len'])}–{F.fmt_len(r['to_len'])})."))
-        if shaky:
-            ranked.append((4, 0.0, f"{shaky} latency fit(s) are not stated: negative, above 3 or R² below 0.9, where "
-                                   "fixed per-call costs or noise dominate (see the scaling table)."))
-    lines = [text for _, _, text in sorted(ranked, key=lambda t: (t[0], t[1]))]
-    if len(cost) and (n := len(D.suspect_rows(cost))):
-        lines.insert(0, f"{n} suspect cell(s) (achieved FLOP/s above the measured peak) are left out of the "
-                        "exponents and crossovers; see Suspect and noisy cells.")
-    if len(acc):
-        for _, r in D.best_positions(acc).iterrows():
-            best = r["best_position"]
-            who = f"tie between {best.replace(' = ', ', ')}" if " = " in best else f"best position method {best}"
-            lines.append(f"{r['task']} {r['metric']} at {F.fmt_len(r['eval_len'])} ({r['variant']}): {who} ({r['value']:.4g}).")
-    if len(lines) > limit:
-        cut = len(lines) - (limit - 1)
-        lines = [*lines[: limit - 1], f"{cut} more finding(s) in the tables below."]
-    return lines
-
-
 REPORT_DPI = 80  # figures are ~2000 px wide at the plot command's 150 dpi; a page shows them at <= 1150 px
-# What each figure shows, as one caption above it (the slug alone read as the next figure's title).
-DESCRIPTIONS = {
-    "latency": "Median time per call against sequence length (log-log); band = interquartile range. One panel per "
-               "scope · mode: op = the attention call alone, model = the whole backbone; train = forward + backward.",
-    "throughput": "Tokens per second against sequence length (log-log), per scope · mode.",
-    "memory": "Peak memory above the baseline against sequence length (log-log); decode rows: the state that is kept.",
-    "flops_fraction": "Useful FLOP/s as a fraction of the matmul peak timed next to each cell (1 = the machine's "
-                      "matmul speed).",
-    "speedup": "Speed-up over full attention at the same length and shape (log2 axis; 1× = parity).",
-    "fidelity": "How far each variant's output is from full attention's, per length.",
-    "accuracy": "Task accuracy (or bits per byte) per evaluation length and position method.",
-    "mqar": "Multi-query associative recall (Zoology's protocol) against the decoding state one layer carries, one line "
-            "per variant family; each seed at its best learning rate, mean over seeds. Dashed: the in-context baseline "
-            "(a random value of the context); dotted: chance.",
-    "mqar-width": "Multi-query associative recall against model width, one line per variant; same points and reference "
-                  "lines as the state-size figure.",
-    "position_heatmap": "Each position method's score per evaluation length.",
-    "passkey": "Passkey retrieval accuracy by context length and depth.",
-    "tradeoff": "Accuracy against throughput: each point one variant.",
-    "block_sparse_layout": "The block-sparse layouts measured: which key blocks each query block sees.",
-}
 COST_FIGURE_KINDS = ("cost", "variants")
 
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    with _style():
+    with figure_style():
         fig.savefig(buf, format="png", dpi=REPORT_DPI)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -311,13 +230,14 @@ class _Ids:
 
 def _figures_html(data: F.Results, only: Sequence[str], ids: _Ids) -> tuple[str, list[dict[str, str]]]:
     figs, skipped = [], []
+    described = {f.name: f.description for f in P.FIGURES}
     for name, fig, _ in P.figures(data, None, only=only):
         if isinstance(fig, P.Skip):
             skipped.append({"figure": name, "reason": str(fig)})
             continue
         base = name.split(" [")[0]
         title = base.replace("_", " ").capitalize()
-        text = DESCRIPTIONS.get(base, "")
+        text = described[base]
         figs.append(f'<figure id="{ids("fig-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name))}"><figcaption><b>{html.escape(title)}'
                     f"</b>{html.escape(name[len(base):])} — {html.escape(text)}</figcaption>"
                     f'<img alt="{html.escape(name)}" src="data:image/png;base64,{_png(fig)}"></figure>')
@@ -383,14 +303,14 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
         run = cost if src is None else cost[cost["results_file"] == src]
         F.check_single_device(run)
         anchor = ids("run")
-        caption = F.caption(run)
+        caption = provenance(run)
         groups.append((anchor, f"Run: {Path(str(src)).name if src else 'cost'}",
                        [f'<p class="muted">{html.escape(str(src or ""))} · {html.escape(caption)}</p>',
                         *_cost_run(run, acc.iloc[0:0], [str(src)] if src else results.sources, ids)]))
     if len(acc):
         srcs = sorted(acc["results_file"].unique()) if "results_file" in acc else []
         anchor = ids("run")
-        head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(F.caption(None, acc))}</p>'
+        head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(provenance(None, acc))}</p>'
         groups.append((anchor, "Accuracy", [head, *_accuracy_group(cost, acc, srcs, ids)]))
     contents = "".join(f'<li><a href="#{a}">{html.escape(h)}</a></li>' for a, h, _ in groups)
     parts = [f"<h1>{html.escape(title)}</h1>",

@@ -1,16 +1,15 @@
 """``attn-bench plot``: the figures of a sweep, drawn from its results files alone.
 
-One function per figure (in :mod:`.cost`, :mod:`.accuracy`, :mod:`.mqar`, :mod:`.layout`; the shared look in
+One function per figure, each registered by its module (``@register_figure``, :mod:`.registry`; the shared look in
 :mod:`.style`); each takes a frame prepared by :mod:`harness.analysis.frames`, returns the matplotlib
 Figure and, given ``out``, writes ``out/<name>.<format>``. A figure the data cannot support raises
-:class:`Skip` saying why; ``plot`` reports those and draws the rest. This module holds the registry
-(:data:`FIGURES`), :func:`draw`, :func:`figures` and the click command.
+:class:`Skip` saying why; ``plot`` reports those and draws the rest. This module imports the figure modules (the
+order figures are drawn in), and holds :data:`FIGURES`, :func:`draw`, :func:`figures` and the click command.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import click
@@ -18,48 +17,36 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.analysis import frames as F
-from harness.analysis.figures.accuracy import (
-    plot_accuracy,
-    plot_fidelity,
-    plot_passkey,
-    plot_position_heatmap,
-    plot_tradeoff,
-    position_table,
-    tradeoff_points,
-)
+
+# The order figures are drawn in and shown in the report: importing a module registers its figures.
+# isort: off
+import harness.analysis.figures.cost
+import harness.analysis.figures.fidelity
+import harness.analysis.figures.accuracy
+import harness.analysis.figures.mqar
+import harness.analysis.figures.positions
+import harness.analysis.figures.passkey
+import harness.analysis.figures.ruler
+import harness.analysis.figures.checkpoint
+import harness.analysis.figures.tradeoff
+import harness.analysis.figures.layout  # noqa: F401
+# isort: on
+from harness.analysis.figures.accuracy import plot_accuracy
 from harness.analysis.figures.checkpoint import plot_checkpoints
 from harness.analysis.figures.cost import plot_flops_fraction, plot_latency, plot_memory, plot_speedup, plot_throughput
+from harness.analysis.figures.fidelity import plot_fidelity
 from harness.analysis.figures.layout import plot_block_sparse_layout
 from harness.analysis.figures.mqar import plot_mqar, plot_mqar_width
+from harness.analysis.figures.passkey import plot_passkey
+from harness.analysis.figures.positions import plot_position_heatmap, position_table
+from harness.analysis.figures.registry import FigureSpec, figure_specs, own_figures, register_figure
 from harness.analysis.figures.ruler import plot_ruler
 from harness.analysis.figures.style import FORMATS, Skip, mem_unit, palette, palette_for, save
+from harness.analysis.figures.tradeoff import plot_tradeoff, tradeoff_points
 
 # -- the command ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class FigureSpec:
-    name: str
-    draw: Callable[..., Figure]
-    needs: str  # "cost", "accuracy", "both" or "variants"
-
-
-FIGURES = (
-    FigureSpec("latency", plot_latency, "cost"),
-    FigureSpec("throughput", plot_throughput, "cost"),
-    FigureSpec("memory", plot_memory, "cost"),
-    FigureSpec("flops_fraction", plot_flops_fraction, "cost"),
-    FigureSpec("speedup", plot_speedup, "cost"),
-    FigureSpec("fidelity", plot_fidelity, "accuracy"),
-    FigureSpec("accuracy", plot_accuracy, "accuracy"),
-    FigureSpec("mqar", plot_mqar, "accuracy"),
-    FigureSpec("mqar-width", plot_mqar_width, "accuracy"),
-    FigureSpec("position_heatmap", plot_position_heatmap, "accuracy"),
-    FigureSpec("passkey", plot_passkey, "accuracy"),
-    FigureSpec("ruler", plot_ruler, "accuracy"),
-    FigureSpec("checkpoints", plot_checkpoints, "accuracy"),
-    FigureSpec("tradeoff", plot_tradeoff, "both"),
-    FigureSpec("block_sparse_layout", plot_block_sparse_layout, "variants"),
-)
+FIGURES = figure_specs()  # every registered figure, in the order above
 
 
 def draw(spec: FigureSpec, cost: pd.DataFrame, results: F.Results, out: Path | None, formats: Sequence[str],
@@ -146,8 +133,9 @@ def plot_command(results: tuple[str, ...], out: str, formats: tuple[str, ...], d
 
 
 __all__ = [
-    "FIGURES", "FORMATS", "FigureSpec", "Skip", "check_plottable", "draw", "figures", "mem_unit", "palette", "palette_for",
-    "plot_accuracy", "plot_block_sparse_layout", "plot_checkpoints", "plot_command", "plot_fidelity", "plot_flops_fraction",
-    "plot_latency", "plot_memory", "plot_mqar", "plot_mqar_width", "plot_passkey", "plot_position_heatmap", "plot_ruler",
-    "plot_speedup", "plot_throughput", "plot_tradeoff", "position_table", "save", "tradeoff_points",
+    "FIGURES", "FORMATS", "FigureSpec", "Skip", "check_plottable", "draw", "figure_specs", "figures", "mem_unit",
+    "own_figures", "palette", "palette_for", "plot_accuracy", "plot_block_sparse_layout", "plot_checkpoints",
+    "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency", "plot_memory", "plot_mqar", "plot_mqar_width",
+    "plot_passkey", "plot_position_heatmap", "plot_ruler", "plot_speedup", "plot_throughput", "plot_tradeoff",
+    "position_table", "register_figure", "save", "tradeoff_points",
 ]

@@ -16,7 +16,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import binomtest
 
-from harness.analysis.figures.style import Skip, _figure, _finish, _legend_entries, _length_axis, _style, save
+from harness.analysis.figures.registry import register_figure
+from harness.analysis.figures.style import Skip, figure_style, finish_figure, legend_entries, length_axis, new_figure, save
 from harness.analysis.figures.style import palette as make_palette
 
 
@@ -61,6 +62,7 @@ def checkpoint_points(acc: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+@register_figure('checkpoints', 'accuracy')
 def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                      formats: Sequence[str] = ("png",)) -> Figure:
     """Accuracy by length per variant and scaling, one row of panels per checkpoint (its own colours: labels here are
@@ -74,8 +76,8 @@ def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palett
     grid = [(m, p) for m in models for p in order if ((pts["model"] == m) & (pts["panel"] == p)).any()]
     pal = make_palette(dict.fromkeys(pts["label"]))
     ncols = max(sum(1 for m, _ in grid if m == model) for model in models)
-    with _style():
-        fig, axes = _figure(len(models) * ncols, width=4.0, height=3.2, ncols=ncols)
+    with figure_style():
+        fig, axes = new_figure(len(models) * ncols, width=4.0, height=3.2, ncols=ncols)
         for ax in axes:
             ax.set_visible(False)
         for i, model in enumerate(models):
@@ -91,16 +93,16 @@ def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palett
                         ax.fill_between(g["eval_len"], g["ci_low"], g["ci_high"], color=pal[name], alpha=0.12, lw=0)
                 if model in train.index:
                     ax.axvline(train[model], color="0.5", ls=":", lw=1)
-                _length_axis(ax, pts[pts["model"] == model]["eval_len"], "evaluation length (tokens)")
+                length_axis(ax, pts[pts["model"] == model]["eval_len"], "evaluation length (tokens)")
                 if panel != "perplexity":
                     ax.set_ylim(-0.03, 1.03)
                 else:
                     ax.set_yscale("log")
                 ax.set_title(f"{model}: {panel}", fontsize="medium")
         n = ", ".join(f"{int(v)}" for v in sorted(set(pts[pts["panel"] != "perplexity"]["n"])))
-        _finish(fig, "Real checkpoints: what each variant keeps, by length",
+        finish_figure(fig, "Real checkpoints: what each variant keeps, by length",
                 f"examples per point: {n}; bands: Wilson (passkey, pooled over depths) or the rows' interval; dotted: "
-                "the checkpoint's trained length", _legend_entries([a for a in axes if a.get_visible()]))
+                "the checkpoint's trained length", legend_entries([a for a in axes if a.get_visible()]))
     save(fig, out, "checkpoints", formats)
     return fig
 

@@ -21,20 +21,22 @@ from matplotlib.ticker import FuncFormatter
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     FAIL_MARKER,
     Skip,
-    _facets,
-    _figure,
-    _finish,
-    _frame_palette,
-    _legend_entries,
-    _length_axis,
-    _order_key,
-    _style,
-    _styles,
     backend_shade,
+    facet_order,
+    figure_style,
+    finish_figure,
+    frame_palette,
+    legend_entries,
+    length_axis,
+    line_styles,
     mem_unit,
+    new_figure,
+    order_key,
+    provenance,
     save,
 )
 
@@ -99,16 +101,16 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
     """
     df = _cost_frame(cost, column, ylabel)
     df = df.assign(_untrusted=D.untrusted(df).to_numpy())
-    pal = palette or _frame_palette(df)
-    styles = _styles(df["backend_label"])
-    facets = _facets(df)
-    with _style():
-        fig, axes = _figure(len(facets))
+    pal = palette or frame_palette(df)
+    styles = line_styles(df["backend_label"])
+    facets = facet_order(df)
+    with figure_style():
+        fig, axes = new_figure(len(facets))
         any_fail = False
         n_hollow = n_clipped = 0
         for ax, facet in zip(axes, facets, strict=True):
             sub = df[df["facet"] == facet]
-            for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
+            for series, g in sorted(sub.groupby("series"), key=lambda kv: order_key(kv[0])):
                 g = g.sort_values("seq_len")
                 ok = (g["status"] == "ok") & g[column].notna()
                 y = np.where(ok, g[column].astype(float) / scale, np.nan)
@@ -136,15 +138,15 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
                 ax.set_yscale("log")
             if ref_line is not None:
                 _reference_line(ax, *ref_line)
-            _length_axis(ax, sub["seq_len"])
+            length_axis(ax, sub["seq_len"])
             ax.set_ylabel(ylabel)
             ax.set_title(facet)
-        legend = _legend_entries(axes)
+        legend = legend_entries(axes)
         if any_fail:
             legend.append((Line2D([], [], color="0.2", marker=FAIL_MARKER, linestyle=""), "× = out of memory / timeout"))
         if n_hollow:
             legend.append((Line2D([], [], color="0.2", marker="o", markerfacecolor="none", linestyle=""), HOLLOW_LABEL))
-        _finish(fig, title, F.caption(df) + _hollow_note(n_hollow, n_clipped, clip_above or 1.0), legend)
+        finish_figure(fig, title, provenance(df) + _hollow_note(n_hollow, n_clipped, clip_above or 1.0), legend)
     return fig
 
 
@@ -162,6 +164,10 @@ def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) ->
 
 
 
+@register_figure('latency', 'cost',
+                 description="Median time per call against sequence length (log-log); band = interquartile "
+                             "range. One panel per scope · mode: op = the attention call alone, model = the "
+                             "whole backbone; train = forward + backward.")
 def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                  formats: Sequence[str] = ("png",)) -> Figure:
     """Median latency vs length, one panel per mode; the band spans the timing IQR."""
@@ -171,6 +177,8 @@ def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
     return fig
 
 
+@register_figure('throughput', 'cost',
+                 description='Tokens per second against sequence length (log-log), per scope · mode.')
 def plot_throughput(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                     formats: Sequence[str] = ("png",)) -> Figure:
     """Tokens per second vs length."""
@@ -181,6 +189,9 @@ def plot_throughput(cost: pd.DataFrame, out: str | Path | None = None, *, palett
 
 
 
+@register_figure('memory', 'cost',
+                 description="Peak memory above the baseline against sequence length (log-log); decode rows: "
+                             "the state that is kept.")
 def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                 formats: Sequence[str] = ("png",)) -> Figure:
     """Peak memory vs length; oom/timeout marked where they happened; the device limit when known."""
@@ -194,6 +205,9 @@ def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: d
     return fig
 
 
+@register_figure('flops_fraction', 'cost',
+                 description="Useful FLOP/s as a fraction of the matmul peak timed next to each cell (1 = the "
+                             "machine's matmul speed).")
 def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                         formats: Sequence[str] = ("png",)) -> Figure:
     """Achieved FLOP/s as a fraction of the device's measured peak: how close each backend gets to the hardware.
@@ -212,6 +226,8 @@ def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, pa
     return fig
 
 
+@register_figure('speedup', 'cost',
+                 description='Speed-up over full attention at the same length and shape (log2 axis; 1× = parity).')
 def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                  formats: Sequence[str] = ("png",)) -> Figure:
     """Speed-up over the fastest ``full`` backend vs length; where each variant starts winning is annotated.
@@ -226,15 +242,15 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
         raise Skip("no variant other than 'full' ran at a length where 'full' ran too")
     # the annotated crossover leaves suspect cells out, as the report's crossover table does
     cross = D.crossovers(D.without_suspect(df)).set_index(["series", "facet"])["crossover_len"]
-    pal = palette or _frame_palette(df)
-    styles = _styles(df["backend_label"])
-    facets = _facets(sp)
-    with _style():
-        fig, axes = _figure(len(facets))
+    pal = palette or frame_palette(df)
+    styles = line_styles(df["backend_label"])
+    facets = facet_order(sp)
+    with figure_style():
+        fig, axes = new_figure(len(facets))
         n_hollow = 0
         for ax, facet in zip(axes, facets, strict=True):
             sub = sp[sp["facet"] == facet]
-            for series, g in sorted(sub.groupby("series"), key=lambda kv: _order_key(kv[0])):
+            for series, g in sorted(sub.groupby("series"), key=lambda kv: order_key(kv[0])):
                 g = g.sort_values("seq_len")
                 colour = backend_shade(pal[g["variant_label"].iloc[0]], g["backend_label"].iloc[0])
                 # a ratio is only as trustworthy as both of its cells
@@ -258,14 +274,14 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
             ax.axhline(1.0, color="0.3", linewidth=1, gid="parity")
             ax.set_yscale("log", base=2)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: speedup_tick(v)))
-            _length_axis(ax, df[df["facet"] == facet]["seq_len"])
+            length_axis(ax, df[df["facet"] == facet]["seq_len"])
             ax.set_ylabel("speed-up over full (×)")
             ax.set_title(facet)
-        legend = _legend_entries(axes)
+        legend = legend_entries(axes)
         if n_hollow:
             legend.append((Line2D([], [], color="0.2", marker="o", markerfacecolor="none", linestyle=""),
                            HOLLOW_LABEL + " (or its full baseline)"))
-        _finish(fig, "Speed-up over full attention", F.caption(df) + _hollow_note(n_hollow), legend)
+        finish_figure(fig, "Speed-up over full attention", provenance(df) + _hollow_note(n_hollow), legend)
     save(fig, out, "speedup", formats)
     return fig
 

@@ -11,7 +11,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.analysis import frames as F
-from harness.analysis.figures.style import Skip, _figure, _finish, _style, save
+from harness.analysis.figures.registry import register_figure
+from harness.analysis.figures.style import Skip, figure_style, finish_figure, new_figure, save
 
 
 def _default_build(name: str, **params: Any) -> Any:
@@ -20,6 +21,8 @@ def _default_build(name: str, **params: Any) -> Any:
     return attn.build_attention(name, **params)
 
 
+@register_figure('block_sparse_layout', 'variants',
+                 description='The block-sparse layouts measured: which key blocks each query block sees.')
 def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                              formats: Sequence[str] = ("png",), build: Callable[..., Any] | None = None,
                              max_blocks: int = 64) -> Figure:
@@ -54,8 +57,8 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
             if max(grid.shape) <= max_blocks:
                 break
         layouts.append((label, *chosen))
-    with _style():
-        fig, axes = _figure(len(layouts), width=4.2, height=4.4)
+    with figure_style():
+        fig, axes = new_figure(len(layouts), width=4.2, height=4.4)
         for ax, (label, length, grid) in zip(axes, layouts, strict=True):
             ax.imshow(grid, cmap="Greys", vmin=0, vmax=1, interpolation="nearest", gid=f"layout:{label}")
             ax.grid(False)
@@ -63,7 +66,7 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
                          f"{grid.mean():.0%} of them computed", fontsize="small")
             ax.set_xlabel("key block")
             ax.set_ylabel("query block")
-        _finish(fig, "Block-sparse layouts (black = computed block)", "")
+        finish_figure(fig, "Block-sparse layouts (black = computed block)", "")
     save(fig, out, "block_sparse_layout", formats)
     return fig
 

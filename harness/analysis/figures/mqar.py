@@ -3,7 +3,7 @@ decoding state one layer carries, and recall against width.
 
 A fixed-size state (a window, a linear-attention memory) can hold only so many key-value bindings, so recall
 is read against the state size rather than the sequence length. The points are
-:func:`harness.analysis.derive.mqar_points`: per-query accuracy at the length trained, each seed at its best
+:func:`mqar_points`: per-query accuracy at the length trained, each seed at its best
 learning rate, then the mean over seeds with a t interval clipped to [0, 1]. Every panel shows the in-context
 baseline (answer a random value of the context: 1 / pairs) dashed and chance (1 / values) dotted.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -19,15 +20,17 @@ from matplotlib.ticker import NullLocator
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    _band,
-    _figure,
-    _finish,
-    _frame_palette,
-    _legend_entries,
-    _order_key,
-    _style,
+    draw_band,
+    figure_style,
+    finish_figure,
+    frame_palette,
+    legend_entries,
+    new_figure,
+    order_key,
+    provenance,
     save,
 )
 from harness.analysis.figures.style import palette as stable_palette
@@ -36,6 +39,53 @@ REFERENCES = (  # column, line style, legend label
     ("baseline", "--", "in-context baseline (a random value of the context)"),
     ("chance", ":", "chance (1 / number of values)"),
 )
+
+
+# What tells MQAR points apart beyond the variant label: the family (``variant``), the width and the state size.
+MQAR_POINT = ("variant", "d_model", "state_numbers")
+
+
+def mqar_points(acc: pd.DataFrame, metric: str = "accuracy") -> tuple[pd.DataFrame, dict[str, int]]:
+    """Zoology's MQAR points (Arora et al. 2023, Fig. 2): one per variant label, width and state size at each
+    training length, evaluated at that length; each seed at its best learning rate, then the mean over seeds
+    with a t interval clipped to [0, 1] (:func:`accuracy_points`).
+
+    Columns: ``panel`` (``"train_len=64"``, plus ``num_pairs`` where pairs vary at one training length),
+    ``family`` (the variant name), ``suffix`` (position, and the series columns that vary, for labels),
+    ``width`` (``d_model``, the preset's own where the row has None), ``state_numbers``, ``value``,
+    ``ci_low``/``ci_high``, ``rows``, and the panel's ``baseline`` and ``chance`` (means of its rows').
+    Also returns how many rows were left out, by reason: the old protocol (rows with a ``gap_rule``: a fixed
+    key-query gap, no state size) and extrapolation (evaluated at another length than trained)."""
+    df = acc[(acc["task"] == "mqar") & (acc["metric"] == metric) & acc["value"].notna()]
+    old = df["gap_rule"].map(D.dim_text) != "" if "gap_rule" in df else pd.Series(False, index=df.index)
+    extrapolation = ~old & (df["length"] != df["train_len"])
+    left_out = {"old protocol (gap_rule, no state size)": int(old.sum()),
+                "extrapolation (eval_len != train_len)": int(extrapolation.sum())}
+    df = df[~old & ~extrapolation].copy()
+    for c in ("d_model", "state_numbers", "baseline", "chance", "num_pairs"):
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df else np.nan
+    pts = D.accuracy_points(df, extra=MQAR_POINT) if len(df) else pd.DataFrame()
+    if len(pts) == 0:
+        return pts, left_out
+    df["pairs"] = df["num_pairs"].map(D.dim_text)
+    several_pairs = set(df.groupby("train_len")["pairs"].nunique().loc[lambda n: n > 1].index)
+    df["panel"] = [_panel(t, n, t in several_pairs) for t, n in zip(df["train_len"], df["pairs"], strict=True)]
+    pts["panel"] = [_panel(t, n, t in several_pairs) for t, n in zip(pts["train_len"], pts["num_pairs"], strict=True)]
+    refs = df.groupby("panel")[["baseline", "chance"]].mean()
+    pts = pts.join(refs, on="panel")
+    several_positions = pts["position_label"].nunique() > 1
+    varying = [c for c in D.SERIES_DIMS if c in pts and c not in ("d_model", "num_pairs") and pts[c].nunique() > 1]
+    extras = [" ".join(f"{c}={r[c]}" for c in varying if r[c]) for _, r in pts.iterrows()]
+    pts["suffix"] = [(f" · {pos}" if several_positions else "") + (f" [{e}]" if e else "")
+                     for pos, e in zip(pts["position_label"], extras, strict=True)]
+    pts["family"] = pts["variant"]
+    models = pts["model"] if "model" in pts else pd.Series("", index=pts.index)
+    pts["width"] = [d if pd.notna(d) else F.preset_width(m) for d, m in zip(pts["d_model"], models, strict=True)]
+    return pts, left_out
+
+
+def _panel(train_len: float, pairs: str, with_pairs: bool) -> str:
+    return f"train_len={int(train_len)}" + (f" num_pairs={pairs}" if with_pairs else "")
 
 
 def _points(acc: pd.DataFrame) -> tuple[pd.DataFrame, list[str], pd.DataFrame]:
@@ -47,7 +97,7 @@ def _points(acc: pd.DataFrame) -> tuple[pd.DataFrame, list[str], pd.DataFrame]:
     df = acc[(acc["task"] == "mqar") & (acc["metric"] == "accuracy")]
     if len(df) == 0:
         raise Skip("no mqar accuracy rows")
-    pts, left_out = D.mqar_points(df)
+    pts, left_out = mqar_points(df)
     notes = [f"{n} rows left out: {why}" for why, n in left_out.items() if n]
     if len(pts) == 0:
         raise Skip("no mqar rows trained and evaluated at one length with the current protocol"
@@ -68,15 +118,15 @@ def _draw(pts: pd.DataFrame, x: str, curve: pd.Series, colour_of: dict, name: st
     """One panel per training length; one line per ``curve`` label through its points sorted by ``x`` (log2)."""
     pts = pts.assign(curve=curve)
     panels = [p for _, p in sorted({(t, p) for t, p in zip(pts["train_len"], pts["panel"], strict=True)})]
-    with _style():
-        fig, axes = _figure(len(panels), width=4.6, height=3.6)
+    with figure_style():
+        fig, axes = new_figure(len(panels), width=4.6, height=3.6)
         for ax, panel in zip(axes, panels, strict=True):
             sub = pts[pts["panel"] == panel]
-            for label, g in sorted(sub.groupby("curve"), key=lambda kv: _order_key(kv[0])):
+            for label, g in sorted(sub.groupby("curve"), key=lambda kv: order_key(kv[0])):
                 g = g.sort_values(x)
                 colour = colour_of[g["colour_key"].iloc[0]]
                 ax.plot(g[x], g["value"], color=colour, marker="o", markersize=4, label=label, gid=f"{name}:{label} [{panel}]")
-                _band(ax, g, colour, f"band:{label} [{panel}]", x=x)
+                draw_band(ax, g, colour, f"band:{label} [{panel}]", x=x)
             _references(ax, sub, panel)
             ax.set_xscale("log", base=2)
             ticks = sorted(set(sub[x]))
@@ -87,13 +137,18 @@ def _draw(pts: pd.DataFrame, x: str, curve: pd.Series, colour_of: dict, name: st
             ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel("accuracy (per query)")
             ax.set_title(panel.replace("train_len=", "trained and evaluated at ").replace(" num_pairs=", " · pairs "))
-        caption = " · ".join(s for s in [F.caption(accuracy=df), "best learning rate per seed, mean over seeds, 95% t "
+        caption = " · ".join(s for s in [provenance(accuracy=df), "best learning rate per seed, mean over seeds, 95% t "
                                          "interval", *notes] if s)
-        _finish(fig, title, caption, _legend_entries(axes))
+        finish_figure(fig, title, caption, legend_entries(axes))
     save(fig, out, name, formats)
     return fig
 
 
+@register_figure('mqar', 'accuracy', tasks=('mqar',),
+                 description="Multi-query associative recall (Zoology's protocol) against the decoding state "
+                             "one layer carries, one line per variant family; each seed at its best learning "
+                             "rate, mean over seeds. Dashed: the in-context baseline (a random value of the "
+                             "context); dotted: chance.")
 def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
               formats: Sequence[str] = ("png",)) -> Figure:
     """MQAR accuracy vs decoding state per layer (numbers), one line per variant family (its widths, windows, blocks:
@@ -110,6 +165,9 @@ def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict
                  "MQAR recall vs state size (Zoology)", "decoding state per layer (numbers)", notes, df, out, formats)
 
 
+@register_figure('mqar-width', 'accuracy', tasks=('mqar',),
+                 description="Multi-query associative recall against model width, one line per variant; same "
+                             "points and reference lines as the state-size figure.")
 def plot_mqar_width(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                     formats: Sequence[str] = ("png",)) -> Figure:
     """MQAR accuracy vs model width (``d_model``; the preset's own where a row has none), one line per variant
@@ -121,7 +179,7 @@ def plot_mqar_width(acc: pd.DataFrame, out: str | Path | None = None, *, palette
     if unknown.any():
         notes.append(f"{int(unknown.sum())} points of an unknown model preset left out")
     pts = pts[~unknown].assign(colour_key=lambda p: p["variant_label"])
-    pal = palette if palette is not None and set(pts["variant_label"]) <= set(palette) else _frame_palette(pts)
+    pal = palette if palette is not None and set(pts["variant_label"]) <= set(palette) else frame_palette(pts)
     return _draw(pts, "width", pts["variant_label"] + pts["suffix"], pal, "mqar-width", "MQAR recall vs width",
                  "model width (d_model)", notes, df, out, formats)
 
@@ -133,4 +191,4 @@ def _family_palette(families: pd.Series, given: dict | None) -> dict:
     return own | {f: c for f, c in (given or {}).items() if f in own}
 
 
-__all__ = ["REFERENCES", "plot_mqar", "plot_mqar_width"]
+__all__ = ["MQAR_POINT", "REFERENCES", "mqar_points", "plot_mqar", "plot_mqar_width"]

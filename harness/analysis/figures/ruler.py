@@ -15,22 +15,25 @@ from matplotlib.figure import Figure
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
-from harness.analysis.figures.accuracy import _acc_series, _train_marks
+from harness.analysis.figures.accuracy import accuracy_series, train_marks
+from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    _band,
-    _figure,
-    _finish,
-    _frame_palette,
-    _legend_entries,
-    _length_axis,
-    _style,
+    draw_band,
+    figure_style,
+    finish_figure,
+    frame_palette,
+    legend_entries,
+    length_axis,
+    new_figure,
+    provenance,
     save,
 )
 
 METRIC = "string_match"
 
 
+@register_figure('ruler', 'accuracy', tasks=('ruler',))
 def plot_ruler(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                formats: Sequence[str] = ("png",)) -> Figure:
     """RULER's string-match score vs evaluation length, one panel per task (``subtask``) and the mean over tasks."""
@@ -44,23 +47,23 @@ def plot_ruler(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dic
     pts = D.accuracy_points(df).assign(extra_label="")
     mean = (pts.groupby(["task", "metric", "variant_label", "position_label", "train_len", "length"], as_index=False,
                         dropna=False)["value"].mean().assign(subtask="mean over tasks", extra_label=""))
-    pal = palette or _frame_palette(df)
+    pal = palette or frame_palette(df)
     tasks = [t for t in dict.fromkeys(df["subtask"]) if isinstance(t, str)]
     panels = [(t, pts[pts["subtask"] == t]) for t in tasks] + [("mean over tasks", mean)]
-    with _style():
-        fig, axes = _figure(len(panels), width=4.2, height=3.3, ncols=min(len(panels), 4))
+    with figure_style():
+        fig, axes = new_figure(len(panels), width=4.2, height=3.3, ncols=min(len(panels), 4))
         for ax, (name, sub) in zip(axes, panels, strict=True):
-            for label, g, colour, style in _acc_series(sub, pal):
+            for label, g, colour, style in accuracy_series(sub, pal):
                 ax.plot(g["length"], g["value"], color=colour, label=label, gid=f"ruler:{name}:{label}", markersize=4,
                         **style)
-                _band(ax, g, colour, f"band:{name}:{label}")
-            _train_marks(ax, sub)
-            _length_axis(ax, sub["length"], "evaluation length (bytes)")
+                draw_band(ax, g, colour, f"band:{name}:{label}")
+            train_marks(ax, sub)
+            length_axis(ax, sub["length"], "evaluation length (bytes)")
             ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel(METRIC)
             ax.set_title(name)
-        _finish(fig, "RULER synthetic tasks: string match vs evaluation length", F.caption(accuracy=df),
-                _legend_entries(axes))
+        finish_figure(fig, "RULER synthetic tasks: string match vs evaluation length", provenance(accuracy=df),
+                legend_entries(axes))
     save(fig, out, "ruler", formats)
     return fig
 

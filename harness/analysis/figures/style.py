@@ -1,7 +1,7 @@
 """The look shared by every figure: palettes, line styles, figure and axes helpers, the caption, saving.
 
 Lengths double along a sweep, so length axes are log2; every figure carries a caption (device,
-torch version, shape: :func:`harness.analysis.frames.caption`) drawn by :func:`_finish`.
+torch version, shape: :func:`provenance`) drawn by :func:`finish_figure`.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Skip(ValueError):
 
 # -- look ------------------------------------------------------------------------------------
 
-def _order_key(label: str) -> tuple[int, str]:
+def order_key(label: str) -> tuple[int, str]:
     base = re.split(r"[(/ ]", label, maxsplit=1)[0]
     return (F.BUILTIN_ORDER.index(base) if base in F.BUILTIN_ORDER else len(F.BUILTIN_ORDER), label)
 
@@ -102,7 +102,7 @@ def palette(keys: Iterable[str]) -> dict[str, tuple[float, float, float]]:
     """One colour per variant (or position) label, from :func:`stable_colour`: the same label has the same
     colour in every figure and report, whatever else is drawn. Two labels that hash onto one colour in
     one figure are told apart by moving the later one to its next shade (then family)."""
-    labels = sorted({str(k) for k in keys}, key=_order_key)
+    labels = sorted({str(k) for k in keys}, key=order_key)
     out: dict[str, tuple[float, float, float]] = {}  # label -> colour
     used: set[tuple[float, float, float]] = set()
     flat = [c for fam in _FAMILY for c in fam[:_SHADES]]
@@ -136,7 +136,7 @@ def _split_palette(variants: set[str], positions: set[str]) -> dict[str, tuple[f
     return palette(positions - variants) | palette(variants)
 
 
-def _styles(names: Iterable[str]) -> dict[str, dict[str, Any]]:
+def line_styles(names: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Line style and marker per backend (or position): fixed for known names, then in order."""
     names = sorted(set(names), key=lambda n: (_BACKEND_ORDER.index(n) if n in _BACKEND_ORDER else len(_BACKEND_ORDER), n))
     out = {}
@@ -147,13 +147,13 @@ def _styles(names: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _style() -> Iterator[None]:
+def figure_style() -> Iterator[None]:
     """Seaborn's look for the figures drawn inside, without touching the caller's global rcParams."""
     with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.85):
         yield
 
 
-def _figure(n: int, width: float = 5.2, height: float = 4.0, ncols: int | None = None) -> tuple[Figure, list[Axes]]:
+def new_figure(n: int, width: float = 5.2, height: float = 4.0, ncols: int | None = None) -> tuple[Figure, list[Axes]]:
     ncols = ncols or min(n, 3)
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(width * ncols + 2.5, height * nrows + 0.6), layout="constrained")
@@ -163,7 +163,7 @@ def _figure(n: int, width: float = 5.2, height: float = 4.0, ncols: int | None =
     return fig, axes[:n]
 
 
-def _length_axis(ax: Axes, lengths: Iterable[float], label: str = "sequence length (tokens)") -> None:
+def length_axis(ax: Axes, lengths: Iterable[float], label: str = "sequence length (tokens)") -> None:
     """log2 x-axis with the measured lengths as ticks (512, 1k, 2k, ...)."""
     ticks = sorted({float(x) for x in lengths if np.isfinite(x) and x > 0})
     ax.set_xscale("log", base=2)
@@ -174,7 +174,7 @@ def _length_axis(ax: Axes, lengths: Iterable[float], label: str = "sequence leng
     ax.set_xlabel(label)
 
 
-def _finish(fig: Figure, title: str, caption: str, legend: Sequence[tuple[Any, str]] = ()) -> None:
+def finish_figure(fig: Figure, title: str, caption: str, legend: Sequence[tuple[Any, str]] = ()) -> None:
     fig.suptitle(title)
     if legend:
         handles, labels = zip(*legend, strict=True)
@@ -194,13 +194,13 @@ def save(fig: Figure, out: str | Path | None, name: str, formats: Sequence[str] 
         if fmt not in FORMATS:
             raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
         path = out / f"{name}.{fmt}"
-        with _style():
+        with figure_style():
             fig.savefig(path, dpi=150, format=fmt)
         paths.append(path)
     return paths
 
 
-def _band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str, x: str = "length") -> None:
+def draw_band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str, x: str = "length") -> None:
     """The rows' confidence interval (``ci_low`` to ``ci_high``) as a shaded band along ``x``."""
     if {"ci_low", "ci_high"} <= set(g.columns):
         b = g["ci_low"].notna() & g["ci_high"].notna()
@@ -209,7 +209,7 @@ def _band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str, x: str = "length") -
                             linewidth=0, gid=gid)
 
 
-def _legend_entries(axes: Sequence[Axes]) -> list[tuple[Any, str]]:
+def legend_entries(axes: Sequence[Axes]) -> list[tuple[Any, str]]:
     seen: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -218,7 +218,7 @@ def _legend_entries(axes: Sequence[Axes]) -> list[tuple[Any, str]]:
     return [(h, lab) for lab, h in seen.items()]
 
 
-def _facets(df: pd.DataFrame) -> list[str]:
+def facet_order(df: pd.DataFrame) -> list[str]:
     def key(f: str) -> tuple[int, int, str]:
         scope, _, mode = f.partition(" · ")
         return (scope != "op", MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), f)
@@ -226,11 +226,59 @@ def _facets(df: pd.DataFrame) -> list[str]:
 
 
 
-def _frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+def frame_palette(df: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
     """Palette of one frame's labels (used when no run-wide palette is passed)."""
     return _split_palette(set(df["variant_label"]) if "variant_label" in df else set(),
                           set(df["position_label"]) if "position_label" in df else set())
 
+
+
+def accuracy_rows(acc: pd.DataFrame, fidelity: bool) -> pd.DataFrame:
+    """The accuracy rows with a value and a length: fidelity's (``fidelity``) or every task's score rows (Skip if
+    none)."""
+    if len(acc) == 0:
+        raise Skip("no accuracy rows")
+    if "length" not in acc:
+        acc = F.prepare_accuracy(acc)
+    sel = acc[(acc["task"] == "fidelity") == fidelity]
+    sel = sel[sel["value"].notna() & sel["length"].notna()]
+    if len(sel) == 0:
+        raise Skip("no fidelity rows (task 'fidelity')" if fidelity else "no accuracy rows with a value and an eval length")
+    return sel
+
+
+def provenance(cost: pd.DataFrame | None = None, accuracy: pd.DataFrame | None = None) -> str:
+    """The provenance line under every figure: device, torch and project version, shape."""
+    frames = [f for f in (cost, accuracy) if f is not None and len(f)]
+    if not frames:
+        return ""
+    df = pd.concat(frames, ignore_index=True)
+
+    def one(col: str) -> str | None:
+        if col not in df:
+            return None
+        vals = sorted({F.fmt_value(v) for v in df[col].dropna()})
+        return "/".join(vals) if vals else None
+
+    parts = []
+    if (d := one("device_name") or one("device")) is not None:
+        parts.append(d)
+    if (t := one("torch_version")) is not None:
+        parts.append(f"torch {t}")
+    if (v := one("project_version")) is not None:
+        parts.append(f"attn-bench {v}")
+    if cost is not None and len(cost):
+        dims = (("B", "batch_size"), ("H", "num_heads"), ("H_kv", "num_kv_heads"), ("D", "head_dim"))
+        shape = [one("dtype"), *(f"{k}={x}" for k, c in dims
+                                if (x := _int_str(one(c))) is not None)]
+        parts.append(" ".join(s for s in shape if s))
+    return " · ".join(p for p in parts if p)
+
+
+def _int_str(s: str | None) -> str | None:
+    if s is None:
+        return None
+    return "/".join(str(int(float(x))) if x.replace(".", "", 1).isdigit() else x for x in s.split("/"))
 
 
 def mem_unit(max_bytes: float) -> tuple[float, str]:

@@ -30,19 +30,22 @@ hash of the example's query and references.
 """
 from __future__ import annotations
 
-import functools
 import json
 import string
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
+import click
 import numpy as np
 import torch
 
-from harness.accuracy.common import IGNORE, Task, check_split, rng_for, split_of
+from harness.accuracy.common import IGNORE, check_split, rng_for, split_of
+from harness.accuracy.jobs import Job
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, TaskOption, TrainedTask
+from harness.accuracy.tasks.registry import register_task
+from harness.accuracy.words import random_value, word_lists
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
@@ -112,36 +115,6 @@ class RulerConfig:
             raise ValueError(f"ruler eval_examples must be >= 1, got {self.eval_examples}")
         if self.num_hops < 1 or self.num_cw < 1 or self.alpha <= 1:
             raise ValueError("ruler: num_hops and num_cw must be >= 1 and alpha > 1")
-
-
-# -- words ---------------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def word_lists() -> dict[str, list[str]]:
-    """wonderwords' noun, adjective and verb lists (profanity removed), as RULER reads them."""
-    from importlib.resources import files
-
-    assets = files("wonderwords.assets")
-
-    def read(name: str) -> list[str]:
-        return [w.strip() for w in assets.joinpath(name).read_text(encoding="utf-8").splitlines() if w.strip()]
-
-    bad = set(read("profanitylist.txt"))
-    return {kind: sorted({w for w in read(f"{kind}list.txt") if w not in bad and w.isascii()})
-            for kind in ("noun", "adjective", "verb")}
-
-
-def random_key_word(rng: np.random.Generator) -> str:
-    """RULER's niah word: an adjective-noun pair."""
-    w = word_lists()
-    return f"{w['adjective'][rng.integers(len(w['adjective']))]}-{w['noun'][rng.integers(len(w['noun']))]}"
-
-
-def random_value(rng: np.random.Generator, kind: str) -> str:
-    if kind == "numbers":
-        return str(int(rng.integers(10**6, 10**7)))  # RULER: 7 digits
-    if kind == "words":
-        return random_key_word(rng)
-    return str(uuid.UUID(int=int.from_bytes(rng.bytes(16), "little"), version=4))
 
 
 # -- the length rule -----------------------------------------------------------------------------------------------
@@ -354,9 +327,24 @@ def greedy(model: torch.nn.Module, prompt: bytes, max_len: int) -> str:
     return out.decode("utf-8", errors="replace")
 
 
-class Ruler(Task):
-    name: ClassVar[str] = "ruler"
+@register_task("ruler", config=RulerConfig)
+class Ruler(TrainedTask):
+    """RULER's synthetic tasks (needles, variable tracking, common and frequent words), trained as a mix."""
+
     vocab_size = 256
+    main_metric = "string_match"
+    columns = ("subtask",)
+    options = (TaskOption("subtasks", "tasks", "RULER task to train and evaluate (repeatable; default all).",
+                          click.Choice(TASK_NAMES), multiple=True, flag="--subtask", parse=tuple), EVAL_EXAMPLES)
+    figures = ("ruler", "position_heatmap", "tradeoff")
+
+    @classmethod
+    def default_job(cls) -> Job:
+        """Trained on RULER's task mix at 1K bytes, evaluated to 4x."""
+        from harness.accuracy.presets import RULER_VARIANTS
+
+        return Job(cls.name, variants=list(RULER_VARIANTS), positions=["rope"], train_len=1024,
+                   eval_lens=[1024, 2048, 4096], model="small")
 
     def __init__(self, config: RulerConfig | None = None):
         self.config = config or RulerConfig()
@@ -402,4 +390,4 @@ class Ruler(Task):
 
 
 __all__ = ["END", "NIAH", "TASK_NAMES", "TEMPLATES", "Example", "Ruler", "RulerConfig", "byte_count", "encode", "example",
-           "fit", "generate", "greedy", "string_match_all", "word_lists"]
+           "fit", "generate", "greedy", "string_match_all"]

@@ -13,17 +13,23 @@ Errors: relative L2 ``||o - o_full|| / ||o_full||`` and the mean cosine between 
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 import attn
 from harness.accuracy import build
 from harness.accuracy.build import Spec
-from harness.accuracy.jobs import Plan, resolved
+from harness.accuracy.jobs import Job, Plan, resolved
 from harness.accuracy.stats import Measure
+from harness.accuracy.tasks.base import BuiltOnTask
+from harness.accuracy.tasks.registry import register_task
 from harness.environment import environment
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CAUSAL = True
 
@@ -187,4 +193,71 @@ def swap(runner: Runner, p: Plan, model: attn.Transformer, row: dict[str, Any], 
     runner.append({**row, "backend": backend}, out)
 
 
-__all__ = ["attention_inputs", "output_error", "random_qkv", "run_fidelity", "swap"]
+SUMMARY_METRICS = ("rel_l2_random", "rel_l2_trained", "swap_delta_bpb", "swap_delta_accuracy", "swap_delta_exact_match")
+
+
+@register_task("fidelity")
+class Fidelity(BuiltOnTask):
+    """How far each variant's output is from full attention's: random inputs, a trained model's, the model swapped."""
+
+    main_metric = "rel_l2_trained"
+    columns = ("source", "layer")
+    figures = ("fidelity",)
+
+    @classmethod
+    def default_eval_lens(cls, train_len: int) -> list[int]:
+        return [train_len, 4 * train_len]
+
+    @classmethod
+    def default_job(cls) -> Job:
+        from harness.accuracy.presets import VARIANTS
+
+        return Job(cls.name, variants=list(VARIANTS), positions=["rope"])
+
+    @classmethod
+    def evaluated_variants(cls, variants: list[Spec]) -> list[Spec]:
+        variants = [v for v in variants if v.name != "full"]
+        if not variants:
+            raise ValueError("fidelity compares variants with full attention: give at least one other --variant")
+        return variants
+
+    @classmethod
+    def trained_variants(cls, variants: list[Spec]) -> list[Spec]:
+        return [Spec("full")]  # the variants are swapped into full attention's model
+
+    @classmethod
+    def eval_bytes_per_token(cls, job: Job, hidden: int) -> int:
+        return max(hidden, 3 * 4 * job.fidelity_heads * job.fidelity_head_dim)  # random float32 q, k, v
+
+    @classmethod
+    def units(cls, p: Plan) -> list[tuple[int | None, int]]:
+        """Per seed: the random-input rows (no trained model), then each model trained with that seed."""
+        return [u for seed in p.job.seeds for u in [(None, seed), *((i, seed) for i, r in enumerate(p.runs)
+                                                                   if r.seed == seed)]]
+
+    @classmethod
+    def run_unit(cls, runner: Any, p: Plan, run: int | None, seed: int) -> None:
+        if run is None:
+            run_fidelity(runner, dataclasses.replace(p, runs=[], job=dataclasses.replace(p.job, seeds=[seed])))
+        else:
+            run_trained(runner, p, p.runs[run])
+
+    @classmethod
+    def run(cls, runner: Any, p: Plan) -> None:
+        run_fidelity(runner, p)
+
+    @classmethod
+    def summary(cls, rows: list[dict[str, Any]]) -> tuple[str, pd.DataFrame] | None:
+        import pandas as pd
+
+        from harness.accuracy.stats import summarize
+
+        fid = pd.DataFrame(summarize(r for r in rows if r.get("task") == cls.name))
+        if not len(fid):
+            return None
+        fid = fid[fid["metric"].isin(SUMMARY_METRICS)]
+        t = fid.pivot_table(index=["metric", "variant_spec"], columns="eval_len", values="value", aggfunc="mean")
+        return "fidelity vs full attention (mean over layers and seeds)", t
+
+
+__all__ = ["Fidelity", "attention_inputs", "output_error", "random_qkv", "run_fidelity", "swap"]

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
+import click
 import numpy as np
 import torch
 
-from harness.accuracy.common import IGNORE, Task, check_split, predictions, rng_for, split_of, tokens_per_batch_for
+from harness.accuracy.common import IGNORE, check_split, predictions, rng_for, split_of, tokens_per_batch_for
+from harness.accuracy.jobs import Job
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, TaskOption, TrainedTask, comma_floats
+from harness.accuracy.tasks.registry import register_task
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key. "
@@ -116,9 +120,22 @@ def generate(n: int, length: int, depth: float | None, split: str, seed: int, di
     return x, y, keys
 
 
-class Passkey(Task):
-    name: ClassVar[str] = "passkey"
+@register_task("passkey", config=PasskeyConfig)
+class Passkey(TrainedTask):
+    """Passkey retrieval: copy a key hidden at a depth of filler text (Mohtashami & Jaggi 2023)."""
+
     vocab_size = 256
+    main_metric = "exact_match"
+    columns = ("depth",)
+    options = (TaskOption("depths", "depths", "comma-separated depths in [0, 1].", parse=comma_floats("--depths")),
+               TaskOption("digits", "digits", "digits of the key.", click.IntRange(min=1)), EVAL_EXAMPLES)
+    figures = ("accuracy", "position_heatmap", "passkey", "tradeoff")
+
+    @classmethod
+    def default_job(cls) -> Job:
+        from harness.accuracy.presets import ROPE_FAMILY
+
+        return Job(cls.name, variants=["full"], positions=list(ROPE_FAMILY))
 
     def __init__(self, config: PasskeyConfig | None = None):
         self.config = config or PasskeyConfig()

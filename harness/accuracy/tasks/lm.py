@@ -23,14 +23,17 @@ import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
+import click
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from harness.accuracy.common import Task, rng_for, split_of, tokens_per_batch_for
+from harness.accuracy.common import rng_for, split_of, tokens_per_batch_for
 from harness.accuracy.stats import Measure, mean_ci
+from harness.accuracy.tasks.base import TaskOption, TrainedTask
+from harness.accuracy.tasks.registry import register_task
 
 SEPARATOR = b"\x00"  # between documents; files containing NUL are treated as binary and skipped
 
@@ -127,9 +130,16 @@ def bits(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
     return torch.cat(out)
 
 
-class LM(Task):
-    name: ClassVar[str] = "lm"
+@register_task("lm", config=LMConfig)
+class LM(TrainedTask):
+    """Byte-level language modelling: bits per byte of held-out text."""
+
     vocab_size = 256
+    main_metric = "bpb"
+    columns = ("scored_bytes",)
+    options = (TaskOption("corpus", "corpus", "text files or directories (default: Python's stdlib sources).",
+                          multiple=True),
+               TaskOption("eval_bytes", "eval_bytes", "test bytes scored per evaluation length.", click.IntRange(min=1)))
 
     def __init__(self, config: LMConfig | None = None):
         self.config = config or LMConfig()

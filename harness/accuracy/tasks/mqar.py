@@ -24,15 +24,23 @@ format but not the key binding.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
+import click
 import numpy as np
 import torch
 
-from harness.accuracy.common import IGNORE, Task, check_split, predictions, rng_for, split_of, tokens_per_batch_for
-from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
+from harness.accuracy.common import IGNORE, check_split, predictions, rng_for, split_of, tokens_per_batch_for
+from harness.accuracy.jobs import Job
+from harness.accuracy.stats import Measure, accuracy, clustered_accuracy, summarize_best_lr
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, TaskOption, TrainedTask
+from harness.accuracy.tasks.registry import register_task
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PAIRS_PER_LENGTH = 16  # Zoology's configs: N = L / 16
 
@@ -126,8 +134,40 @@ def in_context_baseline(inputs: torch.Tensor, targets: torch.Tensor, vocab_size:
     return float(np.mean(total))
 
 
-class MQAR(Task):
-    name: ClassVar[str] = "mqar"
+@register_task("mqar", config=MQARConfig)
+class MQAR(TrainedTask):
+    """Multi-query associative recall (Zoology): recall of key-value pairs against the decoding state."""
+
+    main_metric = "accuracy"
+    columns = ("num_pairs", "gap")  # gap: the old protocol's rows
+    options = (
+        TaskOption("num_pairs", "num_pairs", "key-value pairs per example (default 0 = length / 16, Zoology's scaling).",
+                   click.IntRange(min=0)),
+        TaskOption("vocab_size", "vocab_size", "vocabulary (keys its lower half, values its upper).",
+                   click.IntRange(min=8)),
+        EVAL_EXAMPLES,
+    )
+    figures = ("mqar", "mqar-width", "position_heatmap", "tradeoff")
+
+    @classmethod
+    def default_eval_lens(cls, train_len: int) -> list[int]:
+        return [train_len]  # Zoology's protocol: recall at the length trained (other lengths add extrapolation)
+
+    @classmethod
+    def default_job(cls) -> Job:
+        """Zoology's protocol at its smallest length, every family."""
+        from harness.accuracy.presets import MQAR_CONV, MQAR_VARIANTS
+
+        return Job(cls.name, variants=list(MQAR_VARIANTS), positions=["rope"], train_len=64, short_conv=MQAR_CONV)
+
+    @classmethod
+    def table(cls, rows: Iterable[dict[str, Any]], metric: str | None = None) -> pd.DataFrame:
+        """Variant (and width, pairs... where they vary) x evaluation length, each seed at its best learning rate."""
+        import pandas as pd
+
+        metric = metric or cls.main_metric
+        rows = [r for r in rows if r.get("task") == cls.name and r.get("metric") == metric]
+        return mqar_table(pd.DataFrame(summarize_best_lr(rows)), metric)
 
     def __init__(self, config: MQARConfig | None = None):
         self.config = config or MQARConfig()
@@ -179,5 +219,38 @@ class MQAR(Task):
                 "generator": "zoology"}
 
 
-__all__ = ["MQAR", "MQARConfig", "PAIRS_PER_LENGTH", "check_fits", "example", "gap_probabilities", "generate",
-           "in_context_baseline"]
+def mqar_table(s: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows: variant_spec, then d_model, the pairs, the old protocol's gap rule, training length, position and short
+    convolution, each only where it takes several values at one evaluation length; columns: evaluation length.
+
+    Under Zoology's protocol the pairs (length / 16) and the training length follow the evaluation length, so the
+    header names them instead of the index making a diagonal table."""
+    if s.empty:
+        return s
+    s = s.assign(d_model=[-1 if _missing(v) else int(v) for v in s["d_model"]],  # -1: the preset's width, sorted first
+                 **{c: ["" if _missing(v) else str(v) for v in s[c]] for c in ("gap_rule", "position_spec", "short_conv")})
+    per_len = s.groupby("eval_len")
+    index = ["variant_spec", *[c for c in ("d_model", "num_pairs", "gap_rule", "train_len", "position_spec", "short_conv")
+                               if per_len[c].nunique().max() > 1]]
+    t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean")
+    if "d_model" in index:
+        t = t.rename(index={-1: PRESET_WIDTH}, level="d_model")
+    notes = []
+    if "num_pairs" not in index:
+        notes.append("pairs " + ", ".join(f"{int(n)} at {int(L)}" for L, n in per_len["num_pairs"].first().items()
+                                          if not _missing(n)))
+    if "train_len" not in index and (s["train_len"] == s["eval_len"]).all():
+        notes.append("trained at the length evaluated")
+    t.columns.name = f"mqar {metric} at eval length" + (f" ({'; '.join(notes)})" if notes else "")
+    return t
+
+
+PRESET_WIDTH = "preset"  # rows whose d_model is None: the model preset's own width
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+__all__ = ["MQAR", "PRESET_WIDTH", "MQARConfig", "PAIRS_PER_LENGTH", "check_fits", "example", "gap_probabilities", "generate",
+           "in_context_baseline", "mqar_table"]

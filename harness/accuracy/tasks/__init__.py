@@ -1,0 +1,27 @@
+"""The accuracy tasks, one module each; importing this package registers the built-in ones, in the order below (the
+order ``attn-bench list`` and a run's summary show them). A new task is one module here and one import line below."""
+from harness.accuracy.tasks.base import AccuracyTask, BuiltOnTask, TaskOption, TrainedTask
+from harness.accuracy.tasks.registry import (
+    cell_columns,
+    get_task,
+    listing,
+    make_task,
+    register_task,
+    table,
+    task_names,
+    task_options,
+    trained_task,
+    trained_task_names,
+)
+
+# isort: off
+from harness.accuracy.tasks import mqar  # noqa: F401
+from harness.accuracy.tasks import passkey  # noqa: F401
+from harness.accuracy.tasks import ruler  # noqa: F401
+from harness.accuracy.tasks import lm  # noqa: F401
+from harness.accuracy.tasks import fidelity  # noqa: F401
+from harness.accuracy.tasks import lengthgen  # noqa: F401
+# isort: on
+
+__all__ = ["AccuracyTask", "BuiltOnTask", "TaskOption", "TrainedTask", "cell_columns", "get_task", "listing", "make_task",
+           "register_task", "table", "task_names", "task_options", "trained_task", "trained_task_names"]

@@ -1,0 +1,69 @@
+"""The position heatmap: each position method's score per evaluation length, one panel per task and metric."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from harness.analysis import derive as D
+from harness.analysis import frames as F
+from harness.analysis.figures.registry import register_figure
+from harness.analysis.figures.style import (
+    Skip,
+    accuracy_rows,
+    figure_style,
+    finish_figure,
+    new_figure,
+    provenance,
+    save,
+)
+
+
+def row_labels(pts: pd.DataFrame) -> pd.Series:
+    several = pts["variant_label"].nunique() > 1
+    label = pts["variant_label"] + " · " + pts["position_label"] if several else pts["position_label"]
+    if "extra_label" in pts:
+        label = label + pts["extra_label"].map(lambda e: f" [{e}]" if e else "")
+    if "train_len" in pts and pts["train_len"].nunique() > 1:
+        label = label + " (train " + pts["train_len"].map(lambda x: F.fmt_len(x) if pd.notna(x) else "?") + ")"
+    return label
+
+
+def position_table(pts: pd.DataFrame) -> pd.DataFrame:
+    """Rows: position method (and variant/train length if they vary); columns: evaluation length."""
+    pts = pts.assign(row=row_labels(pts))
+    table = pts.pivot_table(index="row", columns="length", values="value", aggfunc="mean")
+    table.columns = [int(c) for c in table.columns]
+    return table
+
+
+@register_figure('position_heatmap', 'accuracy',
+                 description="Each position method's score per evaluation length.")
+def plot_position_heatmap(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
+                          formats: Sequence[str] = ("png",)) -> Figure:
+    """Length generalisation at a glance: position method × evaluation length, one panel per task and metric."""
+    pts = D.accuracy_points(accuracy_rows(acc, fidelity=False))
+    panels = [k for k, g in sorted(pts.groupby(["task", "metric"])) if g["position_label"].nunique() > 1]
+    if not panels:
+        raise Skip("needs accuracy rows of at least two position methods on one task")
+    df = accuracy_rows(acc, fidelity=False)
+    with figure_style():
+        fig, axes = new_figure(len(panels), width=6.0, height=0.5 + 0.45 * pts["position_label"].nunique() + 1.5, ncols=1)
+        for ax, (task, metric) in zip(axes, panels, strict=True):
+            table = position_table(pts[(pts["task"] == task) & (pts["metric"] == metric)])
+            sns.heatmap(table, ax=ax, annot=True, fmt=".3g", cmap="viridis_r" if F.lower_is_better(metric) else "viridis",
+                        cbar_kws={"label": metric}, xticklabels=[F.fmt_len(c) for c in table.columns])
+            ax.collections[0].set_gid(f"heatmap:{task}:{metric}")
+            ax.tick_params(axis="y", labelrotation=0)
+            ax.set_xlabel("evaluation length (tokens)")
+            ax.set_ylabel("position method")
+            ax.set_title(f"{task} · {metric}")
+        finish_figure(fig, "Length generalisation by position method", provenance(accuracy=df))
+    save(fig, out, "position_heatmap", formats)
+    return fig
+
+
+__all__ = ["plot_position_heatmap", "position_table", "row_labels"]
