@@ -1,4 +1,4 @@
-"""RULER's synthetic tasks (harness/accuracy/ruler.py): each task's answer is recoverable from its context by a plain
+"""RULER's synthetic tasks (harness/accuracy/tasks/ruler.py): each task's answer is recoverable from its context by a plain
 program, the target length is reached within a tolerance, generation is deterministic by seed and split by hash,
 the metric is RULER's, greedy generation through the decoding state equals recomputing the whole sequence, and a
 ruler job runs end to end through the CLI and the figure."""
