@@ -224,12 +224,13 @@ def test_bidirectional_global_rows_do_not_make_every_row_dense():
 
 
 # Flex: three fixed cases, two compiles (causal and bidirectional share a kernel at one shape).
-# A length that is not a multiple of the block, with random + strided parts, at tile = block (64);
+# A length that is not a multiple of the block, with random + strided parts, at tile = block (64), long enough
+# (>= FLEX_MIN_LEN queries) for auto to pick Flex;
 # the same shape bidirectional with global rows; fewer queries than keys with a block (48) that is
 # not a power of two (tile 128) at an offset that is not a multiple of it (a tile straddles rows).
 FLEX_CASES = [
-    (200, 200, True, dict(block_size=64, local_blocks=1, global_blocks=1, random_blocks=1, stride=2)),
-    (200, 200, False, dict(block_size=64, local_blocks=1, global_blocks=1, random_blocks=1)),
+    (300, 300, True, dict(block_size=64, local_blocks=1, global_blocks=1, random_blocks=1, stride=2)),
+    (300, 300, False, dict(block_size=64, local_blocks=1, global_blocks=1, random_blocks=1)),
     (37, 200, True, dict(block_size=48, local_blocks=2, global_blocks=1, random_blocks=1)),
 ]
 
@@ -373,3 +374,12 @@ def test_band_block_cache_decodes_like_the_forward_in_bounded_memory(bs, local, 
         assert state.k.shape[2] <= (glob + local + 1) * bs
     torch.testing.assert_close(torch.cat(outs, dim=2), expected, atol=1e-12, rtol=1e-12)
     assert isinstance(module(bsp.BlockSparseConfig(random_blocks=1)).new_state(), attn.attention.base.KVCache)
+
+
+def test_auto_never_compiles_flex_for_a_short_forward():
+    """Below FLEX_MIN_LEN queries `auto` runs `gathered` (as sliding_window runs `blocked`): no compile per length."""
+    m = module(bsp.BlockSparseConfig(block_size=16))
+    q, k, v = make_qkv(flex.FLEX_MIN_LEN - 1, flex.FLEX_MIN_LEN - 1, B=1, D=16, seed=0)
+    with torch.no_grad():
+        m(q, k, v, causal=True)
+    assert m.last_backend == "gathered"

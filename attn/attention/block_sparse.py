@@ -240,6 +240,12 @@ class BlockSparseAttention(Attention):
     # (16K: 59 vs 256 ms). Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
     auto_order = {"cpu/forward": ("flex", "gathered")}
 
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        name = super().select_backend(device, dtype, mode)
+        if name == "flex" and self.backend == "auto" and self.short_for_flex():
+            return "gathered"  # as sliding_window does: short or varying lengths never wait on a compile per shape
+        return name
+
     def layout(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
         """Bool (num_q_blocks, num_k_blocks), see :func:`block_layout`."""
         return block_layout(self.config, q_len, k_len, causal)
