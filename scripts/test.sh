@@ -11,4 +11,4 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 . .venv/bin/activate
 ruff check .
-python -m pytest -p no:cacheprovider tests
+python -m pytest -p no:cacheprovider -n 2 --dist loadfile tests   # a worker per core of the 2-core CI machine

@@ -9,7 +9,9 @@ settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# The CPU's cores shared among pytest-xdist's workers (scripts/test.sh runs one per core): no oversubscription.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // WORKERS))
 
 
 @pytest.fixture
