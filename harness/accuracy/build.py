@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import attn
-from attn.registry import ATTENTION, POSITIONS
+from attn.registry import POSITIONS
 
 ORIGINAL_LEN = "original_max_position_embeddings"
 
@@ -43,20 +43,14 @@ class Spec:
         return self.label
 
 
-def _typed(kind: str, name: str, raw: dict[str, Any], fill: dict[str, Any]) -> dict[str, Any]:
-    registry = ATTENTION if kind == "attention" else POSITIONS
-    cfg = registry.make_config(name, {**fill, **raw})  # raises ValueError naming what is wrong
+def _typed(name: str, raw: dict[str, Any], fill: dict[str, Any]) -> dict[str, Any]:
+    cfg = POSITIONS.make_config(name, {**fill, **raw})  # raises ValueError naming what is wrong
     return {k: getattr(cfg, k) for k in raw}
 
 
 def parse_variant(text: str) -> Spec:
-    name, raw = attn.parse_spec(text)
-    backend = raw.pop("backend", "auto")
-    entry = ATTENTION.get(name)
-    valid = [b.name for b in entry.cls.backends]
-    if backend != "auto" and backend not in valid:
-        raise ValueError(f"unknown backend {backend!r} for {name!r} in {text!r}; valid: auto, {', '.join(valid)}")
-    return Spec(name, _typed("attention", name, raw, {}), backend)
+    v = attn.resolve_variant(text)
+    return Spec(v.name, v.given, v.backend)
 
 
 def position_fields(name: str) -> set[str]:
@@ -69,7 +63,7 @@ def parse_position(text: str, head_dim: int = 64) -> Spec:
     name, raw = attn.parse_spec(text)
     placeholders = {"head_dim": head_dim, "d_model": head_dim, "max_seq_len": 1, "factor": 1.0, ORIGINAL_LEN: 1}
     fill = {k: v for k, v in placeholders.items() if k in position_fields(name)}
-    return Spec(name, _typed("position", name, raw, fill))
+    return Spec(name, _typed(name, raw, fill))
 
 
 def _build_position(name: str, params: dict[str, Any], head_dim: int) -> nn.Module:
