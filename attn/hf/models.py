@@ -7,6 +7,7 @@ Nothing is ever downloaded: a config is a preset name or a local path; a checkpo
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,16 @@ def source(name_or_path: str | Path) -> tuple[Path, str | None]:
 
 
 def pretrained_config(name_or_path: str | Path) -> PreTrainedConfig:
-    """The config of a local checkpoint (see :func:`source`)."""
+    """The config of a local checkpoint (see :func:`source`), read once per process and file version (parsing a GGUF
+    header takes seconds); every caller gets its own copy to change."""
     folder, gguf = source(name_or_path)
-    return AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
+    stat = (folder / (gguf or "config.json")).stat()
+    return copy.deepcopy(_read_config(str(folder), gguf, (stat.st_mtime_ns, stat.st_size)))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_config(folder: str, gguf: str | None, version: tuple[int, int]) -> PreTrainedConfig:
+    return AutoConfig.from_pretrained(folder, gguf_file=gguf, local_files_only=True)
 
 
 def load_config(name_or_path: str | Path) -> PreTrainedConfig:

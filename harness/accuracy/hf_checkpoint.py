@@ -7,6 +7,7 @@ reads the weights once and builds each variant and position on them).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +45,8 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
             raise ValueError(f"checkpoint {path} has no tokenizer and a vocabulary of {vocab_size} < 256 tokens: "
                              "UTF-8 bytes cannot be fed as token ids")
         return byte_tokens()
-    from transformers import AutoTokenizer
-
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), gguf_file=gguf, local_files_only=True)
+        tok = _tokenizer(str(path), gguf, _version(path, gguf))
     except Exception as e:  # transformers raises OSError, ValueError, TypeError... for a broken tokenizer
         raise ValueError(f"checkpoint {path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
     boundary = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -55,6 +54,19 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
         raise ValueError(f"checkpoint {path}: its tokenizer has neither a BOS nor an EOS token to start sequences with")
     return Tokens(lambda s: tok.encode(s, add_special_tokens=False), lambda ids: tok.decode(ids, skip_special_tokens=True),
                   int(boundary), CHECKPOINT)
+
+
+def _version(folder: Path, gguf: str | None) -> tuple[int, int]:
+    stat = (folder / gguf if gguf else folder).stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(folder: str, gguf: str | None, version: tuple[int, int]) -> Any:
+    """Read once per process and file version (a GGUF tokenizer takes seconds to parse); used read-only."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf, local_files_only=True)
 
 
 @dataclass(frozen=True)
@@ -75,13 +87,11 @@ class Checkpoint:
 
 def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
     """Config and tokens of a local checkpoint (ValueError, one line, if it is not one); no weights read."""
-    from attn.hf.models import source
+    from attn.hf.models import pretrained_config, source
 
     folder, gguf = source(name_or_path)  # ValueError: not installed (how to install), not a checkpoint
-    from transformers import AutoConfig
-
     try:
-        config = AutoConfig.from_pretrained(str(folder), gguf_file=gguf, local_files_only=True)
+        config = pretrained_config(name_or_path)  # read once per process
     except Exception as e:  # an unknown model_type, a malformed config.json or GGUF header
         raise ValueError(f"checkpoint {name_or_path}: its config does not load ({type(e).__name__}: {e})") from None
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
