@@ -379,24 +379,6 @@ def _check_choices(values: Sequence[str], valid: Sequence[str], what: str) -> No
             raise ValueError(f"unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
-def _hf_fields(*args: Any) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
-    try:
-        from harness.cost.hf_cells import hf_grid_fields
-    except ImportError as e:
-        raise ValueError(f"scope hf needs transformers ({e.name} is not installed: pip install 'attn-bench[hf]')") from None
-    return hf_grid_fields(*args)
-
-
-def _kv_heads(heads: int, kv_heads: int | None) -> int | None:
-    """A cell's key/value heads: None when there are as many as query heads (multi-head: the rows' key stays
-    what it was before GQA existed), else a number that must divide ``heads``."""
-    if kv_heads is None or kv_heads == heads:
-        return None
-    if kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"kv_heads {kv_heads} must divide heads {heads} (H % H_kv == 0)")
-    return kv_heads
-
-
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     """Every cell of every grid, validated, deduplicated; within a configuration, lengths ascend."""
     if check_device_available:
@@ -406,21 +388,20 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     cells: dict[str, Cell] = {}
     for grid in spec.grids:
         _check_choices(grid.mode, MODES, "mode")
-        _check_choices(grid.scope, SCOPES, "scope")
+        _check_choices(grid.scope, list(SCOPES), "scope")
         _check_choices(grid.dtype, list(DTYPES), "dtype")
         if "decode" in grid.mode and not grid.causal:
             raise ValueError("mode decode needs causal attention (drop --bidirectional or the decode mode)")
-        if "hf" in grid.scope and not grid.causal:
-            raise ValueError("scope hf runs causal language models: drop --bidirectional")
+        scopes = {name: SCOPES[name] for name in grid.scope}
+        for scope in scopes.values():
+            scope.check(grid)
         if grid.layers < 1:
             raise ValueError(f"layers must be >= 1, got {grid.layers}")
         variants = [(resolve_variant(v), v.strip()) for v in grid.variant]
         for position in grid.position:  # validated even when only op-scope cells use none
-            if set(grid.scope) != {"hf"}:
+            if not all(scope.positions_from_config for scope in scopes.values()):
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
-        hf = _hf_fields(grid.hf_config, grid.position, grid.kv_heads or (None,)) if "hf" in grid.scope else {}
-        if "hf" in grid.scope and grid.docs != (1,):
-            raise ValueError("--docs needs scope op or model (transformers models get packed documents another way)")
+        prepared = {name: scope.prepare(grid) for name, scope in scopes.items()}
         for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs in itertools.product(
             variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads, grid.head_dim,
             grid.kv_heads or (None,), grid.docs,
@@ -430,13 +411,7 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
             for length in grid.lengths:
                 if docs > length:
                     raise ValueError(f"docs {docs} exceeds length {length}: every document needs a token")
-                if scope == "hf":  # shapes and positions come from each model config
-                    shapes = hf[(position, kv_given)]
-                else:  # op: the attention call alone, with no positions and no backbone
-                    pos = ("none", {}) if scope == "op" else resolve_position(position, h, d, length)
-                    shapes = [dict(position=pos[0], position_params=pos[1], layers=None if scope == "op" else grid.layers,
-                                   num_heads=h, head_dim=d, num_kv_heads=_kv_heads(h, kv_given))]
-                for fields in shapes:
+                for fields in scopes[scope].shapes(grid, prepared[scope], position, h, d, kv_given, length):
                     cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope, mode=mode,
                                 device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length, causal=grid.causal,
                                 variant_spec=label, docs=docs if docs > 1 else None, **fields)
