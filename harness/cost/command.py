@@ -13,9 +13,9 @@ import click
 
 from harness.cost.spec import expand, load_spec
 from harness.cost.summary import failed_variants, summary_tables
-from harness.cost.sweep import check_executor, existing_rows, run_sweep
+from harness.cost.sweep import check_executor, run_sweep
 from harness.executors import EXECUTOR_KEYS, executor_options
-from harness.results import check_writable, exclusive
+from harness.results import check_writable
 
 
 def _cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
@@ -92,11 +92,7 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
         click.echo(f"{len(cells)} cells -> {out}")
         return
     check_writable(out)  # before any work: a run must not measure for an hour and then fail to write
-    with exclusive(out):  # a second writer stops here, before its first line of output
-        existing_rows(out, resume)
-        where = "" if spec.run.executor.kind == "local" else f" (executor {spec.run.executor.kind})"
-        click.echo(f"{len(cells)} cells on {spec.run.device}{where} -> {out}", err=True)
-        rows = run_sweep(spec, cells, out, resume)
+    rows = run_sweep(spec, cells, out, resume)  # locks and reads out once; a second writer stops before any output
     if rows or not spec.run.executor.detach:
         click.echo(summary_tables(rows))
     click.echo(f"results: {out}")

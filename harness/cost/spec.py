@@ -19,6 +19,7 @@ from typing import Any
 
 from harness.cost.cells import DTYPES, MODES, SCOPES, Cell, json_normal
 from harness.cost.presets import get_preset
+from harness.cost.scopes.model import resolve_position
 from harness.cost.timing import TimingConfig
 from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from
 
@@ -349,21 +350,6 @@ def resolve_variant(spec: str) -> tuple[str, dict[str, Any], str]:
     return name, json_normal(resolved), backend
 
 
-def resolve_position(spec: str, heads: int, head_dim: int, seq_len: int) -> tuple[str, dict[str, Any]]:
-    """Position spec -> (name, its own config fields); the shape fields the backbone fills are left out."""
-    import attn
-    from attn.registry import POSITIONS
-
-    name, params = attn.parse_spec(spec)
-    entry = POSITIONS.get(name)
-    names = {f.name for f in dataclasses.fields(entry.config)}
-    shape = {"head_dim": head_dim, "d_model": heads * head_dim, "max_seq_len": seq_len + 1}
-    fill = {k: v for k, v in shape.items() if k in names and k not in params}
-    config = POSITIONS.make_config(name, {**fill, **params})
-    resolved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name not in fill}
-    return name, json_normal(resolved)
-
-
 def check_device(device: str) -> None:
     import torch
 
@@ -421,5 +407,5 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
 
 __all__ = [
     "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device", "expand",
-    "load_spec", "load_toml", "parse_length", "parse_lengths", "resolve_position", "resolve_variant",
+    "load_spec", "load_toml", "parse_length", "parse_lengths", "resolve_variant",
 ]

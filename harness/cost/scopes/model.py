@@ -2,9 +2,13 @@
 tokens, ``--layers`` blocks deep. ``train`` takes the gradients of every weight.
 
 FLOPs: ``2 * tokens * (weights of every nn.Linear, LM head included)`` (x 3 for train; tokens = B * L, or B for one
-decoding step) + ``n_layers`` x the attention's own count in the same mode."""
+decoding step) + ``n_layers`` x the attention's own count in the same mode.
+
+Positions are resolved against the backbone's shapes (:func:`resolve_position`; the spec validates every grid's
+positions with it, even where only op cells run)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,14 +21,29 @@ from harness.cost.cells import (
     Rewind,
     Scope,
     attention_flops,
+    json_normal,
     kv_heads_field,
     linear_weights,
     register_scope,
     train_factor,
 )
-from harness.cost.spec import resolve_position
 
 VOCAB_SIZE = 256  # the backbone's byte-level default; the LM head is part of the model's cost
+
+
+def resolve_position(spec: str, heads: int, head_dim: int, seq_len: int) -> tuple[str, dict[str, Any]]:
+    """Position spec -> (name, its own config fields); the shape fields the backbone fills are left out."""
+    import attn
+    from attn.registry import POSITIONS
+
+    name, params = attn.parse_spec(spec)
+    entry = POSITIONS.get(name)
+    names = {f.name for f in dataclasses.fields(entry.config)}
+    shape = {"head_dim": head_dim, "d_model": heads * head_dim, "max_seq_len": seq_len + 1}
+    fill = {k: v for k, v in shape.items() if k in names and k not in params}
+    config = POSITIONS.make_config(name, {**fill, **params})
+    resolved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name not in fill}
+    return name, json_normal(resolved)
 
 
 def model_flops(model: Any, cell: Cell) -> int:
@@ -107,4 +126,4 @@ class ModelScope(Scope):
         return build_model(cell)
 
 
-__all__ = ["VOCAB_SIZE", "ModelScope", "build_model", "model_config", "model_flops"]
+__all__ = ["VOCAB_SIZE", "ModelScope", "build_model", "model_config", "model_flops", "resolve_position"]
