@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from attn.registry import ATTENTION
 from harness.cli import main
 from harness.cost import KEY_FIELDS, MODES, SCOPES, Cell
+from harness.cost.options import parse_lengths
 from harness.cost.presets import PRESETS, describe_presets
-from harness.cost.spec import build_spec, expand, load_spec, parse_lengths
+from harness.cost.spec import build_spec, expand, load_spec
 from harness.cost.summary import loglog_slope, summary_tables
 from harness.cost.sweep import make_row, skip_reason
 from harness.environment import environment

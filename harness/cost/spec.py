@@ -3,7 +3,8 @@ command line layer (in that order of precedence), and its expansion into validat
 
 The file's keys are the command-line option names (``head_dim`` for ``--head-dim``) and an optional
 ``[[grid]]`` list adds sub-grids that override a few keys each. Everything is validated (names, parameters) before
-the first cell runs and before the results file is opened. (One module: parse, merge and expand share the key tables.)
+the first cell runs and before the results file is opened. Each key is declared once, as a field of :class:`Grid`
+or :class:`RunSettings` (harness.cost.options): its default, parser, help text and command-line flags.
 """
 from __future__ import annotations
 
@@ -12,12 +13,26 @@ import difflib
 import itertools
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.cost.cells import DTYPES, MODES, SCOPES, Cell, json_normal
+from harness.cost.options import (
+    boolean,
+    choice,
+    cli_names,
+    count,
+    integer,
+    ints,
+    option,
+    parse_lengths,
+    positive,
+    spec_keys,
+    strs,
+    text,
+)
 from harness.cost.presets import get_preset
 from harness.cost.scopes.model import resolve_position
 from harness.cost.timing import TimingConfig
@@ -29,196 +44,70 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-# -- parsing values ------------------------------------------------------------------------------
-
-_LENGTH = re.compile(r"^(\d+)([kKmM]?)$")
-
-
-def parse_length(token: str | int, where: str) -> int:
-    """``4096``, ``4K`` or ``1M`` (K = 1024) -> a positive int."""
-    if isinstance(token, bool):
-        raise ValueError(f"{where}: expected a length, got {token!r}")
-    if isinstance(token, int):
-        n = token
-    else:
-        m = _LENGTH.match(str(token).strip().replace("_", ""))
-        if not m:
-            raise ValueError(f"{where}: malformed length {token!r}; expected e.g. 4096, 4K or 1M")
-        n = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
-    if n < 1:
-        raise ValueError(f"{where}: lengths must be >= 1, got {token!r}")
-    return n
-
-
-def parse_lengths(value: Any, where: str) -> list[int]:
-    """A list, a comma list (``1024,2048``) or a doubling range (``1K..1M``) -> sorted unique lengths."""
-    if isinstance(value, (list, tuple)):
-        items: list[Any] = list(value)
-    else:
-        items = [s for s in str(value).split(",") if s.strip()] if not isinstance(value, int) else [value]
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, str) and ".." in item:
-            lo_s, _, hi_s = item.partition("..")
-            lo, hi = parse_length(lo_s, where), parse_length(hi_s, where)
-            if lo > hi:
-                raise ValueError(f"{where}: empty range {item!r} (start > end)")
-            while lo <= hi:
-                out.append(lo)
-                lo *= 2
-        else:
-            out.append(parse_length(item, where))
-    if not out:
-        raise ValueError(f"{where}: no lengths given")
-    return sorted(set(out))
-
-
-def _strs(split: bool) -> Callable[[Any, str], list[str]]:
-    def parse(value: Any, where: str) -> list[str]:
-        items = value if isinstance(value, (list, tuple)) else [value]
-        out = []
-        for v in items:
-            if not isinstance(v, str) or not v.strip():
-                raise ValueError(f"{where}: expected text, got {v!r}")
-            out += [s.strip() for s in v.split(",") if s.strip()] if split else [v.strip()]
-        if not out:
-            raise ValueError(f"{where}: empty list")
-        return out
-    return parse
-
-
-def _ints(value: Any, where: str) -> list[int]:
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
-    out = []
-    for v in items:
-        try:
-            n = int(v) if not isinstance(v, (bool, float)) else None
-        except ValueError:
-            n = None
-        if n is None or n < 1:
-            raise ValueError(f"{where}: expected positive integers, got {v!r}")
-        out.append(n)
-    if not out:
-        raise ValueError(f"{where}: empty list")
-    return sorted(set(out))
-
-
-def _of(test: Callable[[Any], bool], what: str) -> Callable[[Any, str], Any]:
-    """A parser that accepts a value passing ``test`` as it is, else says it expected ``what``."""
-    def parse(value: Any, where: str) -> Any:
-        if not test(value):
-            raise ValueError(f"{where}: expected {what}, got {value!r}")
-        return value
-    return parse
-
-
-_int = _of(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
-_bool = _of(lambda v: isinstance(v, bool), "true or false")
-_str = _of(lambda v: isinstance(v, str) and bool(v), "text")
-
-
-def _positive(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{where}: expected a positive number, got {value!r}")
-    return float(value)
-
-
-def _count(minimum: int) -> Callable[[Any, str], int]:
-    def parse(value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
-        return value
-    return parse
-
-
-def _choice(valid: Sequence[str]) -> Callable[[Any, str], str]:
-    def parse(value: Any, where: str) -> str:
-        if value not in valid:
-            raise ValueError(f"{where}: unknown value {value!r}; valid: {', '.join(valid)}")
-        return value
-    return parse
-
-
-# Grid keys may appear at the top level or in a [[grid]] entry; run keys only at the top level.
-GRID_KEYS: dict[str, Callable[[Any, str], Any]] = {
-    "variant": _strs(split=False),  # commas belong to the spec: name:key=v,key=v
-    "position": _strs(split=False),
-    "lengths": parse_lengths,
-    "batch": _ints,
-    "heads": _ints,
-    "kv_heads": _ints,
-    "docs": _ints,
-    "head_dim": _ints,
-    "dtype": _strs(split=True),
-    "mode": _strs(split=True),
-    "scope": _strs(split=True),
-    "hf_config": _strs(split=False),
-    "causal": _bool,
-    "layers": _int,
-}
-RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
-    "device": _str,
-    "time_limit": _positive,
-    "mem_limit": _positive,
-    "skip_after_failure": _bool,
-    "seed": _int,
-    "min_run_time": _positive,
-    "max_run_time": _positive,
-    "threshold": _positive,
-    "retries": _count(0),
-    "threads": _count(1),
-    "plugin": _strs(split=False),
-    "out": _str,
-    # where the cells run (harness.executors)
-    "executor": _choice(EXECUTORS),
-    "ray_address": _str,
-    "max_concurrency": _count(1),
-    "slurm_partition": _str,
-    "slurm_time": _count(1),
-    "slurm_gpus": _count(0),
-    "slurm_folder": _str,
-    "slurm_cluster": _choice(SLURM_CLUSTERS),
-    "detach": _bool,
-}
-FILE_KEYS = ("preset", "grid")
-
-
-# -- the spec ------------------------------------------------------------------------------------
+# -- the spec: every key declared once (harness.cost.options), with its default, parser, help and flags ----------
 
 @dataclass(frozen=True)
 class Grid:
-    """One product of values; a sweep is one or more of them."""
+    """One product of values; a sweep is one or more of them. Grid keys may appear at the top level or in a [[grid]]."""
 
-    variant: tuple[str, ...]
-    position: tuple[str, ...] = ("none",)
-    lengths: tuple[int, ...] = (1024, 2048, 4096)
-    batch: tuple[int, ...] = (1,)
-    heads: tuple[int, ...] = (8,)
-    kv_heads: tuple[int, ...] | None = None  # GQA key/value heads; None = as many as query heads
-    docs: tuple[int, ...] = (1,)  # packed documents per sequence (forward and train; decode cells take 1)
-    head_dim: tuple[int, ...] = (64,)
-    dtype: tuple[str, ...] = ("float32",)
-    mode: tuple[str, ...] = ("forward",)
-    scope: tuple[str, ...] = ("op",)
-    causal: bool = True
-    layers: int = 2  # backbone depth for scope=model
-    hf_config: tuple[str, ...] = ("llama",)  # scope=hf: transformers configs (preset names or local paths)
+    variant: tuple[str, ...] = option(parse=strs(split=False),  # commas belong to the spec: name:key=v,key=v
+                                      help="NAME[:key=value,...]; backend=NAME picks a backend. Repeatable.", multiple=True)
+    position: tuple[str, ...] = option(("none",), parse=strs(split=False), multiple=True,
+                                       help="Position method spec (scope=model only). Repeatable.")
+    lengths: tuple[int, ...] = option((1024, 2048, 4096), parse=parse_lengths,
+                                      help="Sequence lengths: 1024,2048 or 1K,4K or a doubling range 1K..1M.")
+    batch: tuple[int, ...] = option((1,), parse=ints, help="Batch sizes, comma list.")
+    heads: tuple[int, ...] = option((8,), parse=ints, help="Numbers of (query) heads, comma list.")
+    kv_heads: tuple[int, ...] | None = option(None, parse=ints,  # GQA key/value heads; None = as many as query heads
+                                              help="Numbers of key/value heads (GQA; 1 = multi-query), comma list; "
+                                                   "default: as many as --heads.")
+    docs: tuple[int, ...] = option((1,), parse=ints,  # packed documents per sequence (decode cells take 1)
+                                   help="Documents packed per sequence (equal lengths, no attention across them), "
+                                        "comma list; forward and train cells (default 1).")
+    head_dim: tuple[int, ...] = option((64,), parse=ints, help="Head dimensions, comma list.")
+    dtype: tuple[str, ...] = option(("float32",), parse=strs(split=True), multiple=True,
+                                    help="float32, bfloat16, float16, float64 (repeatable or comma list).")
+    mode: tuple[str, ...] = option(("forward",), parse=strs(split=True), multiple=True,
+                                   help="forward, train, decode (repeatable or comma list).")
+    scope: tuple[str, ...] = option(("op",), parse=strs(split=True), multiple=True,
+                                    help="op (attention alone), model (our backbone) or hf (a transformers model).")
+    hf_config: tuple[str, ...] = option(("llama",), parse=strs(split=False), multiple=True,
+                                        flags=("--hf-config", "--hf-model"),
+                                        help="--scope hf: llama, mistral, qwen2 (small random-weight presets), a named "
+                                             "checkpoint (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or "
+                                             "a local config.json / model directory. Cost needs only the architecture: "
+                                             "the model is built from the config with random weights.")
+    causal: bool = option(True, parse=boolean, flags=("--causal/--bidirectional",),
+                          help="Causal (default) or bidirectional attention.")
+    layers: int = option(2, parse=integer, type=int, help="Backbone depth for --scope model (default 2).")
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    device: str = "cpu"
-    time_limit: float = 300.0  # seconds per cell, warm-up included
-    mem_limit: float | None = None  # GiB; None: CPU 80% of the memory available at the start, CUDA no cap
-    skip_after_failure: bool = True
-    seed: int = 0
-    min_run_time: float = 0.2
-    max_run_time: float = 2.0
-    threshold: float = 0.1
-    retries: int = 2  # re-measurements of a cell flagged noisy (harness.cost.noise)
-    threads: int | None = None  # torch CPU threads in the worker; None: torch's choice (rows carry num_threads)
-    plugin: tuple[str, ...] = ()
-    out: str | None = None
+    """How the cells are run; only at the top level of a sweep file. Options without help have no command-line flag."""
+
+    device: str = option("cpu", parse=text, help="cpu (default), cuda or cuda:N.")
+    time_limit: float = option(300.0, parse=positive, type=float,  # seconds per cell, warm-up included
+                               help="Seconds per cell, warm-up included (default 300).")
+    mem_limit: float | None = option(None, parse=positive, type=float,  # GiB; None: harness.memory.cell_memory_limits
+                                     help="GiB per cell: process memory on CPU (default 80% of what is free at start), "
+                                          "device memory on CUDA.")
+    skip_after_failure: bool = option(True, parse=boolean,
+                                      flags=("--skip-after-failure/--no-skip-after-failure",),
+                                      help="After an OOM or timeout, record longer lengths of that configuration as "
+                                           "skipped (default on).")
+    seed: int = option(0, parse=integer, type=int, help="Seed of the random inputs (default 0).")
+    min_run_time: float = option(0.2, parse=positive, type=float, help="Seconds of timed calls before the spread is checked.")
+    max_run_time: float = option(2.0, parse=positive, type=float,
+                                 help="Seconds of timed calls after which a cell stops repeating.")
+    threshold: float = option(0.1, parse=positive)
+    retries: int = option(2, parse=count(0), type=int,  # re-measurements of a cell flagged noisy (harness.cost.noise)
+                          help="Re-measure a cell flagged noisy up to N times (default 2; keeps the least noisy).")
+    threads: int | None = option(None, parse=count(1), type=int,  # None: torch's choice (rows carry num_threads)
+                                 help="torch CPU threads per cell (default: torch's choice); rows record num_threads.")
+    plugin: tuple[str, ...] = option((), parse=strs(split=False), multiple=True,
+                                     help="File or module registering extra variants. Repeatable.")
+    out: str | None = option(None, parse=text)  # --out is the command's own option (a path)
     executor: ExecutorConfig = ExecutorConfig()
 
     @property
@@ -231,6 +120,16 @@ class SweepSpec:
     grids: tuple[Grid, ...]
     run: RunSettings
     preset: str | None = None
+
+
+GRID_KEYS = spec_keys(Grid)
+RUN_KEYS = {**spec_keys(RunSettings), **{  # where the cells run (harness.executors), top level only
+    "executor": choice(EXECUTORS), "ray_address": text, "max_concurrency": count(1), "slurm_partition": text,
+    "slurm_time": count(1), "slurm_gpus": count(0), "slurm_folder": text, "slurm_cluster": choice(SLURM_CLUSTERS),
+    "detach": boolean,
+}}
+FILE_KEYS = ("preset", "grid")
+CLI_KEYS = (*cli_names(Grid, RunSettings), *EXECUTOR_KEYS)  # what the command line layer holds
 
 
 def _where(source: str, key: str) -> str:
@@ -406,6 +305,6 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
 
 
 __all__ = [
-    "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device", "expand",
-    "load_spec", "load_toml", "parse_length", "parse_lengths", "resolve_variant",
+    "CLI_KEYS", "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device",
+    "expand", "load_spec", "load_toml", "resolve_variant",
 ]
