@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
-import shutil
 import sys
 import time
 import uuid
@@ -215,13 +214,10 @@ def existing_rows(out: Path, resume: bool) -> list[dict[str, Any]]:
 
 def check_executor(run: RunSettings) -> None:
     """The executor's engine is installed and can place this device's cells (ValueError if not)."""
-    from harness.executors import require
+    from harness.executors import check_engine
 
+    check_engine(run.executor)
     kind = run.executor.kind
-    require(kind)
-    if kind == "slurm" and run.executor.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
-        raise ValueError("--executor slurm: no Slurm on this machine (sbatch not found); run from a login node, "
-                         "or --slurm-cluster local to run the jobs here")
     if kind != "local" and re.fullmatch(r"cuda:\d+", run.device):
         raise ValueError(f"--executor {kind} gives each cell a GPU of its own: use --device cuda, not {run.device}")
 
