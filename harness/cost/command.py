@@ -11,12 +11,11 @@ from typing import Any
 
 import click
 
-from harness.cost.options import cli_layer, click_options
-from harness.cost.spec import CLI_KEYS, Grid, RunSettings, expand, load_spec
+from harness.cost.options import click_options
+from harness.cost.spec import Grid, RunSettings, expand, load_spec
 from harness.cost.summary import failed_variants, summary_tables
 from harness.cost.sweep import check_executor, run_sweep
 from harness.executors import executor_options
-from harness.results import check_writable
 
 
 @click.command("sweep")
@@ -34,7 +33,7 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
     """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
     from harness.plugins import load_plugins, report_plugins
 
-    spec = load_spec(preset, config, cli_layer(opts, CLI_KEYS))
+    spec = load_spec(preset, config, opts)
     failed_plugins = load_plugins(spec.run.plugin, report=False)  # a bad spec's one error line names them
     check_executor(spec.run)
     cells = expand(spec, check_device_available=spec.run.executor.kind == "local")  # a login node may have no GPU
@@ -51,8 +50,7 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
             click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads}{kv} D={c.head_dim}]")
         click.echo(f"{len(cells)} cells -> {out}")
         return
-    check_writable(out)  # before any work: a run must not measure for an hour and then fail to write
-    rows = run_sweep(spec, cells, out, resume)  # locks and reads out once; a second writer stops before any output
+    rows = run_sweep(spec, cells, out, resume)  # checks, locks and reads out once; a second writer stops there
     if rows or not spec.run.executor.detach:
         click.echo(summary_tables(rows))
     click.echo(f"results: {out}")

@@ -160,15 +160,9 @@ def click_options(*classes: type, start: str | None = None, stop: str | None = N
     return apply
 
 
-def cli_layer(opts: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """The options of ``names`` the user actually gave (click passes None / () for the others)."""
-    layer = {}
-    for k in names:
-        v = opts.get(k)
-        if v is None or v == ():
-            continue
-        layer[k] = list(v) if isinstance(v, tuple) else v
-    return layer
+def cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options the user actually gave (click passes None / () for the others), lists for repeated ones."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in opts.items() if v is not None and v != ()}
 
 
 __all__ = [

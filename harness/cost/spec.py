@@ -22,7 +22,7 @@ from harness.cost.cells import DTYPES, MODES, SCOPES, Cell, json_normal
 from harness.cost.options import (
     boolean,
     choice,
-    cli_names,
+    cli_layer,
     count,
     integer,
     ints,
@@ -129,7 +129,6 @@ RUN_KEYS = {**spec_keys(RunSettings), **{  # where the cells run (harness.execut
     "detach": boolean,
 }}
 FILE_KEYS = ("preset", "grid")
-CLI_KEYS = (*cli_names(Grid, RunSettings), *EXECUTOR_KEYS)  # what the command line layer holds
 
 
 def _where(source: str, key: str) -> str:
@@ -217,7 +216,7 @@ def build_spec(layers: Sequence[tuple[str, dict[str, Any]]]) -> SweepSpec:
 
 
 def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[str, Any] | None = None) -> SweepSpec:
-    """Preset < sweep file < command line. ``cli`` holds only the options actually given."""
+    """Preset < sweep file < command line. ``cli``: the command's spec options; those not given (None or ()) do not count."""
     layers: list[tuple[str, dict[str, Any]]] = []
     data = load_toml(config) if config is not None else None
     name = preset or (data or {}).get("preset")
@@ -227,7 +226,7 @@ def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[s
         layers.append((f"preset {name}", get_preset(name).settings))
     if data is not None:
         layers.append((str(config), data))
-    layers.append(("command line", cli or {}))
+    layers.append(("command line", cli_layer(cli or {})))
     return build_spec(layers)
 
 
@@ -305,6 +304,6 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
 
 
 __all__ = [
-    "CLI_KEYS", "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device",
+    "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device",
     "expand", "load_spec", "load_toml", "resolve_variant",
 ]

@@ -25,7 +25,7 @@ from harness.cost.noise import assess, least_noisy
 from harness.cost.spec import RunSettings, SweepSpec
 from harness.memory import cell_memory_limits
 from harness.plugins import absolute_plugins
-from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, exclusive
+from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, check_writable, exclusive
 
 Failures = dict[str, tuple[str, int]]  # configuration key -> (status, shortest length) that skips its longer lengths
 
@@ -226,9 +226,9 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
               echo: Callable[[str], None] = click.echo) -> list[dict[str, Any]]:
     """Measure the cells not yet in ``out`` with the spec's executor; returns the rows of ``out`` that belong to ``cells``.
 
-    One pass: ``out`` is locked for the whole run and read once, before anything is measured (a second writer stops
-    there); hosts return payloads and only this function writes rows, so resume and dedup work the same for every
-    executor. The rows returned are those read plus those written, as they read back.
+    One pass: ``out`` is checked writable, locked for the whole run and read once, before anything is measured (a
+    second writer stops there); hosts return payloads and only this function writes rows, so resume and dedup work
+    the same for every executor. The rows returned are those read plus those written, as they read back.
     """
     from tqdm import tqdm
 
@@ -238,6 +238,7 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
 
     run = dataclasses.replace(spec.run, plugin=absolute_plugins(spec.run.plugin))  # hosts may start elsewhere
     kind = run.executor.kind
+    check_writable(out)  # before any work: a run must not measure for an hour and then fail to write
     with exclusive(out):
         rows = existing_rows(out, resume)
         where = "" if kind == "local" else f" (executor {kind})"
