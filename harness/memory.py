@@ -11,14 +11,18 @@ Both therefore count the inputs (and the KV cache for decoding, the weights for 
 output and every intermediate alive at the worst moment of a steady-state call, autograd
 buffers in training; compilation happens in an earlier warm-up call and is not counted.
 
-Also here: how much host memory one cell may use by default (:func:`host_memory_limit`).
+Also here, the memory policy both harnesses follow: how much memory one cell or job may use by default
+(:func:`available_budget`, :func:`host_memory_limit`, :func:`cell_memory_limits`) and the address-space cap that
+makes an allocation past it fail at once instead of swapping (:func:`cap_address_space`, :func:`address_space_cap`).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import gc
+from collections.abc import Iterator
 
 import torch
 
@@ -48,6 +52,13 @@ AVAILABLE_FRACTION = 0.8  # of the memory available when the sweep starts: what 
 TOTAL_FRACTION = 0.5  # of the machine's memory: the floor, for a VM whose available memory grows on demand
 
 
+def available_budget() -> int:
+    """Bytes one cell or job may use by default: ``AVAILABLE_FRACTION`` of the memory available now."""
+    import psutil
+
+    return int(AVAILABLE_FRACTION * psutil.virtual_memory().available)
+
+
 def host_memory_limit(total_floor: bool = True) -> tuple[int, str]:
     """(bytes, rule) of the default host-memory limit of one cell: 80% of what is available now (rule
     ``available``), or half the machine's memory (rule ``total``) where that is larger and ``total_floor``.
@@ -61,6 +72,59 @@ def host_memory_limit(total_floor: bool = True) -> tuple[int, str]:
     mem = psutil.virtual_memory()
     available, total = int(AVAILABLE_FRACTION * mem.available), int(TOTAL_FRACTION * mem.total)
     return (total, "total") if total_floor and total > available else (available, "available")
+
+
+def cell_memory_limits(device: str, mem_limit_gib: float | None) -> tuple[int | None, int | None, str | None]:
+    """(limit on the measuring device, host resident-memory watchdog, the rule of the default host limit) of a cost cell.
+
+    CPU: the limit covers the process's memory (default 80% of what is free now). CUDA: it covers device
+    memory (default none: the whole GPU) and the host side keeps a watchdog at the larger of that and half
+    the machine's memory (:func:`host_memory_limit`). Bytes; the rule is None where ``mem_limit_gib``
+    set a CPU cell's only limit."""
+    if device.startswith("cuda"):
+        host_bytes, rule = host_memory_limit()
+        return (None if mem_limit_gib is None else int(mem_limit_gib * 2**30)), host_bytes, rule
+    if mem_limit_gib is not None:
+        return int(mem_limit_gib * 2**30), None, None
+    limit, rule = host_memory_limit(total_floor=False)
+    return limit, None, rule
+
+
+def cap_address_space(extra_bytes: int, keep_tighter: bool = False) -> tuple[int, int] | None:
+    """Cap this process's address space (``RLIMIT_AS``) at its current size plus ``extra_bytes``, so an allocation
+    past it fails at once (MemoryError, or torch's "can't allocate memory") instead of swapping; never above the
+    hard limit, nor, with ``keep_tighter``, above a soft limit already set. Returns the limits it replaced, or
+    None where there is none to set (not POSIX, no ``/proc``). Never with CUDA: the cap breaks the driver."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    size = proc_status("VmSize")
+    if size is None:
+        return None
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    soft, hard = size + extra_bytes, old[1]
+    for bound in (old[0], hard) if keep_tighter else (hard,):
+        if bound != resource.RLIM_INFINITY:
+            soft = min(soft, bound)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    return old
+
+
+@contextlib.contextmanager
+def address_space_cap(extra_bytes: int) -> Iterator[int | None]:
+    """:func:`cap_address_space` (never loosening a tighter cap) for the ``with`` block, lifted afterwards; yields
+    the cap in bytes, or None where there is none to set (also with CUDA initialised, whose driver it breaks)."""
+    old = None if torch.cuda.is_initialized() else cap_address_space(extra_bytes, keep_tighter=True)
+    if old is None:
+        yield None
+        return
+    import resource
+
+    try:
+        yield resource.getrlimit(resource.RLIMIT_AS)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, old)
 
 
 def release_freed_memory() -> None:
@@ -119,5 +183,6 @@ class PeakMemory:
         return max(0, hwm - self._base)
 
 
-__all__ = ["AVAILABLE_FRACTION", "PeakMemory", "TOTAL_FRACTION", "host_memory_limit", "proc_status", "release_freed_memory",
+__all__ = ["AVAILABLE_FRACTION", "PeakMemory", "TOTAL_FRACTION", "address_space_cap", "available_budget",
+           "cap_address_space", "cell_memory_limits", "host_memory_limit", "proc_status", "release_freed_memory",
            "reset_rss_peak"]

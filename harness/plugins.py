@@ -2,6 +2,8 @@
 wording, and a command may validate its input first so a bad spec still ends with one line."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 
@@ -37,4 +39,10 @@ def report_plugins(failed: set[str]) -> None:
         warn_plugin(p, attn.plugin_errors().get(p, "unknown error"))
 
 
-__all__ = ["load_plugins", "report_plugins", "warn_plugin"]
+def absolute_plugins(plugins: tuple[str, ...]) -> tuple[str, ...]:
+    """Plugin files by absolute path, so hosts started elsewhere (another directory, another node) find them;
+    modules are imported by name and stay as given."""
+    return tuple(str(Path(p).resolve()) if p.endswith(".py") and Path(p).exists() else p for p in plugins)
+
+
+__all__ = ["absolute_plugins", "load_plugins", "report_plugins", "warn_plugin"]

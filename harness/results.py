@@ -346,7 +346,8 @@ class ResultsStore:
             else:
                 f.truncate(start)
 
-    def append(self, row: dict[str, Any]) -> None:
+    def append(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Write ``row`` (flushed, synced); returns it as it reads back, so a writer need not read the file again."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair()
         line = json.dumps(_clean(row), default=str) + "\n"
@@ -354,6 +355,7 @@ class ResultsStore:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+        return json.loads(line)
 
 
 __all__ = [

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from attn.registry import ATTENTION
 from harness.cli import main
 from harness.cost import KEY_FIELDS, MODES, SCOPES, Cell
+from harness.cost.options import parse_lengths
 from harness.cost.presets import PRESETS, describe_presets
-from harness.cost.spec import build_spec, expand, load_spec, parse_lengths
+from harness.cost.spec import build_spec, expand, load_spec
 from harness.cost.summary import loglog_slope, summary_tables
 from harness.cost.sweep import make_row, skip_reason
 from harness.environment import environment
@@ -524,14 +525,13 @@ def test_on_cuda_an_error_skips_the_rest_of_its_chain_with_the_reason(device):
 def test_the_cuda_host_watchdog_has_a_floor_of_half_the_machine_and_says_which_rule_set_it(monkeypatch):
     import psutil
 
-    from harness.cost.spec import RunSettings
-    from harness.cost.sweep import memory_limits
+    from harness.memory import cell_memory_limits
 
     class Mem:
         total, available = 128 * 2**30, 10 * 2**30  # a VM that hands out memory on demand: little free at the start
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem)
-    assert memory_limits(RunSettings(device="cuda")) == (None, 64 * 2**30, "total")
-    assert memory_limits(RunSettings(device="cpu")) == (8 * 2**30, None, "available")  # a CPU cell's own limit: no floor
+    assert cell_memory_limits("cuda", None) == (None, 64 * 2**30, "total")
+    assert cell_memory_limits("cpu", None) == (8 * 2**30, None, "available")  # a CPU cell's own limit: no floor
     Mem.available = 120 * 2**30
-    assert memory_limits(RunSettings(device="cuda")) == (None, 96 * 2**30, "available")
+    assert cell_memory_limits("cuda", None) == (None, 96 * 2**30, "available")

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 from harness.cli import main  # noqa: E402
 from harness.cost.cells import Cell  # noqa: E402
-from harness.cost.hf_cells import build_hf, hf_flops  # noqa: E402
+from harness.cost.scopes.hf import build_hf, hf_flops  # noqa: E402
 from harness.cost.spec import build_spec, expand  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 

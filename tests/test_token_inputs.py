@@ -11,7 +11,8 @@ from attn.attention.base import ALL_MODES, Attention, Backend
 from attn.attention.token_inputs import TokenInput, draw_inputs
 from attn.checks import check_variant
 from attn.registry import ATTENTION
-from harness.cost.cells import Cell, build_op
+from harness.cost.cells import Cell
+from harness.cost.scopes.op import build_op
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,24 +1,19 @@
-"""One cell of a cost sweep, and the callable that measures it, with its FLOP count.
+"""The data of a cost sweep: one cell of the grid (:class:`Cell`), its identity in a results file (``KEY_FIELDS``),
+what a scope hands the worker to time (:class:`Measured`), the FLOP conventions every scope shares, and the
+registry of scopes (:func:`register_scope`; the scopes themselves are harness.cost.scopes, one file each).
 
-Scopes: ``op`` is the attention call alone on random q (B, H, L, D) and k, v (B, H_kv, L, D); ``model`` is the shared
-backbone (``attn.Transformer``: embeddings, projections, positions, FFN) on random tokens; ``hf`` is a Hugging Face
-causal LM (random weights) running the variant through transformers' attention interface (harness.cost.hf_cells).
-Modes: ``forward``; ``train`` = forward + backward (gradients of the inputs for ``op``, of every
-weight for ``model``; no optimiser step); ``decode`` = one new token per sequence with the cache
-already holding ``seq_len`` tokens (prefilled once, outside the timed region).
+Modes: ``forward``; ``train`` = forward + backward (no optimiser step); ``decode`` = one new token per sequence
+with the cache already holding ``seq_len`` tokens (prefilled once, outside the timed region).
 
 FLOPs are the useful FLOPs of exactly what is timed (2 per multiply-add), from the variant's own
 mode-aware count ``variant.mode_flops(mode, B, H, L, D, causal)`` (``attn.Attention.mode_flops``):
-- op: that count. forward = ``flops(B, H, L, L, D, causal)``; train = 3 x forward; decode = one
-  step with L tokens already in the state: for KV-cache variants one query against the L + 1 keys
-  it sees, for ``linear`` one key absorbed into the recurrent state and one query read from it
-  (independent of L).
-- model: ``2 * tokens * (weights of every nn.Linear, LM head included)`` (x 3 for train; tokens =
-  B * L, or B for one decoding step) + ``n_layers * op count`` in the same mode.
-- train = 3 x forward: each forward matmul C = A B has two matmuls in the backward pass
-  (dA = dC B^T, dB = A^T dC), so backward = 2 x forward (Kaplan et al. 2020, sec. 2.1;
-  the PaLM MFU convention). FlashAttention's recomputation of the scores is not useful work and
-  is not counted, so a recomputing kernel shows a lower FLOP/s for the same time.
+forward = ``flops(B, H, L, L, D, causal)``; decode = one step with L tokens already in the state (for
+KV-cache variants one query against the L + 1 keys it sees, for ``linear`` one key absorbed into the
+recurrent state and one query read from it, independent of L); train = 3 x forward: each forward matmul
+C = A B has two matmuls in the backward pass (dA = dC B^T, dB = A^T dC), so backward = 2 x forward
+(Kaplan et al. 2020, sec. 2.1; the PaLM MFU convention). FlashAttention's recomputation of the scores is
+not useful work and is not counted, so a recomputing kernel shows a lower FLOP/s for the same time.
+Each scope adds what else it times (weights of its linear layers) in its own file.
 """
 from __future__ import annotations
 
@@ -32,18 +27,14 @@ from typing import Any
 import torch
 from torch import nn
 
-import attn
 from attn.attention.base import TRAIN_FLOPS_FACTOR, UnsupportedBackend
 from attn.attention.documents import even_documents
 from attn.attention.documents import lengths as document_lengths
-from attn.attention.token_inputs import draw_inputs
 from attn.registry import ATTENTION
 from harness.results import cell_key
 
-SCOPES = ("op", "model", "hf")
 MODES = ("forward", "train", "decode")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-VOCAB_SIZE = 256  # the backbone's byte-level default; the LM head is part of the model's cost
 
 # Identity of a cell in a results file: --resume skips rows with the same key.
 KEY_FIELDS = (
@@ -101,11 +92,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        parts = [self.variant_spec or self.variant]
-        if self.scope == "model":
-            parts.append(f"model/{self.position}")
-        if self.scope == "hf":
-            parts.append(f"hf:{self.hf_config}/{self.position}")
+        parts = [self.variant_spec or self.variant, *SCOPES[self.scope].label(self)]
         parts += [self.mode, f"L={self.seq_len}"] + ([f"docs={self.docs}"] if self.docs else [])
         return " ".join(parts)
 
@@ -147,21 +134,9 @@ def attention_flops(module: Any, cell: Cell) -> int:
     return total
 
 
-def op_flops(module: Any, cell: Cell) -> int:
-    """What an op-scope cell times: the attention call alone."""
-    return attention_flops(module, cell)
-
-
 def linear_weights(model: nn.Module) -> int:
     """Weights that take part in a matmul per token: every nn.Linear (a tied LM head counts, as it multiplies)."""
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-
-
-def model_flops(model: Any, cell: Cell) -> int:
-    """Every nn.Linear once per token processed (B, or B * L), plus each layer's attention in the same mode."""
-    tokens = cell.batch_size * (1 if cell.mode == "decode" else cell.seq_len)
-    weights = train_factor(cell.mode) * 2 * tokens * linear_weights(model)
-    return weights + model.config.n_layers * attention_flops(model.blocks[0].attn.attn, cell)
 
 
 # -- decoding state ------------------------------------------------------------------------------
@@ -185,7 +160,62 @@ class Rewind:
             self.enabled = False
 
 
-# -- building a cell -----------------------------------------------------------------------------
+# -- scopes ----------------------------------------------------------------------------------------
+
+class Scope:
+    """What one scope (``op``, ``model``, ``hf``: harness.cost.scopes) does with a cell: how a grid's values
+    become its cells' shape fields, how a cell is built and measured, and how its FLOPs are counted.
+
+    ``grid`` below is a harness.cost.spec.Grid (not imported: the spec reads this registry)."""
+
+    name = ""
+    positions_from_config = False  # positions come from each model config, not from the grid's position specs
+
+    def check(self, grid: Any) -> None:
+        """Refuse a grid this scope cannot run (ValueError), before anything is resolved."""
+
+    def prepare(self, grid: Any) -> Any:
+        """What the scope reads once per grid (hf: every model config), after its variants and positions resolved."""
+        return None
+
+    def shapes(self, grid: Any, prepared: Any, position: str, heads: int, head_dim: int, kv_heads: int | None,
+               length: int) -> list[dict[str, Any]]:
+        """The Cell fields the scope sets (position, layers, heads, head dim) for one point of the grid."""
+        raise NotImplementedError
+
+    def label(self, cell: Cell) -> list[str]:
+        """What a cell's label says about its scope, after the variant."""
+        return []
+
+    def build(self, cell: Cell) -> Measured:
+        """Inputs, module and the measured callable of ``cell`` (seed the RNG before calling)."""
+        raise NotImplementedError
+
+
+SCOPES: dict[str, Scope] = {}  # name -> scope, in registration order (harness.cost.scopes registers them)
+
+
+def register_scope(name: str) -> Callable[[type[Scope]], type[Scope]]:
+    """Class decorator: ``@register_scope("op")`` makes ``--scope op`` build and measure cells with that class."""
+    def register(cls: type[Scope]) -> type[Scope]:
+        if name in SCOPES:
+            raise ValueError(f"scope {name!r} is already registered")
+        scope = cls()
+        scope.name = name
+        SCOPES[name] = scope
+        return cls
+    return register
+
+
+def kv_heads_field(heads: int, kv_heads: int | None) -> int | None:
+    """A cell's key/value heads: None when there are as many as query heads (multi-head: the rows' key stays
+    what it was before GQA existed), else a number that must divide ``heads``."""
+    if kv_heads is None or kv_heads == heads:
+        return None
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"kv_heads {kv_heads} must divide heads {heads} (H % H_kv == 0)")
+    return kv_heads
+
 
 def check_supported(cls: type, cell: Cell) -> None:
     if cell.causal and not getattr(cls, "supports_causal", True):
@@ -199,121 +229,12 @@ def check_supported(cls: type, cell: Cell) -> None:
 
 
 def build(cell: Cell) -> Measured:
-    """Inputs, module and the measured callable of ``cell`` (seed the RNG before calling)."""
+    """Inputs, module and the measured callable of ``cell``, by its scope (seed the RNG before calling)."""
     check_supported(ATTENTION.get(cell.variant).cls, cell)
-    if cell.scope == "hf":
-        from harness.cost.hf_cells import build_hf  # imports transformers: only for hf cells
-
-        return build_hf(cell)
-    return build_op(cell) if cell.scope == "op" else build_model(cell)
-
-
-def build_op(cell: Cell) -> Measured:
-    dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
-    B, H, Hkv, L, D = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim
-    module = attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params).to(dev, dtype)
-    flops = op_flops(module, cell)
-    backend = lambda: module.last_backend
-    extra = lambda n: draw_inputs(module.token_inputs, B, Hkv, n, D, device=dev, dtype=dtype)  # gates, decays: (B, H_kv, n, .)
-
-    if cell.mode == "decode":
-        state = module.new_state(L + 1)
-        with torch.no_grad():
-            prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
-            module.run_step(*prompt, state, **extra(L))  # prefill: the cache now holds L tokens
-            del prompt
-        q1, k1, v1 = (torch.randn(B, h, 1, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, 1, D)
-        inputs1 = extra(1)
-        rewind = Rewind([state], L)
-
-        def decode_step() -> torch.Tensor:
-            with torch.no_grad():
-                out = module.run_step(q1, k1, v1, state, **inputs1)
-            rewind()
-            return out
-
-        return Measured(decode_step, flops, B, backend, state)
-
-    q, k, v = (torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, L, D)
-    inputs, documents = extra(L), cell.documents(dev)
-    if cell.mode == "train":
-        leaves = (q, k, v, *inputs.values())  # a gate's gradient is part of the step
-        for t in leaves:
-            t.requires_grad_(True)
-        grad_out = torch.randn_like(q)
-
-        def train_step() -> tuple[torch.Tensor, ...]:
-            out = module(q, k, v, causal=cell.causal, documents=documents, **inputs)
-            return torch.autograd.grad(out, leaves, grad_out)
-
-        return Measured(train_step, flops, B * L, backend)
-
-    def forward() -> torch.Tensor:
-        with torch.no_grad():
-            return module(q, k, v, causal=cell.causal, documents=documents, **inputs)
-
-    return Measured(forward, flops, B * L, backend)
-
-
-def model_config(cell: Cell) -> attn.TransformerConfig:
-    """The backbone for a model-scope cell: d_model = heads x head_dim, ``layers`` blocks, byte vocabulary."""
-    return attn.TransformerConfig(
-        vocab_size=VOCAB_SIZE, d_model=cell.num_heads * cell.head_dim, n_heads=cell.num_heads, num_kv_heads=cell.kv_heads,
-        n_layers=cell.layers or 1, attention=cell.variant, attention_params=dict(cell.variant_params),
-        backend=cell.backend_requested, position=cell.position, position_params=dict(cell.position_params),
-        max_seq_len=cell.seq_len + 1, causal=cell.causal,
-    )
-
-
-def build_model(cell: Cell) -> Measured:
-    dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
-    B, L = cell.batch_size, cell.seq_len
-    model = attn.Transformer(model_config(cell)).to(dev, dtype)
-    flops = model_flops(model, cell)
-
-    def backend() -> str | None:
-        ran = sorted({b.attn.attn.last_backend for b in model.blocks if b.attn.attn.last_backend})
-        return ",".join(ran) or None
-
-    if cell.mode == "decode":
-        model.eval()
-        state = model.init_state(B, L + 1)
-        with torch.no_grad():
-            model(torch.randint(0, VOCAB_SIZE, (B, L), device=dev), state=state)  # prefill L tokens
-        token = torch.randint(0, VOCAB_SIZE, (B, 1), device=dev)
-        rewind = Rewind(state.layers, L)
-
-        def decode_step() -> torch.Tensor:
-            with torch.no_grad():
-                out = model(token, state=state)
-            rewind()
-            state.start = L  # positions always restart at L, even when a rolling cache advances
-            return out
-
-        return Measured(decode_step, flops, B, backend, state)
-
-    idx = torch.randint(0, VOCAB_SIZE, (B, L), device=dev)  # (B, L)
-    documents = cell.documents(dev)
-    if cell.mode == "train":
-        model.train()
-        targets = torch.randint(0, VOCAB_SIZE, (B, L), device=dev)
-        params = [p for p in model.parameters() if p.requires_grad]
-
-        def train_step() -> tuple[torch.Tensor, ...]:
-            return torch.autograd.grad(model.loss(idx, targets, documents=documents), params)
-
-        return Measured(train_step, flops, B * L, backend)
-
-    model.eval()
-
-    def forward() -> torch.Tensor:
-        with torch.no_grad():
-            return model(idx, documents=documents)
-
-    return Measured(forward, flops, B * L, backend)
+    return SCOPES[cell.scope].build(cell)
 
 
 __all__ = [
-    "Cell", "DTYPES", "KEY_FIELDS", "MODES", "Measured", "Rewind", "SCOPES", "attention_flops", "build", "json_normal",
-    "linear_weights", "model_config", "model_flops", "op_flops",
+    "Cell", "DTYPES", "KEY_FIELDS", "MODES", "Measured", "Rewind", "SCOPES", "Scope", "attention_flops", "build",
+    "check_supported", "json_normal", "kv_heads_field", "linear_weights", "register_scope", "train_factor",
 ]

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from harness.cost.timing import TimingConfig
+from harness.memory import cap_address_space
 from harness.messages import looks_like_oom, one_line
 
 
@@ -27,21 +28,6 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _cap_address_space(limit_bytes: int) -> None:
-    import resource
-
-    from harness.memory import proc_status
-
-    size = proc_status("VmSize")
-    if size is None:
-        return
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = size + limit_bytes
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
@@ -172,7 +158,7 @@ def child_main(argv: list[str] | None = None) -> None:
         req = json.loads(line)
         timing = TimingConfig(**req.get("timing", {}))
         if not cuda and args.mem_limit and not args.no_address_space_cap:
-            _cap_address_space(args.mem_limit)
+            cap_address_space(args.mem_limit)
         if req["op"] == "cell":
             send(run_cell(req["cell"], timing, req.get("seed", 0), tuple(req.get("peaks", ("before", "after")))))
         elif req["op"] == "exit":

@@ -3,7 +3,8 @@ command line layer (in that order of precedence), and its expansion into validat
 
 The file's keys are the command-line option names (``head_dim`` for ``--head-dim``) and an optional
 ``[[grid]]`` list adds sub-grids that override a few keys each. Everything is validated (names, parameters) before
-the first cell runs and before the results file is opened. (One module: parse, merge and expand share the key tables.)
+the first cell runs and before the results file is opened. Each key is declared once, as a field of :class:`Grid`
+or :class:`RunSettings` (harness.cost.options): its default, parser, help text and command-line flags.
 """
 from __future__ import annotations
 
@@ -12,13 +13,28 @@ import difflib
 import itertools
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.cost.cells import DTYPES, MODES, SCOPES, Cell, json_normal
+from harness.cost.options import (
+    boolean,
+    choice,
+    cli_layer,
+    count,
+    integer,
+    ints,
+    option,
+    parse_lengths,
+    positive,
+    spec_keys,
+    strs,
+    text,
+)
 from harness.cost.presets import get_preset
+from harness.cost.scopes.model import resolve_position
 from harness.cost.timing import TimingConfig
 from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from
 
@@ -28,196 +44,70 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-# -- parsing values ------------------------------------------------------------------------------
-
-_LENGTH = re.compile(r"^(\d+)([kKmM]?)$")
-
-
-def parse_length(token: str | int, where: str) -> int:
-    """``4096``, ``4K`` or ``1M`` (K = 1024) -> a positive int."""
-    if isinstance(token, bool):
-        raise ValueError(f"{where}: expected a length, got {token!r}")
-    if isinstance(token, int):
-        n = token
-    else:
-        m = _LENGTH.match(str(token).strip().replace("_", ""))
-        if not m:
-            raise ValueError(f"{where}: malformed length {token!r}; expected e.g. 4096, 4K or 1M")
-        n = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
-    if n < 1:
-        raise ValueError(f"{where}: lengths must be >= 1, got {token!r}")
-    return n
-
-
-def parse_lengths(value: Any, where: str) -> list[int]:
-    """A list, a comma list (``1024,2048``) or a doubling range (``1K..1M``) -> sorted unique lengths."""
-    if isinstance(value, (list, tuple)):
-        items: list[Any] = list(value)
-    else:
-        items = [s for s in str(value).split(",") if s.strip()] if not isinstance(value, int) else [value]
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, str) and ".." in item:
-            lo_s, _, hi_s = item.partition("..")
-            lo, hi = parse_length(lo_s, where), parse_length(hi_s, where)
-            if lo > hi:
-                raise ValueError(f"{where}: empty range {item!r} (start > end)")
-            while lo <= hi:
-                out.append(lo)
-                lo *= 2
-        else:
-            out.append(parse_length(item, where))
-    if not out:
-        raise ValueError(f"{where}: no lengths given")
-    return sorted(set(out))
-
-
-def _strs(split: bool) -> Callable[[Any, str], list[str]]:
-    def parse(value: Any, where: str) -> list[str]:
-        items = value if isinstance(value, (list, tuple)) else [value]
-        out = []
-        for v in items:
-            if not isinstance(v, str) or not v.strip():
-                raise ValueError(f"{where}: expected text, got {v!r}")
-            out += [s.strip() for s in v.split(",") if s.strip()] if split else [v.strip()]
-        if not out:
-            raise ValueError(f"{where}: empty list")
-        return out
-    return parse
-
-
-def _ints(value: Any, where: str) -> list[int]:
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
-    out = []
-    for v in items:
-        try:
-            n = int(v) if not isinstance(v, (bool, float)) else None
-        except ValueError:
-            n = None
-        if n is None or n < 1:
-            raise ValueError(f"{where}: expected positive integers, got {v!r}")
-        out.append(n)
-    if not out:
-        raise ValueError(f"{where}: empty list")
-    return sorted(set(out))
-
-
-def _of(test: Callable[[Any], bool], what: str) -> Callable[[Any, str], Any]:
-    """A parser that accepts a value passing ``test`` as it is, else says it expected ``what``."""
-    def parse(value: Any, where: str) -> Any:
-        if not test(value):
-            raise ValueError(f"{where}: expected {what}, got {value!r}")
-        return value
-    return parse
-
-
-_int = _of(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
-_bool = _of(lambda v: isinstance(v, bool), "true or false")
-_str = _of(lambda v: isinstance(v, str) and bool(v), "text")
-
-
-def _positive(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{where}: expected a positive number, got {value!r}")
-    return float(value)
-
-
-def _count(minimum: int) -> Callable[[Any, str], int]:
-    def parse(value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{where}: expected an integer >= {minimum}, got {value!r}")
-        return value
-    return parse
-
-
-def _choice(valid: Sequence[str]) -> Callable[[Any, str], str]:
-    def parse(value: Any, where: str) -> str:
-        if value not in valid:
-            raise ValueError(f"{where}: unknown value {value!r}; valid: {', '.join(valid)}")
-        return value
-    return parse
-
-
-# Grid keys may appear at the top level or in a [[grid]] entry; run keys only at the top level.
-GRID_KEYS: dict[str, Callable[[Any, str], Any]] = {
-    "variant": _strs(split=False),  # commas belong to the spec: name:key=v,key=v
-    "position": _strs(split=False),
-    "lengths": parse_lengths,
-    "batch": _ints,
-    "heads": _ints,
-    "kv_heads": _ints,
-    "docs": _ints,
-    "head_dim": _ints,
-    "dtype": _strs(split=True),
-    "mode": _strs(split=True),
-    "scope": _strs(split=True),
-    "hf_config": _strs(split=False),
-    "causal": _bool,
-    "layers": _int,
-}
-RUN_KEYS: dict[str, Callable[[Any, str], Any]] = {
-    "device": _str,
-    "time_limit": _positive,
-    "mem_limit": _positive,
-    "skip_after_failure": _bool,
-    "seed": _int,
-    "min_run_time": _positive,
-    "max_run_time": _positive,
-    "threshold": _positive,
-    "retries": _count(0),
-    "threads": _count(1),
-    "plugin": _strs(split=False),
-    "out": _str,
-    # where the cells run (harness.executors)
-    "executor": _choice(EXECUTORS),
-    "ray_address": _str,
-    "max_concurrency": _count(1),
-    "slurm_partition": _str,
-    "slurm_time": _count(1),
-    "slurm_gpus": _count(0),
-    "slurm_folder": _str,
-    "slurm_cluster": _choice(SLURM_CLUSTERS),
-    "detach": _bool,
-}
-FILE_KEYS = ("preset", "grid")
-
-
-# -- the spec ------------------------------------------------------------------------------------
+# -- the spec: every key declared once (harness.cost.options), with its default, parser, help and flags ----------
 
 @dataclass(frozen=True)
 class Grid:
-    """One product of values; a sweep is one or more of them."""
+    """One product of values; a sweep is one or more of them. Grid keys may appear at the top level or in a [[grid]]."""
 
-    variant: tuple[str, ...]
-    position: tuple[str, ...] = ("none",)
-    lengths: tuple[int, ...] = (1024, 2048, 4096)
-    batch: tuple[int, ...] = (1,)
-    heads: tuple[int, ...] = (8,)
-    kv_heads: tuple[int, ...] | None = None  # GQA key/value heads; None = as many as query heads
-    docs: tuple[int, ...] = (1,)  # packed documents per sequence (forward and train; decode cells take 1)
-    head_dim: tuple[int, ...] = (64,)
-    dtype: tuple[str, ...] = ("float32",)
-    mode: tuple[str, ...] = ("forward",)
-    scope: tuple[str, ...] = ("op",)
-    causal: bool = True
-    layers: int = 2  # backbone depth for scope=model
-    hf_config: tuple[str, ...] = ("llama",)  # scope=hf: transformers configs (preset names or local paths)
+    variant: tuple[str, ...] = option(parse=strs(split=False),  # commas belong to the spec: name:key=v,key=v
+                                      help="NAME[:key=value,...]; backend=NAME picks a backend. Repeatable.", multiple=True)
+    position: tuple[str, ...] = option(("none",), parse=strs(split=False), multiple=True,
+                                       help="Position method spec (scope=model only). Repeatable.")
+    lengths: tuple[int, ...] = option((1024, 2048, 4096), parse=parse_lengths,
+                                      help="Sequence lengths: 1024,2048 or 1K,4K or a doubling range 1K..1M.")
+    batch: tuple[int, ...] = option((1,), parse=ints, help="Batch sizes, comma list.")
+    heads: tuple[int, ...] = option((8,), parse=ints, help="Numbers of (query) heads, comma list.")
+    kv_heads: tuple[int, ...] | None = option(None, parse=ints,  # GQA key/value heads; None = as many as query heads
+                                              help="Numbers of key/value heads (GQA; 1 = multi-query), comma list; "
+                                                   "default: as many as --heads.")
+    docs: tuple[int, ...] = option((1,), parse=ints,  # packed documents per sequence (decode cells take 1)
+                                   help="Documents packed per sequence (equal lengths, no attention across them), "
+                                        "comma list; forward and train cells (default 1).")
+    head_dim: tuple[int, ...] = option((64,), parse=ints, help="Head dimensions, comma list.")
+    dtype: tuple[str, ...] = option(("float32",), parse=strs(split=True), multiple=True,
+                                    help="float32, bfloat16, float16, float64 (repeatable or comma list).")
+    mode: tuple[str, ...] = option(("forward",), parse=strs(split=True), multiple=True,
+                                   help="forward, train, decode (repeatable or comma list).")
+    scope: tuple[str, ...] = option(("op",), parse=strs(split=True), multiple=True,
+                                    help="op (attention alone), model (our backbone) or hf (a transformers model).")
+    hf_config: tuple[str, ...] = option(("llama",), parse=strs(split=False), multiple=True,
+                                        flags=("--hf-config", "--hf-model"),
+                                        help="--scope hf: llama, mistral, qwen2 (small random-weight presets), a named "
+                                             "checkpoint (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or "
+                                             "a local config.json / model directory. Cost needs only the architecture: "
+                                             "the model is built from the config with random weights.")
+    causal: bool = option(True, parse=boolean, flags=("--causal/--bidirectional",),
+                          help="Causal (default) or bidirectional attention.")
+    layers: int = option(2, parse=integer, type=int, help="Backbone depth for --scope model (default 2).")
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    device: str = "cpu"
-    time_limit: float = 300.0  # seconds per cell, warm-up included
-    mem_limit: float | None = None  # GiB; None: CPU 80% of the memory available at the start, CUDA no cap
-    skip_after_failure: bool = True
-    seed: int = 0
-    min_run_time: float = 0.2
-    max_run_time: float = 2.0
-    threshold: float = 0.1
-    retries: int = 2  # re-measurements of a cell flagged noisy (harness.cost.noise)
-    threads: int | None = None  # torch CPU threads in the worker; None: torch's choice (rows carry num_threads)
-    plugin: tuple[str, ...] = ()
-    out: str | None = None
+    """How the cells are run; only at the top level of a sweep file. Options without help have no command-line flag."""
+
+    device: str = option("cpu", parse=text, help="cpu (default), cuda or cuda:N.")
+    time_limit: float = option(300.0, parse=positive, type=float,  # seconds per cell, warm-up included
+                               help="Seconds per cell, warm-up included (default 300).")
+    mem_limit: float | None = option(None, parse=positive, type=float,  # GiB; None: harness.memory.cell_memory_limits
+                                     help="GiB per cell: process memory on CPU (default 80% of what is free at start), "
+                                          "device memory on CUDA.")
+    skip_after_failure: bool = option(True, parse=boolean,
+                                      flags=("--skip-after-failure/--no-skip-after-failure",),
+                                      help="After an OOM or timeout, record longer lengths of that configuration as "
+                                           "skipped (default on).")
+    seed: int = option(0, parse=integer, type=int, help="Seed of the random inputs (default 0).")
+    min_run_time: float = option(0.2, parse=positive, type=float, help="Seconds of timed calls before the spread is checked.")
+    max_run_time: float = option(2.0, parse=positive, type=float,
+                                 help="Seconds of timed calls after which a cell stops repeating.")
+    threshold: float = option(0.1, parse=positive)
+    retries: int = option(2, parse=count(0), type=int,  # re-measurements of a cell flagged noisy (harness.cost.noise)
+                          help="Re-measure a cell flagged noisy up to N times (default 2; keeps the least noisy).")
+    threads: int | None = option(None, parse=count(1), type=int,  # None: torch's choice (rows carry num_threads)
+                                 help="torch CPU threads per cell (default: torch's choice); rows record num_threads.")
+    plugin: tuple[str, ...] = option((), parse=strs(split=False), multiple=True,
+                                     help="File or module registering extra variants. Repeatable.")
+    out: str | None = option(None, parse=text)  # --out is the command's own option (a path)
     executor: ExecutorConfig = ExecutorConfig()
 
     @property
@@ -230,6 +120,15 @@ class SweepSpec:
     grids: tuple[Grid, ...]
     run: RunSettings
     preset: str | None = None
+
+
+GRID_KEYS = spec_keys(Grid)
+RUN_KEYS = {**spec_keys(RunSettings), **{  # where the cells run (harness.executors), top level only
+    "executor": choice(EXECUTORS), "ray_address": text, "max_concurrency": count(1), "slurm_partition": text,
+    "slurm_time": count(1), "slurm_gpus": count(0), "slurm_folder": text, "slurm_cluster": choice(SLURM_CLUSTERS),
+    "detach": boolean,
+}}
+FILE_KEYS = ("preset", "grid")
 
 
 def _where(source: str, key: str) -> str:
@@ -317,7 +216,7 @@ def build_spec(layers: Sequence[tuple[str, dict[str, Any]]]) -> SweepSpec:
 
 
 def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[str, Any] | None = None) -> SweepSpec:
-    """Preset < sweep file < command line. ``cli`` holds only the options actually given."""
+    """Preset < sweep file < command line. ``cli``: the command's spec options; those not given (None or ()) do not count."""
     layers: list[tuple[str, dict[str, Any]]] = []
     data = load_toml(config) if config is not None else None
     name = preset or (data or {}).get("preset")
@@ -327,7 +226,7 @@ def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[s
         layers.append((f"preset {name}", get_preset(name).settings))
     if data is not None:
         layers.append((str(config), data))
-    layers.append(("command line", cli or {}))
+    layers.append(("command line", cli_layer(cli or {})))
     return build_spec(layers)
 
 
@@ -349,21 +248,6 @@ def resolve_variant(spec: str) -> tuple[str, dict[str, Any], str]:
     return name, json_normal(resolved), backend
 
 
-def resolve_position(spec: str, heads: int, head_dim: int, seq_len: int) -> tuple[str, dict[str, Any]]:
-    """Position spec -> (name, its own config fields); the shape fields the backbone fills are left out."""
-    import attn
-    from attn.registry import POSITIONS
-
-    name, params = attn.parse_spec(spec)
-    entry = POSITIONS.get(name)
-    names = {f.name for f in dataclasses.fields(entry.config)}
-    shape = {"head_dim": head_dim, "d_model": heads * head_dim, "max_seq_len": seq_len + 1}
-    fill = {k: v for k, v in shape.items() if k in names and k not in params}
-    config = POSITIONS.make_config(name, {**fill, **params})
-    resolved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name not in fill}
-    return name, json_normal(resolved)
-
-
 def check_device(device: str) -> None:
     import torch
 
@@ -379,24 +263,6 @@ def _check_choices(values: Sequence[str], valid: Sequence[str], what: str) -> No
             raise ValueError(f"unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
-def _hf_fields(*args: Any) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
-    try:
-        from harness.cost.hf_cells import hf_grid_fields
-    except ImportError as e:
-        raise ValueError(f"scope hf needs transformers ({e.name} is not installed: pip install 'attn-bench[hf]')") from None
-    return hf_grid_fields(*args)
-
-
-def _kv_heads(heads: int, kv_heads: int | None) -> int | None:
-    """A cell's key/value heads: None when there are as many as query heads (multi-head: the rows' key stays
-    what it was before GQA existed), else a number that must divide ``heads``."""
-    if kv_heads is None or kv_heads == heads:
-        return None
-    if kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"kv_heads {kv_heads} must divide heads {heads} (H % H_kv == 0)")
-    return kv_heads
-
-
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     """Every cell of every grid, validated, deduplicated; within a configuration, lengths ascend."""
     if check_device_available:
@@ -406,21 +272,20 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     cells: dict[str, Cell] = {}
     for grid in spec.grids:
         _check_choices(grid.mode, MODES, "mode")
-        _check_choices(grid.scope, SCOPES, "scope")
+        _check_choices(grid.scope, list(SCOPES), "scope")
         _check_choices(grid.dtype, list(DTYPES), "dtype")
         if "decode" in grid.mode and not grid.causal:
             raise ValueError("mode decode needs causal attention (drop --bidirectional or the decode mode)")
-        if "hf" in grid.scope and not grid.causal:
-            raise ValueError("scope hf runs causal language models: drop --bidirectional")
+        scopes = {name: SCOPES[name] for name in grid.scope}
+        for scope in scopes.values():
+            scope.check(grid)
         if grid.layers < 1:
             raise ValueError(f"layers must be >= 1, got {grid.layers}")
         variants = [(resolve_variant(v), v.strip()) for v in grid.variant]
         for position in grid.position:  # validated even when only op-scope cells use none
-            if set(grid.scope) != {"hf"}:
+            if not all(scope.positions_from_config for scope in scopes.values()):
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
-        hf = _hf_fields(grid.hf_config, grid.position, grid.kv_heads or (None,)) if "hf" in grid.scope else {}
-        if "hf" in grid.scope and grid.docs != (1,):
-            raise ValueError("--docs needs scope op or model (transformers models get packed documents another way)")
+        prepared = {name: scope.prepare(grid) for name, scope in scopes.items()}
         for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs in itertools.product(
             variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads, grid.head_dim,
             grid.kv_heads or (None,), grid.docs,
@@ -430,13 +295,7 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
             for length in grid.lengths:
                 if docs > length:
                     raise ValueError(f"docs {docs} exceeds length {length}: every document needs a token")
-                if scope == "hf":  # shapes and positions come from each model config
-                    shapes = hf[(position, kv_given)]
-                else:  # op: the attention call alone, with no positions and no backbone
-                    pos = ("none", {}) if scope == "op" else resolve_position(position, h, d, length)
-                    shapes = [dict(position=pos[0], position_params=pos[1], layers=None if scope == "op" else grid.layers,
-                                   num_heads=h, head_dim=d, num_kv_heads=_kv_heads(h, kv_given))]
-                for fields in shapes:
+                for fields in scopes[scope].shapes(grid, prepared[scope], position, h, d, kv_given, length):
                     cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope, mode=mode,
                                 device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length, causal=grid.causal,
                                 variant_spec=label, docs=docs if docs > 1 else None, **fields)
@@ -445,6 +304,6 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
 
 
 __all__ = [
-    "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device", "expand",
-    "load_spec", "load_toml", "parse_length", "parse_lengths", "resolve_position", "resolve_variant",
+    "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device",
+    "expand", "load_spec", "load_toml", "resolve_variant",
 ]

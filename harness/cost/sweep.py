@@ -10,21 +10,24 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
-import shutil
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import click
 
 from harness.cost.cells import KEY_FIELDS, Cell
-from harness.cost.noise import assess
+from harness.cost.noise import assess, least_noisy
 from harness.cost.spec import RunSettings, SweepSpec
-from harness.memory import host_memory_limit
-from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, exclusive, read_rows
+from harness.memory import cell_memory_limits
+from harness.plugins import absolute_plugins
+from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, check_writable, exclusive
+
+Failures = dict[str, tuple[str, int]]  # configuration key -> (status, shortest length) that skips its longer lengths
 
 FAILURES_THAT_SKIP = ("oom", "timeout")  # a longer length of the same configuration would fail too
 
@@ -39,15 +42,22 @@ def skips_longer(status: str | None, device: str | None) -> bool:
     return status in FAILURES_THAT_SKIP or (status == "error" and str(device or "").startswith("cuda"))
 
 
-def _failure_index(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[str, int]]:
-    """Configuration key -> (status, shortest length) of its rows that skip longer lengths."""
-    out: dict[str, tuple[str, int]] = {}
+def note_failure(failures: Failures, config_key: str, status: str | None, seq_len: Any, device: str | None) -> None:
+    """Remember a cell's failure if it makes its configuration's longer lengths not worth running (the one place
+    skip-after-failure is kept: the driver's index of earlier rows and every chain use it)."""
+    if skips_longer(status, device) and isinstance(seq_len, int):
+        prev = failures.get(config_key)
+        if prev is None or seq_len < prev[1]:
+            failures[config_key] = (status, seq_len)
+
+
+def failure_index(rows: Sequence[dict[str, Any]]) -> Failures:
+    """The failures of rows already measured, by configuration."""
+    failures: Failures = {}
+    config_fields = tuple(f for f in KEY_FIELDS if f != "seq_len")
     for r in rows:
-        if skips_longer(r.get("status"), r.get("device")) and isinstance(r.get("seq_len"), int):
-            key = cell_key(r, tuple(f for f in KEY_FIELDS if f != "seq_len"))
-            if key not in out or r["seq_len"] < out[key][1]:
-                out[key] = (r["status"], r["seq_len"])
-    return out
+        note_failure(failures, cell_key(r, config_fields), r.get("status"), r.get("seq_len"), r.get("device"))
+    return failures
 
 
 def skip_reason(cell: Cell, failures: dict[str, tuple[str, int]]) -> str | None:
@@ -58,27 +68,6 @@ def skip_reason(cell: Cell, failures: dict[str, tuple[str, int]]) -> str | None:
     why = " on CUDA (each CUDA error restarts the worker, losing its compiles)" if failed[0] == "error" else ""
     return (f"not run: {failed[0]} at seq_len {failed[1]} in this configuration{why} "
             f"(--no-skip-after-failure runs it anyway)")
-
-
-def default_mem_limit_gib() -> float:
-    """A CPU cell's default memory limit in GiB: 80% of what is available now (harness.memory.host_memory_limit)."""
-    return host_memory_limit(total_floor=False)[0] / 2**30
-
-
-def memory_limits(run: RunSettings) -> tuple[int | None, int | None, str | None]:
-    """(limit on the measuring device, host resident-memory watchdog, the rule of the default host limit).
-
-    CPU: the limit covers the process's memory (default 80% of what is free now). CUDA: it covers device
-    memory (default none: the whole GPU) and the host side keeps a watchdog at the larger of that and half
-    the machine's memory (harness.memory.host_memory_limit). Bytes; the rule is None where ``--mem-limit``
-    set a CPU cell's only limit."""
-    if run.device.startswith("cuda"):
-        host_bytes, rule = host_memory_limit()
-        return (None if run.mem_limit is None else int(run.mem_limit * 2**30)), host_bytes, rule
-    if run.mem_limit is not None:
-        return int(run.mem_limit * 2**30), None, None
-    limit, rule = host_memory_limit(total_floor=False)
-    return limit, None, rule
 
 
 class CellMeasurer:
@@ -95,7 +84,7 @@ class CellMeasurer:
         from harness.environment import environment
 
         self.settings, self.run_id = run, run_id
-        mem_bytes, host_bytes, rule = memory_limits(run)
+        mem_bytes, host_bytes, rule = cell_memory_limits(run.device, run.mem_limit)
         self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
                                           plugins=tuple(run.plugin), threads=run.threads))
         self.env = environment(run.device, run.seed)
@@ -113,9 +102,8 @@ class CellMeasurer:
         return () if self._chain_peak and self._chain_peak[0] == cell.config_key() else ("before",)
 
     def run(self, cell: Cell) -> dict[str, Any]:
-        """Measure ``cell``; while the result is ``noisy``, measure it again (``retries`` times at most)."""
-        from harness.cost.noise import least_noisy
-
+        """Measure ``cell``; while the result is ``noisy``, measure it again (``retries`` times at most). Each
+        attempt is assessed here, once (harness.cost.noise.assess): the row keeps the chosen attempt's verdict."""
         s = self.settings
         peaks = self.peaks_for(cell)
         attempts, walls = [], []
@@ -162,17 +150,18 @@ class CostChain:
     error too: :func:`skips_longer`) the longer ones are recorded as skipped instead of run
     (``skip_after_failure``), wherever the chain runs."""
 
-    def __init__(self, cells: Sequence[Cell], failure: tuple[str, int] | None = None, skip: bool = True):
+    def __init__(self, cells: Sequence[Cell], failures: Failures | None = None, skip: bool = True):
         self.tasks = sorted(cells, key=lambda c: c.seq_len)
         self._todo = list(reversed(self.tasks))
-        self.failure, self.skip = failure, skip
+        self.failures: Failures = dict(failures or {})  # its own copy: a chain may run on another machine
+        self.skip = skip
         self.last: dict[str, Any] | None = None  # the latest measured payload: a skipped row says where
 
     def next(self) -> tuple[Cell, dict[str, Any] | None] | None:
         if not self._todo:
             return None
         cell = self._todo.pop()
-        reason = skip_reason(cell, {cell.config_key(): self.failure}) if self.skip and self.failure else None
+        reason = skip_reason(cell, self.failures) if self.skip else None
         if reason is None:
             return cell, None
         last = self.last or {"env": None, "run_id": None, "extra": {}}
@@ -180,14 +169,12 @@ class CostChain:
                       "extra": {**last["extra"], "cell_wall_s": 0.0}}
 
     def finish(self, cell: Cell, payload: dict[str, Any]) -> None:
-        status = payload["result"].get("status")
-        if skips_longer(status, cell.device) and (self.failure is None or cell.seq_len < self.failure[1]):
-            self.failure = (status, cell.seq_len)
+        note_failure(self.failures, cell.config_key(), payload["result"].get("status"), cell.seq_len, cell.device)
         if payload.get("env") is not None:
             self.last = payload
 
 
-def make_chains(cells: Sequence[Cell], failures: dict[str, tuple[str, int]], skip: bool) -> list[CostChain]:
+def make_chains(cells: Sequence[Cell], failures: Failures, skip: bool) -> list[CostChain]:
     """Skipping after a failure orders a configuration's lengths, so each configuration is one chain;
     without it every cell is independent."""
     if not skip:
@@ -195,18 +182,18 @@ def make_chains(cells: Sequence[Cell], failures: dict[str, tuple[str, int]], ski
     groups: dict[str, list[Cell]] = {}
     for c in cells:
         groups.setdefault(c.config_key(), []).append(c)
-    return [CostChain(g, failures.get(k), skip=True) for k, g in groups.items()]
+    return [CostChain(g, {k: failures[k]} if k in failures else None, skip=True) for k, g in groups.items()]
 
 
 def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """A results row: DESIGN.md's cost columns first, then the cell, the environment and the extras."""
+    """A results row: DESIGN.md's cost columns first, then the cell, the environment and the extras. The result
+    comes assessed from its host (CellMeasurer.run); a row no host measured keeps ``noisy`` None."""
     row: dict[str, Any] = {f: None for f in COST_FIELDS}
     row.update(cell.as_row())
     row.update(env)
     row.update({"run_id": run_id, "device": cell.device})
     row.update(extra)
     row.update(result)
-    assess(row)
     row["finished_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return row
 
@@ -227,98 +214,80 @@ def existing_rows(out: Path, resume: bool) -> list[dict[str, Any]]:
 
 def check_executor(run: RunSettings) -> None:
     """The executor's engine is installed and can place this device's cells (ValueError if not)."""
-    from harness.executors import require
+    from harness.executors import check_engine
 
+    check_engine(run.executor)
     kind = run.executor.kind
-    require(kind)
-    if kind == "slurm" and run.executor.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
-        raise ValueError("--executor slurm: no Slurm on this machine (sbatch not found); run from a login node, "
-                         "or --slurm-cluster local to run the jobs here")
     if kind != "local" and re.fullmatch(r"cuda:\d+", run.device):
         raise ValueError(f"--executor {kind} gives each cell a GPU of its own: use --device cuda, not {run.device}")
-
-
-def _absolute_plugins(run: RunSettings) -> RunSettings:
-    """Plugin files by absolute path, so hosts started elsewhere (another directory, another node) find them."""
-    paths = tuple(str(Path(p).resolve()) if p.endswith(".py") and Path(p).exists() else p for p in run.plugin)
-    return dataclasses.replace(run, plugin=paths)
 
 
 def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
               echo: Callable[[str], None] = click.echo) -> list[dict[str, Any]]:
     """Measure the cells not yet in ``out`` with the spec's executor; returns the rows of ``out`` that belong to ``cells``.
 
-    Hosts return payloads; only this function writes rows, so resume and dedup work the same for every executor.
-    ``out`` is locked for the whole run (before its rows are read), so a second writer stops before measuring.
+    One pass: ``out`` is checked writable, locked for the whole run and read once, before anything is measured (a
+    second writer stops there); hosts return payloads and only this function writes rows, so resume and dedup work
+    the same for every executor. The rows returned are those read plus those written, as they read back.
     """
-    with exclusive(out):
-        return _run_sweep(spec, cells, out, resume, echo)
-
-
-def _run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
-               echo: Callable[[str], None]) -> list[dict[str, Any]]:
-    from functools import partial
-
     from tqdm import tqdm
 
     from harness.cost.worker import WorkerConfig
     from harness.environment import environment
     from harness.executors import Workload, job_minutes, make_executor, pending_jobs, sidecar_path
 
-    existing = existing_rows(out, resume)
-    run = _absolute_plugins(spec.run)
+    run = dataclasses.replace(spec.run, plugin=absolute_plugins(spec.run.plugin))  # hosts may start elsewhere
     kind = run.executor.kind
-    if kind != "slurm" and pending_jobs(out):
-        echo(f"warning: {sidecar_path(out)} lists Slurm jobs not yet collected; --executor slurm --resume collects them")
-    done = {cell_key(r, KEY_FIELDS) for r in existing}
-    failures = _failure_index(existing)
-    run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    env = environment(run.device, run.seed)  # the driver's: only rows no host measured (lost, or skipped at once)
-    store = ResultsStore(out, KEY_FIELDS)
-    defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None, "host_limit_bytes": None,
-                "host_limit_rule": None, "cell_wall_s": None, "worker_starts": 0, "attempts": 1, "peak_timing": None}
-    todo_at_start = sum(c.key() not in done for c in cells)
+    check_writable(out)  # before any work: a run must not measure for an hour and then fail to write
+    with exclusive(out):
+        rows = existing_rows(out, resume)
+        where = "" if kind == "local" else f" (executor {kind})"
+        click.echo(f"{len(cells)} cells on {run.device}{where} -> {out}", err=True)
+        if kind != "slurm" and pending_jobs(out):
+            echo(f"warning: {sidecar_path(out)} lists Slurm jobs not yet collected; --executor slurm --resume collects them")
+        done = {cell_key(r, KEY_FIELDS) for r in rows}
+        run_id = f"{spec.preset or 'sweep'}-{dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        env = environment(run.device, run.seed)  # the driver's: only rows no host measured (lost, or skipped at once)
+        store = ResultsStore(out, KEY_FIELDS)
+        defaults = {"preset": spec.preset, "time_limit_s": run.time_limit, "mem_limit_bytes": None,
+                    "host_limit_bytes": None, "host_limit_rule": None, "cell_wall_s": None, "worker_starts": 0,
+                    "attempts": 1, "peak_timing": None}
+        todo_at_start = sum(c.key() not in done for c in cells)
+        with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
 
-    with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
-        def record(cell: Cell, payload: dict[str, Any]) -> None:
-            key = cell.key()
-            if key in done:  # e.g. a Slurm job's row collected twice
-                return
-            done.add(key)
-            extra = {**defaults, **payload["extra"], "executor": kind}
-            row = make_row(cell, payload["result"], payload.get("env") or env, payload.get("run_id") or run_id, extra)
-            store.append(row)
-            status = row["status"]
-            if skips_longer(status, cell.device):
-                prev = failures.get(cell.config_key())
-                if prev is None or cell.seq_len < prev[1]:
-                    failures[cell.config_key()] = (status, cell.seq_len)
-            if status not in ("ok", "skipped"):
-                bar.write(f"{cell.label}: {status}: {row['error']}")
-            bar.set_postfix_str(status, refresh=False)
-            bar.update()
+            def record(cell: Cell, payload: dict[str, Any]) -> None:
+                key = cell.key()
+                if key in done:  # e.g. a Slurm job's row collected twice
+                    return
+                done.add(key)
+                extra = {**defaults, **payload["extra"], "executor": kind}
+                row = make_row(cell, payload["result"], payload.get("env") or env, payload.get("run_id") or run_id, extra)
+                rows.append(store.append(row))
+                if row["status"] not in ("ok", "skipped"):
+                    bar.write(f"{cell.label}: {row['status']}: {row['error']}")
+                bar.set_postfix_str(row["status"], refresh=False)
+                bar.update()
 
-        executor = make_executor(run.executor, out, echo=lambda s: bar.write(s, file=sys.stderr))
-        elsewhere = executor.recover({c.key(): c for c in cells}, record)  # Slurm jobs of an earlier run
-        todo = [c for c in cells if c.key() not in done and c.key() not in elsewhere]
-        if resume and existing:
-            echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured or being measured")
-        chains = make_chains(todo, failures, run.skip_after_failure)
-        startup = WorkerConfig().startup_timeout_s
-        work = Workload(
-            chains=chains, make_host=partial(CellMeasurer, run, run_id), key=Cell.key, lost=lost_cell,
-            gpus=1 if run.device.startswith("cuda") else 0,
-            # every attempt of a cell (1 + retries), each with a worker restart and its two peak timings
-            task_timeout_s=(1 + run.retries) * (run.time_limit + 2 * startup + 120),
-            job_minutes=job_minutes([len(c.tasks) for c in chains], (1 + run.retries) * (run.time_limit + 30)),
-        )
-        executor.run(work, record, started=lambda cell: bar.set_description_str(cell.label))
+            executor = make_executor(run.executor, out, echo=lambda s: bar.write(s, file=sys.stderr))
+            elsewhere = executor.recover({c.key(): c for c in cells}, record)  # Slurm jobs of an earlier run
+            todo = [c for c in cells if c.key() not in done and c.key() not in elsewhere]
+            if resume and rows:
+                echo(f"resuming {out}: {len(cells) - len(todo)} of {len(cells)} cells already measured or being measured")
+            chains = make_chains(todo, failure_index(rows), run.skip_after_failure)
+            startup = WorkerConfig().startup_timeout_s
+            work = Workload(
+                chains=chains, make_host=partial(CellMeasurer, run, run_id), key=Cell.key, lost=lost_cell,
+                gpus=1 if run.device.startswith("cuda") else 0,
+                # every attempt of a cell (1 + retries), each with a worker restart and its two peak timings
+                task_timeout_s=(1 + run.retries) * (run.time_limit + 2 * startup + 120),
+                job_minutes=job_minutes([len(c.tasks) for c in chains], (1 + run.retries) * (run.time_limit + 30)),
+            )
+            executor.run(work, record, started=lambda cell: bar.set_description_str(cell.label))
     keys = {c.key() for c in cells}
-    return [r for r in read_rows(out) if cell_key(r, KEY_FIELDS) in keys]
-
+    return [r for r in rows if cell_key(r, KEY_FIELDS) in keys]
 
 
 __all__ = [
-    "FAILURES_THAT_SKIP", "CellMeasurer", "CostChain", "check_executor", "default_mem_limit_gib", "existing_rows",
-    "lost_cell", "make_chains", "make_row", "memory_limits", "run_sweep", "skip_reason", "skips_longer",
+    "FAILURES_THAT_SKIP", "CellMeasurer", "CostChain", "Failures", "check_executor", "existing_rows", "failure_index",
+    "lost_cell", "make_chains", "make_row", "note_failure", "run_sweep", "skip_reason", "skips_longer",
 ]

@@ -1,4 +1,4 @@
-"""Cells of scope ``hf``: a whole Hugging Face causal LM (random weights: cost does not depend on them) running
+"""Scope ``hf``: a whole Hugging Face causal LM (random weights: cost does not depend on them) running
 one of our variants through transformers' attention interface (:mod:`attn.hf`).
 
 What is timed, per mode:
@@ -12,6 +12,9 @@ What is timed, per mode:
 FLOPs: 2 per multiply-add of every ``nn.Linear`` weight per token it is applied to (the LM head on 1 token in
 ``forward``), x 3 for ``train``, plus ``num_hidden_layers`` x the variant's own count of the attention in that mode,
 with the config's query heads, key/value heads (GQA) and head dim.
+
+Shapes (heads, key/value heads, head dim, layers) and positions come from each model config, read once per grid.
+transformers is imported only when an hf cell is resolved or built (``attn.hf`` imports it).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 from torch import nn
 
 import attn
-from harness.cost.cells import DTYPES, Cell, Measured, attention_flops, json_normal, train_factor
+from harness.cost.cells import DTYPES, Cell, Measured, Scope, attention_flops, json_normal, register_scope, train_factor
 
 
 def hf_shape(hf_config: str, kv_heads: int | None = None) -> dict[str, Any]:
@@ -152,4 +155,33 @@ def hf_grid_fields(configs: tuple[str, ...], positions: tuple[str, ...], kv_head
     return {(p, kv): [hf_cell_fields(c, kv, p) for c in configs] for p in positions for kv in kv_heads}
 
 
-__all__ = ["build_hf", "hf_cell_fields", "hf_grid_fields", "hf_flops", "hf_position", "hf_shape", "load"]
+@register_scope("hf")
+class HfScope(Scope):
+    positions_from_config = True
+
+    def check(self, grid: Any) -> None:
+        if not grid.causal:
+            raise ValueError("scope hf runs causal language models: drop --bidirectional")
+
+    def prepare(self, grid: Any) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
+        try:
+            fields = hf_grid_fields(grid.hf_config, grid.position, grid.kv_heads or (None,))
+        except ImportError as e:
+            raise ValueError(f"scope hf needs transformers ({e.name} is not installed: pip install 'attn-bench[hf]')"
+                             ) from None
+        if grid.docs != (1,):
+            raise ValueError("--docs needs scope op or model (transformers models get packed documents another way)")
+        return fields
+
+    def shapes(self, grid: Any, prepared: Any, position: str, heads: int, head_dim: int, kv_heads: int | None,
+               length: int) -> list[dict[str, Any]]:
+        return prepared[(position, kv_heads)]  # shapes and positions come from each model config
+
+    def label(self, cell: Cell) -> list[str]:
+        return [f"hf:{cell.hf_config}/{cell.position}"]
+
+    def build(self, cell: Cell) -> Measured:
+        return build_hf(cell)
+
+
+__all__ = ["HfScope", "build_hf", "hf_cell_fields", "hf_flops", "hf_grid_fields", "hf_position", "hf_shape", "load"]
