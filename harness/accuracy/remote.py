@@ -29,6 +29,7 @@ from harness.accuracy.runner import Runner, memory_cap
 from harness.accuracy.tasks import get_task
 from harness.executors import ExecutorConfig, TaskList, Workload, job_minutes, make_executor
 from harness.messages import looks_like_oom
+from harness.plugins import absolute_plugins
 
 # Slurm asks for this much per unit of a chain (--slurm-time overrides); a Ray unit silent for four times as long
 # counts as lost. Tiny and small presets train in minutes on a CPU node; a day-long run needs --slurm-time.
@@ -217,11 +218,6 @@ def run_remote(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, confi
         echo(f"executor {config.kind}: {len(todo)} runs in {len(work_chains)} chains (one per trained model)")
     executor.run(work, record, started=lambda u: echo(f"started {u.label}"))
     return runner
-
-
-def absolute_plugins(plugins: tuple[str, ...]) -> tuple[str, ...]:
-    """Plugin files by absolute path, so hosts started elsewhere find them (modules are imported by name)."""
-    return tuple(str(Path(p).resolve()) if p.endswith(".py") and Path(p).exists() else p for p in plugins)
 
 
 __all__ = ["AccuracyHost", "HostSettings", "UNIT_TIME_S", "Unit", "chains", "lost_unit", "run_remote", "run_unit",

@@ -37,9 +37,9 @@ from harness.accuracy.stats import Measure
 from harness.accuracy.tasks import cell_columns, get_task, make_task, trained_task, trained_task_names
 from harness.accuracy.train import TrainResult, train
 from harness.environment import environment
+from harness.memory import AVAILABLE_FRACTION, address_space_cap, available_budget
 from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
 
-MEMORY_FRACTION = 0.8  # of the memory available at the start, as for sweep cells (harness.cost.sweep.default_mem_limit_gib)
 FLOAT_BYTES = 4  # models train in float32
 TOKEN_BYTES = 8  # int64 token ids
 # Columns a cell may add to the accuracy schema (the runner's and the registered tasks'); all part of a row's identity.
@@ -56,13 +56,6 @@ def width(job: Job) -> dict[str, Any]:
     return ({} if job.d_model is None else {"d_model": job.d_model}) | ({"short_conv": job.short_conv} if job.short_conv else {})
 
 
-def memory_budget() -> int:
-    """Bytes an accuracy job may use: a fraction of what is available now (the sweep's default limit)."""
-    import psutil
-
-    return int(MEMORY_FRACTION * psutil.virtual_memory().available)
-
-
 def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, budget: int | None = None) -> None:
     """Refuse (ValueError, one line) a length whose activations alone exceed the memory budget.
 
@@ -72,7 +65,7 @@ def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, 
     states (fidelity: its random q, k, v). A length past it would only fail after minutes of
     setup, or -- with no cap -- push the machine into swap.
     """
-    budget = memory_budget() if budget is None else budget
+    budget = available_budget() if budget is None else budget
     preset = attn.PRESETS[job.model]
     d, layers = job.d_model or preset["d_model"], preset.get("n_layers", 1)
     per_train_token = job.train.batch_size * (FLOAT_BYTES * d * (layers + 1) + 2 * TOKEN_BYTES)
@@ -89,41 +82,18 @@ def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, 
         if need > budget:
             raise ValueError(
                 f"{job.task}: {what} {length} cannot fit in memory: {how} need at least {need / gib:,.1f} GiB "
-                f"(model {job.model}), and {budget / gib:,.1f} GiB may be used ({MEMORY_FRACTION:.0%} of the memory "
+                f"(model {job.model}), and {budget / gib:,.1f} GiB may be used ({AVAILABLE_FRACTION:.0%} of the memory "
                 f"available); no {what} above {budget // per_token:,} can fit")
 
 
-@contextlib.contextmanager
-def memory_cap(budget: int | None = None) -> Iterator[int | None]:
-    """Cap this process's address space at its current size plus ``budget`` (default
-    :func:`memory_budget`) while accuracy jobs run, and lift it afterwards.
+def memory_cap(budget: int | None = None) -> contextlib.AbstractContextManager[int | None]:
+    """The address-space cap (:func:`harness.memory.address_space_cap`) at this process's size plus ``budget``
+    (default: the sweep's, :func:`harness.memory.available_budget`) while accuracy jobs run, lifted afterwards.
 
-    Accuracy trains in-process, so this is the sweep worker's ``RLIMIT_AS`` cap applied around the
-    jobs: an allocation that cannot fit fails at once (MemoryError, or torch's "can't allocate
-    memory") and is recorded as ``oom``. Yields the cap in bytes, or None where there is none to set
-    (off Linux, or with CUDA initialised: an address-space cap breaks the driver).
+    Accuracy trains in-process, so this is the sweep worker's ``RLIMIT_AS`` cap applied around the jobs: an allocation
+    that cannot fit fails at once (MemoryError, or torch's "can't allocate memory") and is recorded as ``oom``.
     """
-    from harness.memory import proc_status
-
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        yield None
-        return
-    size = proc_status("VmSize")
-    if size is None or torch.cuda.is_initialized():
-        yield None
-        return
-    old = resource.getrlimit(resource.RLIMIT_AS)
-    soft, hard = size + (memory_budget() if budget is None else budget), old[1]
-    for bound in (old[0], hard):  # never loosen a cap that is already tighter
-        if bound != resource.RLIM_INFINITY:
-            soft = min(soft, bound)
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    try:
-        yield soft
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, old)
+    return address_space_cap(available_budget() if budget is None else budget)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -349,5 +319,5 @@ def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progres
     return runner
 
 
-__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "check_lengths_fit", "is_oom", "memory_budget",
+__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "check_lengths_fit", "is_oom",
            "memory_cap", "plan", "run_jobs", "short_hash"]

@@ -142,13 +142,14 @@ def linear_weights(model: nn.Module) -> int:
 # -- decoding state ------------------------------------------------------------------------------
 
 class Rewind:
-    """Return decoding states to ``length`` tokens after each timed step, so every repeat decodes
-    at the same context length. A state that cannot forget (a rolling window cache that evicted
-    what it needs) just keeps advancing: its size, hence a step's cost, does not grow."""
+    """Return decoding states to ``length`` tokens after each timed step, so every repeat decodes at the same
+    context length (every state has ``truncate``: attn/attention/state.py). A state that says it cannot go back
+    that far (``ValueError``: a cache that evicted what it needs) keeps advancing: its size, hence a step's cost,
+    does not grow."""
 
     def __init__(self, states: list[Any], length: int):
         self.states, self.length = states, length
-        self.enabled = all(callable(getattr(s, "truncate", None)) for s in states)
+        self.enabled = True
 
     def __call__(self) -> None:
         if not self.enabled:

@@ -26,7 +26,7 @@ def build_op(cell: Cell) -> Measured:
     extra = lambda n: draw_inputs(module.token_inputs, B, Hkv, n, D, device=dev, dtype=dtype)  # gates, decays: (B, H_kv, n, .)
 
     if cell.mode == "decode":
-        state = module.new_state(L + 1)
+        state = module.start_state(L + 1)
         with torch.no_grad():
             prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
             module.run_step(*prompt, state, **extra(L))  # prefill: the cache now holds L tokens
