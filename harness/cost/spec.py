@@ -8,7 +8,6 @@ or :class:`RunSettings` (harness.cost.options): its default, parser, help text a
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import itertools
 import re
@@ -232,20 +231,13 @@ def load_spec(preset: str | None = None, config: Path | None = None, cli: dict[s
 
 # -- expansion and validation --------------------------------------------------------------------
 
-def resolve_variant(spec: str) -> tuple[str, dict[str, Any], str]:
-    """``name:key=v,backend=b`` -> (name, every config field's value, requested backend); ValueError if invalid."""
+def resolved_variant(spec: str) -> tuple[str, dict[str, Any], str]:
+    """``name:key=v,backend=b`` -> (name, every config field's value as a row records it, requested backend), through
+    :func:`attn.resolve_variant`; ValueError if invalid."""
     import attn
-    from attn.registry import ATTENTION
 
-    name, params = attn.parse_spec(spec)
-    backend = params.pop("backend", "auto")
-    entry = ATTENTION.get(name)
-    config = ATTENTION.make_config(name, params)
-    backends = [b.name for b in entry.cls.backends]
-    if backend != "auto" and backend not in backends:
-        raise ValueError(f"unknown backend {backend!r} for {name!r} in {spec!r}; valid: auto, {', '.join(backends)}")
-    resolved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
-    return name, json_normal(resolved), backend
+    v = attn.resolve_variant(spec)
+    return v.name, json_normal(v.fields), v.backend
 
 
 def check_device(device: str) -> None:
@@ -281,7 +273,7 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
             scope.check(grid)
         if grid.layers < 1:
             raise ValueError(f"layers must be >= 1, got {grid.layers}")
-        variants = [(resolve_variant(v), v.strip()) for v in grid.variant]
+        variants = [(resolved_variant(v), v.strip()) for v in grid.variant]
         for position in grid.position:  # validated even when only op-scope cells use none
             if not all(scope.positions_from_config for scope in scopes.values()):
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
@@ -305,5 +297,5 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
 
 __all__ = [
     "FILE_KEYS", "GRID_KEYS", "RUN_KEYS", "Grid", "RunSettings", "SweepSpec", "build_spec", "check_device",
-    "expand", "load_spec", "load_toml", "resolve_variant",
+    "expand", "load_spec", "load_toml", "resolved_variant",
 ]
