@@ -85,8 +85,9 @@ def time_callable(fn: Callable[[], object], config: TimingConfig = TimingConfig(
     """Median and IQR of an already warmed-up ``fn``.
 
     One probe call sets the block size: a call slower than ``SLOW_CALL_S`` is timed one call per
-    sample and the probe is its first sample; a faster one is repeated ``block_time / probe`` times
-    per sample, so a 0.2 ms decoding step is timed in blocks of ~100 calls and timer and scheduling
+    sample and the probe is its first sample; a faster one is probed twice more (the fastest of the three counts:
+    one scheduling hiccup must not shrink every block) and repeated ``block_time / probe`` times per sample, so a
+    0.2 ms decoding step is timed in blocks of ~100 calls and timer and scheduling
     jitter average out. Samples are added until ``min_run_time`` of timed calls and IQR / median <
     ``threshold`` (at least ``MIN_SAMPLES``), or ``max_run_time``.
     """
@@ -95,6 +96,7 @@ def time_callable(fn: Callable[[], object], config: TimingConfig = TimingConfig(
     if probe >= SLOW_CALL_S:
         number, blocks = 1, [probe]
     else:
+        probe, calls = min(probe, _block(fn, 1), _block(fn, 1)), calls + 2
         number, blocks = max(1, math.ceil(config.block_time / max(probe, 1e-9))), []
     while not blocks or not _done(_measurement(number, blocks), config):
         blocks.append(_block(fn, number))
