@@ -21,7 +21,7 @@ from harness.environment import environment
 from harness.executors import ExecutorConfig, drive, pending_jobs, sidecar_path
 from harness.results import cell_key, read_rows
 
-FAST = ["--heads", "2", "--head-dim", "8", "--min-run-time", "0.01", "--max-run-time", "0.05"]
+FAST = ["--heads", "2", "--head-dim", "8", "--min-run-time", "0.01", "--max-run-time", "0.05", "--retries", "0"]
 # Two configurations x two lengths; backend=blocked keeps sliding window off FlexAttention (no compile).
 GRID = ["--variant", "full", "--variant", "sliding_window:window=16,backend=blocked", "--lengths", "64,128", *FAST]
 # The same grid as a sweep file, plus one cell of the host killer (first: its lost hosts overlap the other cells).

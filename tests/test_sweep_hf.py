@@ -19,7 +19,7 @@ from harness.results import read_rows  # noqa: E402
 TINY = dict(model_type="llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-FAST = ["--min-run-time", "0.02", "--max-run-time", "0.1"]
+FAST = ["--min-run-time", "0.02", "--max-run-time", "0.1", "--retries", "0"]  # behaviour, not speed: no noise retries
 
 
 @pytest.fixture
