@@ -2,7 +2,7 @@
 
 Each preset is one checkpoint and a list of groups, each group one plan (variants x positions x lengths x tasks);
 groups run in order into one results file, most telling first, so a run cut short keeps the rows that matter.
-Sized for the 2-core CPU (see the README's real-model section for what was cut and the times measured).
+Sized for the 2-core CPU (results/README.md's checkpoint runs say what was cut).
 
 Backends are pinned where ``auto`` would compile Flex: prompts of a real task vary in length (RULER's prompts are
 fitted in tokens, cached prefixes leave different suffixes), and Flex compiles one kernel per shape, so

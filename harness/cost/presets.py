@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The four built-in variants with the parameters the README's figures use.
+# The four built-in variants with the parameters the committed figures use (results/README.md).
 BUILTIN_VARIANTS = [
     "full",
     "sliding_window:window=256",
