@@ -92,11 +92,11 @@ def assert_comes_back(out: Path) -> list[str]:
 
 
 def git_status() -> str:
-    """What the checkout holds beyond its commit, ignored files too; byte-code caches aside (the suite's other
-    worker writes them as it imports, while this test runs)."""
+    """What the checkout holds beyond its commit, ignored files too; the test runner's own caches aside (the suite's
+    other worker writes byte code and hypothesis's constants as it imports, while this test runs)."""
     out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
                          capture_output=True, text=True).stdout
-    return "\n".join(line for line in out.splitlines() if "__pycache__/" not in line)
+    return "\n".join(line for line in out.splitlines() if "__pycache__/" not in line and " .hypothesis/" not in line)
 
 
 def test_pinned_wheels_fit_the_carry_limit(wheels):

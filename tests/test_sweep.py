@@ -235,6 +235,7 @@ min_run_time = 0.02
 max_run_time = 0.1
 time_limit = 6  # the hang's cost; tiny cells take well under a second
 mem_limit = 1
+retries = 0  # what each failure records, not the noise retries
 
 [[grid]]
 variant = ["full", "test_ballast:mib=64", "test_raises", "test_hog", "test_hang", "full:backend=xformers"]
