@@ -11,4 +11,5 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id 
 fi
 . .venv/bin/activate
 ruff check .
-python -m pytest -p no:cacheprovider -n 2 --dist loadfile tests   # a worker per core of the 2-core CI machine
+# A worker per core of the 2-core CI machine; whole files in the order tests/conftest.py gives (slowest first).
+python -m pytest -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder tests

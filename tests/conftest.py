@@ -13,7 +13,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // WORKERS))
 # The files that took longest on a fresh 2-core clone (`--durations`, compile caches cold), slowest first. xdist hands
-# whole files out in collection order, so these start first and no long file is left running alone at the end.
+# whole files out in collection order (scripts/test.sh: --no-loadscope-reorder; by default it puts the files with most
+# tests first), so these start first and no long file is left running alone at the end.
 SLOW_FILES = ("test_gpu_script.py", "test_sweep.py", "test_checks.py", "test_softcap.py", "test_executors.py",
               "test_sinks.py", "test_checkpoints.py", "test_sink_logit.py", "test_results_files.py", "test_sweep_hf.py")
 
