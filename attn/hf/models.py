@@ -68,8 +68,13 @@ def pretrained_config(name_or_path: str | Path) -> PreTrainedConfig:
     """The config of a local checkpoint (see :func:`source`), read once per process and file version (parsing a GGUF
     header takes seconds); every caller gets its own copy to change."""
     folder, gguf = source(name_or_path)
-    stat = (folder / (gguf or "config.json")).stat()
-    return copy.deepcopy(_read_config(str(folder), gguf, (stat.st_mtime_ns, stat.st_size)))
+    return copy.deepcopy(_read_config(str(folder), gguf, file_version(folder / (gguf or "config.json"))))
+
+
+def file_version(path: Path) -> tuple[int, int]:
+    """(mtime in ns, size) of a file or folder: what a per-process cache of what was read from it is keyed by."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
 
 
 @functools.lru_cache(maxsize=8)
@@ -145,5 +150,5 @@ def load_model(path: str | Path, spec: str, position: str | None = None, dtype: 
                                                 dtype=dtype, local_files_only=True).eval()
 
 
-__all__ = ["PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model", "load_weights",
+__all__ = ["file_version", "PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model", "load_weights",
            "pretrained_config", "source", "tiny_config"]

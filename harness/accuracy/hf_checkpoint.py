@@ -46,7 +46,9 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
                              "UTF-8 bytes cannot be fed as token ids")
         return byte_tokens()
     try:
-        tok = _tokenizer(str(path), gguf, _version(path, gguf))
+        from attn.hf.models import file_version
+
+        tok = _tokenizer(str(path), gguf, file_version(path / gguf if gguf else path))
     except Exception as e:  # transformers raises OSError, ValueError, TypeError... for a broken tokenizer
         raise ValueError(f"checkpoint {path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
     boundary = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -54,11 +56,6 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
         raise ValueError(f"checkpoint {path}: its tokenizer has neither a BOS nor an EOS token to start sequences with")
     return Tokens(lambda s: tok.encode(s, add_special_tokens=False), lambda ids: tok.decode(ids, skip_special_tokens=True),
                   int(boundary), CHECKPOINT)
-
-
-def _version(folder: Path, gguf: str | None) -> tuple[int, int]:
-    stat = (folder / gguf if gguf else folder).stat()
-    return stat.st_mtime_ns, stat.st_size
 
 
 @functools.lru_cache(maxsize=4)
