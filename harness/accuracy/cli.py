@@ -135,7 +135,8 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
         for t in targets:
             params[t][fld] = parse(opts[opt]) if parse else opts[opt]
     configs = {t: get_checkpoint_task(t).config(p) for t, p in params.items()}
-    return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs)
+    return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs,
+                        opts["presses"], opts["query_aware"], opts["equal_memory"])
 
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
@@ -144,13 +145,14 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     from harness.accuracy import hf_eval
     from harness.accuracy.hf_tasks import get_checkpoint_task
 
-    given = [k for k, v in opts.items() if k != "preset" and v not in (None, ())]
+    given = [k for k, v in opts.items() if k != "preset" and v not in (None, (), False)]
     if given:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --preset {opts['preset']} (it fixes "
                                "the grid: run without the preset to choose it)")
     preset = HF_PRESETS[opts["preset"]]
     return [hf_eval.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
-                         {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}) for g in preset.groups]
+                         {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
+                         equal_memory=g.equal_memory) for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
@@ -168,7 +170,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--task", "tasks", multiple=True, type=click.Choice(task_names()), help="Task to run (repeatable).")
 @click.option("--preset", type=click.Choice(["quick", "full", "zoology", *HF_PRESETS]),
               help="A named set of jobs (harness/accuracy/presets.py), or of checkpoint evaluations "
-                   "(harness/accuracy/hf_presets.py: smollm2-cpu, gemma3-cpu).")
+                   "(harness/accuracy/hf_presets.py: smollm2-cpu, gemma3-cpu, kvpress-smollm2-cpu).")
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
@@ -194,6 +196,14 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               "TYPE=SPEC;TYPE=SPEC) and --position (RoPE override, or 'checkpoint': its own scaling, the default) at "
               "each --eval-lens, default 1x, 2x, 4x its training length. Uses its tokenizer; without one, UTF-8 bytes "
               "are fed as token ids (needs a vocabulary >= 256).")
+@click.option("--press", "presses", multiple=True,
+              help="With --hf-model: a KV-cache press, an arm of every setting (repeatable): none, quantized:nbits=4, "
+                   "or any kvpress press by name, its parameters by kvpress's names (snapkv:compression_ratio=0.5; "
+                   "attn-bench list shows them). The context is compressed, then the question decoded against it.")
+@click.option("--query-aware", is_flag=True, help="With --press: compress the question with the context (kvpress's "
+              "query_aware) instead of decoding it after the compression.")
+@click.option("--equal-memory", is_flag=True, help="With --press: also run sliding_window (+ 4 sinks) and block_sparse "
+              "with the number of tokens each press ratio keeps, at each length (harness/accuracy/hf_presses.py).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
               show_default=True)
 @click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -216,6 +226,10 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     executor = config_from({k: opts.pop(k) for k in EXECUTOR_KEYS})  # the sweep's options and checks
     check_engine(executor)
     hf_model = opts.pop("hf_model")
+    if hf_model is None and opts["preset"] not in HF_PRESETS and (
+            press_given := [k for k in ("presses", "query_aware", "equal_memory") if opts[k]]):
+        flag = {"presses": "--press"}.get(press_given[0], "--" + press_given[0].replace("_", "-"))
+        raise click.UsageError(f"{flag} applies to --hf-model (a pretrained checkpoint's KV cache)")
     if hf_model is not None and ckpt_dir is not None:
         raise click.UsageError("--ckpt-dir does not apply to --hf-model (nothing is trained)")
     if hf_model is not None and executor.kind != "local":

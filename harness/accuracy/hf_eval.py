@@ -22,6 +22,7 @@ default ``own`` (the model's pattern); rows carry ``layer_specs``, the spec each
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,12 +34,14 @@ import torch
 from harness.accuracy import hf_lm, hf_prompts  # noqa: F401  (register the checkpoint tasks: lm, passkey, ruler)
 from harness.accuracy.build import Spec, parse_variant
 from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from harness.accuracy.hf_presses import PressCache, equal_memory_budget, equal_memory_specs, press_columns, press_unsupported
 from harness.accuracy.hf_prompts import PrefixCache
 from harness.accuracy.hf_tasks import checkpoint_task_names, get_checkpoint_task
 from harness.accuracy.jobs import resolved
 from harness.accuracy.stats import Measure
 
 if TYPE_CHECKING:
+    from attn.hf.presses import PressSpec
     from harness.accuracy.runner import Runner
 
 HF_TASKS = tuple(checkpoint_task_names())
@@ -62,6 +65,10 @@ class Setting:
     backend: str = "auto"
     layer_specs: dict[str, str] | None = None  # layer type -> spec, for a model with layer types
     layer_pattern: str | None = None  # "own" (the model's pattern) or "custom", for a model with layer types
+    presses: tuple[PressSpec, ...] = ()  # KV presses, one arm each (:mod:`harness.accuracy.hf_presses`); () none asked
+    query_aware: bool = False
+    only_len: int | None = None  # an equal-memory variant: the one length its budget matches
+    columns: tuple[tuple[str, Any], ...] = ()  # row columns of its own (an equal-memory variant's budget)
 
     @property
     def position_spec(self) -> str:
@@ -127,10 +134,12 @@ class HFPlan:
         return (f"{c.name} ({c.config.model_type}, trained at {c.train_len}, tokens: {c.tokens.name}): "
                 f"{', '.join(self.tasks)} x {len(self.settings)} (variant, position) x eval {self.eval_lens}")
 
-    def cells(self) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
-        """(cell columns, metrics) per cell of one setting, task by task in the registry's order."""
+    def cells(self, only_len: int | None = None) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        """(cell columns, metrics) per cell of one setting, task by task in the registry's order (``only_len``: the
+        cells at that length alone)."""
+        lens = [only_len] if only_len is not None else self.eval_lens
         return [({"task": t, **cell}, metrics) for t in HF_TASKS if t in self.tasks
-                for cell, metrics in get_checkpoint_task(t).cells(self.configs[t], self.eval_lens, self.data[t])]
+                for cell, metrics in get_checkpoint_task(t).cells(self.configs[t], lens, self.data[t])]
 
     def eval_id(self, task: str) -> str:
         return get_checkpoint_task(task).eval_id(self.ckpt, self.configs[task], self.data[task])
@@ -144,14 +153,34 @@ def check_tasks(tasks: Sequence[str]) -> None:
 
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
-         eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None) -> HFPlan:
-    """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus.
-    ``configs``: task -> config (a task left out gets its checkpoint defaults)."""
+         eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
+         query_aware: bool = False, equal_memory: bool = False) -> HFPlan:
+    """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus,
+    presses. ``configs``: task -> config (a task left out gets its checkpoint defaults). ``presses``: KV press specs,
+    arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length."""
+    from harness.accuracy.hf_presses import parse_presses
+
     check_tasks(tasks)
+    specs = parse_presses(presses)
+    if (query_aware or equal_memory) and not specs:
+        raise ValueError(f"--{'query-aware' if query_aware else 'equal-memory'} needs --press")
+    if specs and (plain := [t for t in tasks if not get_checkpoint_task(t).prompts]):
+        raise ValueError(f"--press compresses the context a question is asked about: --task {plain[0]} scores every "
+                         f"position (use {' or '.join(t for t in HF_TASKS if get_checkpoint_task(t).prompts)})")
     ckpt = load_checkpoint(path)
-    settings = [make_setting(ckpt, v, p) for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
+    settings = [dataclasses.replace(make_setting(ckpt, v, p), presses=tuple(specs), query_aware=query_aware)
+                for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
     L = ckpt.train_len
     lens = sorted(set(eval_lens or [L, 2 * L, 4 * L]))
+    if equal_memory:
+        for ratio in sorted({s.ratio for s in specs if s.ratio > 0}):
+            for n in lens:
+                budget = equal_memory_budget(n, ratio)
+                for v in equal_memory_specs(budget):
+                    for p in positions or [CHECKPOINT]:
+                        settings.append(dataclasses.replace(make_setting(ckpt, v, p), only_len=n, columns=(
+                            ("matched_ratio", ratio), ("kv_tokens_min", budget), ("kv_tokens_mean", budget),
+                            ("kv_tokens_max", budget))))
     configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in HF_TASKS}
     data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in HF_TASKS if t in tasks}
     return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data)
@@ -170,7 +199,7 @@ def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
         "position_spec": s.position_spec, "train_len": c.train_len, "stage": "pretrained", "model": c.name,
         "model_file": str(c.path),
         "model_type": c.config.model_type, "max_position_embeddings": c.config.max_position_embeddings,
-        "tokenizer": c.tokens.name, "note": c.tokens.note, "status": "ok", "error": None,
+        "tokenizer": c.tokens.name, "note": c.tokens.note, "status": "ok", "error": None, **dict(s.columns),
     }
 
 
@@ -179,7 +208,7 @@ def device_for() -> str:
 
 
 def evaluate_cell(model: torch.nn.Module, p: HFPlan, cell: dict[str, Any], device: str,
-                  cache: PrefixCache | None = None) -> dict[str, Measure]:
+                  cache: PrefixCache | PressCache | None = None) -> dict[str | None, dict[str, Measure]]:
     """One cell's measures; ``cache``: the setting's prefix cache, shared by its cells (passkey's depths share the
     haystack before the key, RULER's examples the template and the noise before the first needle)."""
     t = cell["task"]
@@ -192,39 +221,66 @@ def backends(model: torch.nn.Module) -> str:
     return ",".join(sorted({m.last_backend for m in attention_modules(model) if getattr(m, "last_backend", None)}))
 
 
-def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[tuple[dict[str, Any], dict[str, Any], tuple[str, ...]]]:
+Todo = tuple[dict[str, Any], dict[str, Any], tuple[str, ...], "str | None"]  # row, cell, metrics, arm (press label)
+
+
+def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[Todo]:
+    """The rows still to measure: one per cell and press (a setting without presses: one per cell, arm None)."""
     base = base_row(p, s)
-    todo = [({**base, **cell, "eval_id": p.eval_id(cell["task"])}, cell, m) for cell, m in p.cells()]
+    arms = [(spec.label, {**press_columns(spec, s.query_aware),  # each press its own run (the store's key)
+                          "run_id": f"{base['run_id']}|press={spec.label}{'|query_aware' if s.query_aware else ''}"})
+            for spec in s.presses] or [(None, {})]
+    todo = [({**base, **cell, **cols, "eval_id": p.eval_id(cell["task"])}, cell, m, arm)
+            for cell, m in p.cells(s.only_len) for arm, cols in arms]
     return [t for t in todo if runner.pending(t[0], t[2])]
 
 
 def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dict[str, torch.Tensor] | None) -> None:
     """Build this setting's model on the checkpoint's weights and evaluate its pending cells; a failure becomes rows."""
+    from attn.attention.base import UnsupportedBackend
     from attn.hf import load_model
 
     todo = pending_cells(runner, p, s)
     if not todo:
         return
-    runner.echo(f"{s.variant_spec} {s.position_spec}: {len(todo)} cells")
+    runner.echo(f"{s.variant_spec} {s.position_spec}" + (f" x {len(s.presses)} presses" if s.presses else "")
+                + f": {len(todo)} rows")
+    why = press_unsupported(s.variant, s.layer_specs) if s.presses else None
+    if why is not None:
+        for row, _, metrics, _ in todo:
+            runner.fail(row, metrics, UnsupportedBackend(why))
+        return
     try:
         model = load_model(p.ckpt.path, s.spec, s.override, weights=weights, config=p.ckpt.config).to(device)
     except Exception as e:  # one failing setting never stops the others
-        for row, _, metrics in todo:
+        for row, _, metrics, _ in todo:
             runner.fail(row, metrics, e)
         return
     extra = {"params": sum(t.numel() for t in model.parameters())}
-    cache = PrefixCache()
-    for row, cell, metrics in todo:
+    fresh = (lambda: PressCache(s.presses, s.query_aware)) if s.presses else PrefixCache
+    cache = fresh()
+    cells: dict[str, list[Todo]] = {}
+    for t in todo:  # a cell's presses are answered together (one prefill per prompt)
+        cells.setdefault(repr(sorted(t[1].items())), []).append(t)
+    for rows in cells.values():
+        cell = rows[0][1]
         t0 = time.perf_counter()
         try:
             measures = evaluate_cell(model, p, cell, device, cache)
         except Exception as e:
-            runner.fail({**row, **extra}, metrics, e)
-            cache = PrefixCache()  # a generate cut short leaves the cache out of step with its tokens
+            for row, _, metrics, _ in rows:
+                runner.fail({**row, **extra}, metrics, e)
+            cache = fresh()  # a generate cut short leaves the cache out of step with its tokens
             continue
-        runner.append({**row, **extra, "backend": backends(model), "eval_seconds": time.perf_counter() - t0}, measures)
-        runner.echo(f"  {cell}: " + ", ".join(f"{k} {m.value}" for k, m in measures.items())
-                    + f" ({time.perf_counter() - t0:.0f} s)")
+        spent = time.perf_counter() - t0
+        for row, _, _, arm in rows:
+            stats = cache.take_stats(arm) if isinstance(cache, PressCache) else {}
+            runner.append({**row, **extra, **stats, "backend": backends(model), "eval_seconds": spent}, measures[arm])
+            runner.echo(f"  {cell}{' ' + arm if arm else ''}: "
+                        + ", ".join(f"{k} {m.value}" for k, m in measures[arm].items()) + f" ({spent:.0f} s)")
+        if isinstance(cache, PressCache):
+            for arm in cache.arms:  # arms already on record were answered too: their statistics are dropped
+                cache.take_stats(arm)
 
 
 def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], None] = print) -> Runner:

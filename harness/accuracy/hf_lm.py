@@ -154,8 +154,8 @@ class CheckpointLM(CheckpointTask):
 
     @classmethod
     def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: LMConfig, data: LMText, cell: dict[str, Any],
-                 device: str, cache: Any) -> dict[str, Measure]:
-        return lm_measures(window_bits(model, data, cell["eval_len"], device), data.num_bytes)
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        return {None: lm_measures(window_bits(model, data, cell["eval_len"], device), data.num_bytes)}
 
 
 __all__ = ["CheckpointLM", "LMText", "lm_measures", "lm_text", "token_bits", "window_bits", "windows"]

@@ -35,6 +35,8 @@ class Group:
     passkey: dict[str, Any] = field(default_factory=lambda: {"depths": DEPTHS})
     examples: int = 3  # per cell, passkey and ruler alike
     lm: dict[str, Any] = field(default_factory=lambda: {"eval_bytes": 1 << 15})
+    presses: tuple[str, ...] = ()  # KV presses, arms of every setting (harness/accuracy/hf_presses.py)
+    equal_memory: bool = False
 
     def params(self) -> dict[str, dict[str, Any]]:
         """Each checkpoint task's config fields."""
@@ -70,6 +72,26 @@ def _gemma3() -> HFPreset:
     ), "Gemma 3 270M: its own 5 sliding : 1 global pattern against all-global and all-local, 4K-16K")
 
 
-HF_PRESETS: dict[str, HFPreset] = {"smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3()}
+# kvpress's presses most compared (its leaderboard), by their kvpress names
+PRESSES = ("streaming_llm", "snapkv", "tova", "knorm", "expected_attention", "pyramidkv")
+
+
+def _kvpress_smollm2() -> HFPreset:
+    def at(ratio: float) -> tuple[str, ...]:
+        return tuple(f"{p}:compression_ratio={ratio}" for p in PRESSES)
+
+    # one prefill per prompt serves every press (hf_presses.PressCache); the equal-memory variants prefill their own
+    return HFPreset("smollm2-135m", (
+        Group(("passkey", "ruler"), ("full",), (4096,), examples=8, presses=("none", *at(0.5)), equal_memory=True),
+        Group(("passkey", "ruler"), ("full",), (4096,), examples=8, presses=at(0.75), equal_memory=True),
+        Group(("ruler",), ("full",), (4096,), examples=8, ruler_tasks=("niah_multikey_1", "vt"),
+              presses=("none", *at(0.5))),
+        Group(("passkey", "ruler"), ("full",), (8192,), examples=8, presses=("none", *at(0.5)), equal_memory=True),
+    ), "SmolLM2-135M under kvpress's presses at ratios 0.5 and 0.75, beside the window, the window + sinks and "
+       "block-sparse holding as many tokens, 4K (8K last)")
+
+
+HF_PRESETS: dict[str, HFPreset] = {"smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(),
+                                   "kvpress-smollm2-cpu": _kvpress_smollm2()}
 
 __all__ = ["HF_PRESETS", "Group", "HFPreset"]

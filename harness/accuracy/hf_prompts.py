@@ -115,33 +115,47 @@ class PrefixCache:
         return out[len(prompt):]
 
 
+    arms: tuple[str | None, ...] = (None,)  # one answer per prompt: the model's own cache (a PressCache: one per press)
+
+    def answers(self, model: torch.nn.Module, prompt: list[int], question_at: int, config: Any,
+                stop: Any = None) -> dict[str | None, list[int]]:
+        """The new tokens of each arm (here one, None); ``question_at``: where the question starts (unused here)."""
+        return {None: self.generate(model, prompt, config, stop)}
+
+
 def shared_order(prompts: Sequence[list[int]]) -> list[int]:
     """Indices of the prompts in token order: neighbours share the longest prefixes (the order never changes a score)."""
     return sorted(range(len(prompts)), key=lambda i: prompts[i])
 
 
 def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, tokens: Tokens,
-                     cache: PrefixCache | None = None) -> list[str]:
-    """Greedy continuations of exactly ``new_tokens`` tokens, decoded, in the prompts' order."""
+                     cache: Any = None, question_at: Sequence[int] | None = None) -> dict[str | None, list[str]]:
+    """Greedy continuations of exactly ``new_tokens`` tokens, decoded, in the prompts' order, per arm of the cache
+    (:class:`PrefixCache`: one, None; a press cache: one per press). ``question_at``: where each question starts."""
     from transformers import GenerationConfig
 
     gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
                            pad_token_id=tokens.boundary)
-    cache, out = cache or PrefixCache(), [""] * len(prompts)
+    cache = cache or PrefixCache()
+    out: dict[str | None, list[str]] = {a: [""] * len(prompts) for a in cache.arms}
     for i in shared_order(prompts):
-        out[i] = tokens.decode(cache.generate(model, prompts[i], gen))
+        for arm, new in cache.answers(model, prompts[i], question_at[i] if question_at else len(prompts[i]), gen).items():
+            out[arm][i] = tokens.decode(new)
     return out
 
 
 def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfig, length: int, depth: float,
-                    cache: PrefixCache | None = None) -> Measure:
-    """Exact match over ``eval_examples`` test keys (the same keys for every variant and position)."""
+                    cache: Any = None) -> dict[str | None, Measure]:
+    """Exact match over ``eval_examples`` test keys (the same keys for every variant and position), per arm of the
+    cache (see :func:`generate_answers`); the question is the prompt's last sentence."""
     rng = rng_for(config.data_seed, length, 1 + round(depth * 1e6), config.digits, 1)
     keys = [draw_key(rng, config.digits, "test") for _ in range(config.eval_examples)]
     filler = filler_ids(tokens, length)
     prompts = [passkey_prompt(tokens, length, depth, k, filler) for k in keys]
-    said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens, cache)
-    return accuracy(sum(answer(s) == k for s, k in zip(said, keys, strict=True)), len(keys))
+    asked = len(tokens.encode(QUESTION.rstrip()))
+    said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens, cache, [len(p) - asked for p in prompts])
+    return {arm: accuracy(sum(answer(s) == k for s, k in zip(out, keys, strict=True)), len(keys))
+            for arm, out in said.items()}
 
 
 # -- ruler --------------------------------------------------------------------------------------------------------
@@ -169,24 +183,36 @@ class AnswerEnded:
 
 
 def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, task: str, length: int,
-                   cache: PrefixCache | None = None) -> dict[str, Measure]:
+                   cache: Any = None) -> dict[str | None, dict[str, Measure]]:
     """string_match (references found, clustered by example) and all_found over ``eval_examples`` test examples,
     the same for every variant and position. Generation: greedy, at most the reference answer's tokens + 16 (RULER's
-    room counts in the length rule; a right answer needs no more), cut at the first line break once it starts."""
+    room counts in the length rule; a right answer needs no more), cut at the first line break once it starts.
+    Per arm of the cache (see :func:`generate_answers`). With presses (a cache of several arms) the prompt is tokenized
+    in two parts, the context up to its last line break and the question after it, so that the press compresses the
+    context alone; a plain cache tokenizes it whole, as before."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
     exs = generate(task, config.eval_examples, length, "test", config.data_seed, config, ruler_count(tokens, task))
-    prompts = [[tokens.boundary, *tokens.encode(ex.prompt)] for ex in exs]
-    cache, said = cache or PrefixCache(), [""] * len(exs)
+    cache = cache or PrefixCache()
+    split = cache.arms != (None,)
+    parts = [ex.prompt.rpartition("\n") for ex in exs]
+    prompts = ([[tokens.boundary, *tokens.encode(c + nl), *tokens.encode(q)] for c, nl, q in parts] if split
+               else [[tokens.boundary, *tokens.encode(ex.prompt)] for ex in exs])
+    asked = [len(tokens.encode(q)) if split else 0 for _, _, q in parts]
+    said: dict[str | None, list[str]] = {a: [""] * len(exs) for a in cache.arms}
     for i in shared_order(prompts):
         room = min(ruler_room(task), len(tokens.encode(exs[i].answer)) + ANSWER_ROOM)
         gen = GenerationConfig(max_new_tokens=room, do_sample=False, num_beams=1, pad_token_id=tokens.boundary)
-        new = cache.generate(model, prompts[i], gen, StoppingCriteriaList([AnswerEnded(tokens, len(prompts[i]))]))
-        said[i] = tokens.decode(new).lstrip().split("\n", 1)[0]
-    found = [string_match_all(a, ex.references) for a, ex in zip(said, exs, strict=True)]
+        stop = StoppingCriteriaList([AnswerEnded(tokens, len(prompts[i]))])
+        for arm, new in cache.answers(model, prompts[i], len(prompts[i]) - asked[i], gen, stop).items():
+            said[arm][i] = tokens.decode(new).lstrip().split("\n", 1)[0]
     totals = [len(ex.references) for ex in exs]
-    return {"string_match": clustered_accuracy(found, totals),
-            "all_found": accuracy(sum(f == t for f, t in zip(found, totals, strict=True)), len(found))}
+    out = {}
+    for arm, answers in said.items():
+        found = [string_match_all(a, ex.references) for a, ex in zip(answers, exs, strict=True)]
+        out[arm] = {"string_match": clustered_accuracy(found, totals),
+                    "all_found": accuracy(sum(f == t for f, t in zip(found, totals, strict=True)), len(found))}
+    return out
 
 
 # -- the checkpoint tasks ---------------------------------------------------------------------------------------
@@ -196,6 +222,7 @@ class CheckpointPasskey(CheckpointTask):
     """The key at each depth of a filler haystack, exactly ``eval_len`` tokens; exact match of the generated digits."""
 
     default = True
+    prompts = True
 
     @classmethod
     def prepare(cls, ckpt: Checkpoint, config: PasskeyConfig, lens: Sequence[int]) -> None:
@@ -212,14 +239,16 @@ class CheckpointPasskey(CheckpointTask):
 
     @classmethod
     def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: PasskeyConfig, data: Any, cell: dict[str, Any],
-                 device: str, cache: Any) -> dict[str, Measure]:
-        return {"exact_match": passkey_measure(model, ckpt.tokens, config, cell["eval_len"], cell["depth"], cache)}
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        return {arm: {"exact_match": m}
+                for arm, m in passkey_measure(model, ckpt.tokens, config, cell["eval_len"], cell["depth"], cache).items()}
 
 
 @register_checkpoint_task("ruler")
 class CheckpointRuler(CheckpointTask):
     """RULER's prompts fitted in the checkpoint's tokens; ``string_match_all`` of the greedy answer."""
 
+    prompts = True
     defaults = {"tasks": ("niah_single_1", "niah_multikey_1", "vt")}  # RULER's retrieval core; --subtask for the rest
 
     @classmethod
@@ -239,7 +268,7 @@ class CheckpointRuler(CheckpointTask):
 
     @classmethod
     def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: RulerConfig, data: Any, cell: dict[str, Any],
-                 device: str, cache: Any) -> dict[str, Measure]:
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
         return ruler_measures(model, ckpt.tokens, config, cell["subtask"], cell["eval_len"], cache)
 
 

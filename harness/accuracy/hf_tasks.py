@@ -27,6 +27,7 @@ class CheckpointTask:
 
     name: ClassVar[str]
     default: ClassVar[bool] = False  # run when --hf-model is given without --task
+    prompts: ClassVar[bool] = False  # answered after a context (passkey, ruler): what a KV press compresses
     defaults: ClassVar[dict[str, Any]] = {}  # config fields a checkpoint run sets unless the command line does
 
     @classmethod
@@ -49,8 +50,9 @@ class CheckpointTask:
 
     @classmethod
     def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: Any, data: Any, cell: dict[str, Any],
-                 device: str, cache: Any) -> dict[str, Measure]:
-        """One cell's measures (``cache``: the setting's prefix cache, shared by its cells)."""
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        """One cell's measures per arm of ``cache`` (the setting's prefix cache, shared by its cells): None for a plain
+        cache, each press's label for a press cache (:mod:`harness.accuracy.hf_presses`)."""
         raise NotImplementedError
 
 

@@ -125,6 +125,9 @@ class AccuracyTask:
             return s
         s["stage"] = s["stage"].fillna("zero_shot")
         index = ["variant_spec", "position_spec", "stage"] if s["variant_spec"].nunique() > 1 else ["position_spec", "stage"]
+        if s["press_spec"].notna().any():  # KV presses: one line each (harness/accuracy/hf_presses.py)
+            s["press_spec"] = s["press_spec"].fillna("-")
+            index.insert(1 if index[0] == "variant_spec" else 0, "press_spec")
         t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean")
         t.columns.name = f"{cls.name} {metric} at eval length"
         return t

@@ -1,0 +1,329 @@
+"""KV-cache compression inside a transformers model: NVIDIA kvpress's presses by name, and quantized caches.
+
+A press spec names what happens to a model's KV cache once the context is prefilled:
+
+- ``none``: nothing (the uncompressed cache, the baseline);
+- any kvpress press by its name and its parameters by their kvpress names: ``snapkv:compression_ratio=0.5``,
+  ``streaming_llm:compression_ratio=0.75,n_sink=4``. The name is the class's without ``Press``, lower case, with
+  ``attention`` and ``llm`` set apart by ``_`` (``streaming_llm``, ``expected_attention``), as kvpress's evaluation
+  names them; ``attn-bench list`` shows them all with their parameters;
+- ``quantized:nbits=4``: transformers' ``QuantizedCache`` on the quanto backend (``nbits`` 2 or 4, its
+  ``q_group_size``, ``residual_length``, ``axis_key``, ``axis_value``), every token kept at fewer bits.
+
+The protocol is kvpress's pipeline (``KVPressTextGenerationPipeline``): the context is prefilled with the press's hook
+on every attention layer, which compresses the layer's cache right after the layer wrote it; the question and the
+answer are then decoded against the compressed cache, their positions continuing the context's (so RoPE sees the true
+distance), greedily. A press that compresses while decoding (kvpress's ``DecodingPress``) keeps its hooks on then.
+
+Replay (:func:`compress`): a prefill's hidden states do not depend on the press -- each layer attends over all of the
+context's keys, then the hook prunes what the *cache* keeps -- so one prefill, recorded (:class:`Recorder`: each
+attention layer's input and RoPE, and the keys it wrote), serves every press: each press gets a fresh cache filled
+layer by layer with the recorded keys, and its own ``forward_hook`` called exactly as during a prefill. This holds for
+presses that act through kvpress's standard hook (``BasePress.__call__``); the others (:func:`replayable` False) run
+their own prefill inside ``with press(model)`` (:func:`prefill_with`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+import torch
+
+from attn.specs import coerce, parse_spec, shorten
+
+NONE = "none"
+QUANTIZED = "quantized"
+QUANTIZED_PARAMS: dict[str, tuple[type, Any]] = {  # transformers' QuantizedCache(backend="quanto") arguments
+    "nbits": (int, 4), "q_group_size": (int, 64), "residual_length": (int, 128), "axis_key": (int, 0),
+    "axis_value": (int, 0)}
+INSTALL = "pip install 'attn-bench[kv]' (kvpress, which pins transformers<5.3, and optimum-quanto)"
+
+
+def press_name(cls_name: str) -> str:
+    """kvpress's class name -> our name: ``StreamingLLMPress`` -> ``streaming_llm``, ``SnapKVPress`` -> ``snapkv``."""
+    low = cls_name.removesuffix("Press").lower()
+    return re.sub(r"_+", "_", re.sub(r"(attention|llm)", r"_\1_", low)).strip("_")
+
+
+@functools.cache
+def press_classes() -> dict[str, type]:
+    """Our name -> kvpress press class, every concrete press kvpress exports (ImportError if it is not installed)."""
+    import kvpress
+    from kvpress import BasePress, ScorerPress
+
+    abstract = {BasePress, ScorerPress}
+    found = {press_name(n): c for n in kvpress.__all__ if isinstance(c := getattr(kvpress, n), type)
+             and issubclass(c, BasePress) and c not in abstract}
+    return dict(sorted(found.items()))
+
+
+def _fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """A press's settable parameters: name -> (type, default or MISSING), from its dataclass fields."""
+    hints = get_type_hints(cls)
+    return {f.name: (hints.get(f.name, Any), f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING))
+        for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+
+
+def _spec_type(tp: Any) -> bool:
+    """Whether a spec's ``k=v`` text can give a value of this type (a number, flag, string, or None of one)."""
+    args = getattr(tp, "__args__", None)
+    if args and type(None) in args:
+        return all(_spec_type(a) for a in args if a is not type(None))
+    return tp in (int, float, bool, str)
+
+
+def press_params(name: str) -> dict[str, Any]:
+    """A press's parameters with their defaults (``<required>`` or ``<press>`` where a spec cannot set them)."""
+    if name == NONE:
+        return {}
+    if name == QUANTIZED:
+        return {k: d for k, (_, d) in QUANTIZED_PARAMS.items()}
+    out = {}
+    for k, (tp, default) in _fields(press_classes()[name]).items():
+        out[k] = ("<required>" if default is dataclasses.MISSING else default) if _spec_type(tp) else "<press>"
+    return out
+
+
+def press_catalog() -> dict[str, dict[str, Any]]:
+    """Every press spec name (``none``, ``quantized``, kvpress's) -> its parameters, for ``attn-bench list``."""
+    names = [NONE, QUANTIZED, *press_classes()]
+    return {n: press_params(n) for n in names}
+
+
+@dataclass(frozen=True)
+class PressSpec:
+    """A validated press spec: its name and the parameters it set (kvpress's defaults fill the rest)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
+
+    @property
+    def all_params(self) -> dict[str, Any]:
+        """Every parameter the press runs with (defaults included), as rows record them."""
+        full = {k: v for k, v in press_params(self.name).items() if not str(v).startswith("<")}
+        return {**full, **dict(self.params)}
+
+    @property
+    def ratio(self) -> float:
+        """The requested compression ratio (fraction of the context's tokens removed): 0 for none and quantized."""
+        return float(self.all_params.get("compression_ratio", 0.0) or 0.0)
+
+    def build(self) -> Any:
+        """The kvpress press (None for ``none`` and ``quantized``)."""
+        if self.name in (NONE, QUANTIZED):
+            return None
+        return press_classes()[self.name](**dict(self.params))
+
+    def new_cache(self, config: Any) -> Any:
+        """An empty cache of the kind this press decodes against (``QuantizedCache`` for ``quantized``)."""
+        from transformers import DynamicCache, QuantizedCache
+
+        if self.name == QUANTIZED:
+            return QuantizedCache(backend="quanto", config=config, **dict(self.params))
+        return DynamicCache()
+
+
+def parse_press(text: str) -> PressSpec:
+    """``"snapkv:compression_ratio=0.5"`` -> a validated :class:`PressSpec`; ValueError (one line) for an unknown press
+    or parameter, a value of the wrong type, or one kvpress refuses; ImportError-worded ValueError without kvpress."""
+    name, raw = parse_spec(text)
+    if name == NONE:
+        if raw:
+            raise ValueError("press none takes no parameters")
+        return PressSpec(NONE)
+    if name == QUANTIZED:
+        types = {k: tp for k, (tp, _) in QUANTIZED_PARAMS.items()}
+        spec = PressSpec(QUANTIZED, _coerced(name, raw, types))
+        try:
+            import optimum.quanto  # noqa: F401
+        except ImportError:
+            raise ValueError(f"press quantized needs optimum-quanto, which is not installed: {INSTALL}") from None
+        from transformers import LlamaConfig
+
+        try:
+            spec.new_cache(LlamaConfig(num_hidden_layers=1)).layers  # noqa: B018  (transformers checks nbits, axes)
+        except (ValueError, ImportError) as e:
+            raise ValueError(f"press {spec.label}: {e}") from None
+        return spec
+    try:
+        classes = press_classes()
+    except ImportError:
+        raise ValueError(f"press {shorten(name)} needs kvpress, which is not installed: {INSTALL}") from None
+    if name not in classes:
+        raise ValueError(f"unknown press {shorten(name)}; valid: {NONE}, {QUANTIZED}, {', '.join(classes)} "
+                         "(attn-bench list shows their parameters)")
+    fields = _fields(classes[name])
+    settable = {k: tp for k, (tp, _) in fields.items() if _spec_type(tp)}
+    missing = [k for k, (tp, d) in fields.items() if d is dataclasses.MISSING and k not in raw]
+    if missing:
+        what = "another press" if not _spec_type(fields[missing[0]][0]) else "a value"
+        raise ValueError(f"press {name} needs {missing[0]}= ({what}), which a press spec cannot give"
+                         if what == "another press" else f"press {name} needs {missing[0]}=")
+    spec = PressSpec(name, _coerced(name, raw, settable))
+    try:
+        spec.build()
+    except (AssertionError, ValueError, TypeError) as e:  # kvpress checks its parameters with assert
+        raise ValueError(f"press {spec.label}: kvpress refuses it ({type(e).__name__}: {e or 'assertion failed'})"
+                         ) from None
+    return spec
+
+
+def _coerced(name: str, raw: dict[str, str], types: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    unknown = [k for k in raw if k not in types]
+    if unknown:
+        raise ValueError(f"press {name} has no parameter {shorten(unknown[0])}; it takes {', '.join(types) or 'none'}")
+    return tuple((k, coerce(v, types[k], f"press {name}: {k}")) for k, v in raw.items())
+
+
+def replayable(press: Any) -> bool:
+    """Whether one recorded prefill can stand for this press's own (see module docstring): it hooks the attention
+    layers the standard way and compresses only during the prefill."""
+    from kvpress import BasePress, DecodingPress, PrefillDecodingPress
+
+    return press is None or (type(press).__call__ is BasePress.__call__
+                             and not isinstance(press, (DecodingPress, PrefillDecodingPress)))
+
+
+def decoding_press(press: Any) -> bool:
+    """Whether the press also compresses while the question and the answer are decoded (kvpress's pipeline)."""
+    if press is None:
+        return False
+    from kvpress import DecodingPress, DMSPress, PrefillDecodingPress
+
+    return isinstance(press, (DecodingPress, PrefillDecodingPress)) or (isinstance(press, DMSPress) and press.decoding)
+
+
+def language_model(model: Any) -> Any:
+    return model.model.language_model if hasattr(model.model, "language_model") else model.model
+
+
+# -- recording one prefill, replaying it for each press ---------------------------------------------------------
+
+class Recorder:
+    """Each attention layer's input (``hidden_states``) and RoPE (``position_embeddings``) over the context, kept
+    beside the prefill's cache; :meth:`crop` cuts both back with the cache when a prompt reuses a prefix."""
+
+    def __init__(self, model: Any):
+        self.layers = [layer.self_attn for layer in language_model(model).layers]
+        self.hidden: list[list[torch.Tensor]] = [[] for _ in self.layers]
+        self.rope: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in self.layers]
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        def hook(i: int):
+            def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+                self.hidden[i].append(kwargs["hidden_states"].detach())
+                self.rope[i].append(tuple(t.detach() for t in kwargs["position_embeddings"]))
+            return pre
+
+        handles = [m.register_forward_pre_hook(hook(i), with_kwargs=True) for i, m in enumerate(self.layers)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def crop(self, keep: int) -> None:
+        for i in range(len(self.layers)):
+            if self.hidden[i]:
+                h = torch.cat(self.hidden[i], dim=1)[:, :keep]
+                cos, sin = (torch.cat(parts, dim=1)[:, :keep] for parts in zip(*self.rope[i], strict=True))
+                self.hidden[i], self.rope[i] = [h], [(cos, sin)]
+
+    def layer(self, i: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        self.crop(10**12)  # one tensor per layer
+        return self.hidden[i][0], self.rope[i][0]
+
+
+@torch.no_grad()
+def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], values: list[torch.Tensor],
+             recorder: Recorder) -> Any:
+    """A new cache holding the context as ``press`` leaves it: each layer's recorded keys written as the prefill wrote
+    them, then the press's hook called as after that layer's forward (``press`` None: nothing pruned)."""
+    cache = spec.new_cache(model.config)
+    if press is not None:
+        press.post_init_from_model(model)
+        lm = language_model(model)
+    for i, module in enumerate(recorder.layers):
+        cache.update(keys[i], values[i], i)
+        if press is None:
+            continue
+        hidden, rope = recorder.layer(i)
+        if hidden.shape[1] != keys[i].shape[-2]:
+            raise RuntimeError(f"layer {i}: {hidden.shape[1]} recorded positions for {keys[i].shape[-2]} cached keys")
+        module.rotary_emb = lm.rotary_emb  # what BasePress.__call__ sets (presses that re-rotate keys read it)
+        L = hidden.shape[1]
+        kwargs = {"hidden_states": hidden, "position_embeddings": rope, "attention_mask": None, "past_key_values": cache,
+                  "cache_position": torch.arange(L, device=hidden.device)}
+        press.forward_hook(module, (), kwargs, (None, None))
+    return cache
+
+
+@torch.no_grad()
+def prefill_with(model: Any, spec: PressSpec, press: Any, context: torch.Tensor) -> Any:
+    """A press's own prefill of the context, kvpress's way (``with press(model)``), for presses not :func:`replayable`."""
+    cache = spec.new_cache(model.config)
+    with press(model) if press is not None else contextlib.nullcontext():
+        language_model(model)(input_ids=context, past_key_values=cache)
+    return cache
+
+
+@torch.no_grad()
+def decode(model: Any, press: Any, cache: Any, question: list[int], start: int, new_tokens: int,
+           stop: Any = None) -> list[int]:
+    """kvpress's ``generate_answer``: the question at positions ``start``.. (the context's length, not the cache's),
+    then greedy tokens; ``stop(generated ids)`` True ends it. Returns the generated ids."""
+    dev = model.device
+    pos = torch.arange(start, start + len(question), device=dev)[None]
+    with press(model) if decoding_press(press) else contextlib.nullcontext():
+        out = model(input_ids=torch.tensor([question], device=dev), past_key_values=cache, position_ids=pos,
+                    logits_to_keep=1, use_cache=True)
+        ids = [int(out.logits[0, -1].argmax())]
+        nxt = pos[:, -1:] + 1
+        while len(ids) < new_tokens and not (stop is not None and stop(ids)):
+            out = model(input_ids=torch.tensor([[ids[-1]]], device=dev), past_key_values=cache, position_ids=nxt,
+                        logits_to_keep=1, use_cache=True)
+            ids.append(int(out.logits[0, -1].argmax()))
+            nxt = nxt + 1
+    return ids
+
+
+# -- what a compressed cache holds ------------------------------------------------------------------------------
+
+def kept_tokens(cache: Any) -> list[int]:
+    """Tokens each layer's cache holds (a quantized layer: all it has seen)."""
+    return [int(cache.get_seq_length(i)) for i in range(len(cache.layers))]
+
+
+def _nbytes(t: Any) -> int:
+    if t is None or not isinstance(t, torch.Tensor):
+        return 0
+    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor:  # quanto's packed tensors: their parts
+        names, _ = t.__tensor_flatten__()
+        return sum(_nbytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes the cache's tensors hold: keys and values (a quantized layer: its packed data, scales and shifts, plus the
+    full-precision residual it has not quantized yet)."""
+    total = 0
+    for layer in cache.layers:
+        total += _nbytes(getattr(layer, "keys", None)) + _nbytes(getattr(layer, "values", None))
+        total += _nbytes(getattr(layer, "_quantized_keys", None)) + _nbytes(getattr(layer, "_quantized_values", None))
+    return total
+
+
+__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "compress", "decode",
+           "decoding_press", "kept_tokens", "language_model", "parse_press", "press_catalog", "press_classes",
+           "press_name", "press_params", "prefill_with", "replayable"]
