@@ -56,6 +56,31 @@ def test_full_inside_real_smollm2_equals_sdpa_on_real_text(smollm2):
     assert nll < 3.0
 
 
+def test_full_with_snapkv_inside_real_smollm2_equals_sdpa_with_snapkv(smollm2):
+    """kvpress's SnapKV at ratio 0.5 on 512 tokens of real text, then a 16-token question: our ``full`` and sdpa keep
+    the same keys in every layer and give the question the same logits (<= 1e-4)."""
+    pytest.importorskip("kvpress")
+    from attn.hf import presses
+
+    ckpt, weights = smollm2
+    text = (torch.__file__.rsplit("/", 1)[0] + "/functional.py")
+    ids = [ckpt.tokens.boundary, *ckpt.tokens.encode(open(text).read())][:528]
+    spec = presses.parse_press("snapkv:compression_ratio=0.5")
+    ours = hf.load_model("smollm2-135m", "full", weights=weights)
+    theirs = AutoModelForCausalLM.from_config(copy.deepcopy(ckpt.config), attn_implementation="sdpa").eval()
+    theirs.load_state_dict(weights)
+    got = []
+    for model in (ours, theirs):
+        cache = presses.prefill_with(model, spec, spec.build(), torch.tensor([ids[:512]]))
+        assert presses.kept_tokens(cache) == [256] * 30
+        with torch.no_grad():
+            got.append((cache, model(input_ids=torch.tensor([ids[512:]]), past_key_values=cache,
+                                     position_ids=torch.arange(512, 528)[None], use_cache=True).logits))
+    assert all(torch.allclose(a.keys[..., :256, :], b.keys[..., :256, :], atol=1e-4)
+               for a, b in zip(got[0][0].layers, got[1][0].layers, strict=True))
+    assert (got[0][1] - got[1][1]).abs().max() <= 1e-4
+
+
 def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2):
     ckpt, _ = smollm2
     for task in ("niah_single_1", "vt"):
