@@ -205,6 +205,9 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     df["status"] = [s if isinstance(s, str) else ("ok" if pd.notna(lat) else "error")
                     for s, lat in zip(status, df["latency_ms"], strict=True)]
     df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
+    if "press_spec" in df:  # a KV press (scope hf): its own series
+        df["variant_label"] = [lab if not isinstance(p, str) else f"{lab} + {p}"
+                               for lab, p in zip(df["variant_label"], df["press_spec"], strict=True)]
     name = df["device_name"] if "device_name" in df else pd.Series([None] * len(df), index=df.index)
     df["device_key"] = [str(n) if isinstance(n, str) and n else str(d) for n, d in zip(name, df["device"], strict=True)]
     df["scope"] = df["scope"].fillna("op") if "scope" in df else "op"
@@ -239,6 +242,9 @@ def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
         df["position"] = "none"
     df["position"] = df["position"].fillna("none")
     df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
+    if "press_spec" in df:  # a KV press (scope hf): its own series
+        df["variant_label"] = [lab if not isinstance(p, str) else f"{lab} + {p}"
+                               for lab, p in zip(df["variant_label"], df["press_spec"], strict=True)]
     df["position_label"] = [spec_label(v, p, "position") for v, p in zip(df["position"], df["position_params"], strict=True)]
     if "position_spec" in df:  # the method as asked for: its factor is set per evaluation length, not a new series
         asked = df["position_spec"].map(_spec_text_label)

@@ -42,6 +42,9 @@ def label(row: pd.Series) -> str:
 def checkpoint_points(acc: pd.DataFrame) -> pd.DataFrame:
     """(model, panel, label, length) -> value, ci_low, ci_high, n: passkey pooled over depths, the rest as rows say."""
     df = acc[(acc.get("stage") == "pretrained") & (acc["status"] == "ok") & acc["value"].notna()].copy()
+    for col in ("press_spec", "matched_ratio"):  # KV presses and their equal-memory variants: the kvpress figure's
+        if col in df:
+            df = df[df[col].isna()]
     if len(df) == 0:
         raise Skip("no pretrained-checkpoint rows")
     df["label"] = df.apply(label, axis=1)
