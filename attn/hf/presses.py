@@ -233,15 +233,21 @@ class Recorder:
             for h in handles:
                 h.remove()
 
+    def _join(self, i: int) -> None:
+        """Layer ``i``'s recorded pieces (one per prefill call) as one tensor each."""
+        if len(self.hidden[i]) > 1:
+            self.hidden[i] = [torch.cat(self.hidden[i], dim=1)]
+            self.rope[i] = [tuple(torch.cat(parts, dim=1) for parts in zip(*self.rope[i], strict=True))]
+
     def crop(self, keep: int) -> None:
         for i in range(len(self.layers)):
             if self.hidden[i]:
-                h = torch.cat(self.hidden[i], dim=1)[:, :keep]
-                cos, sin = (torch.cat(parts, dim=1)[:, :keep] for parts in zip(*self.rope[i], strict=True))
-                self.hidden[i], self.rope[i] = [h], [(cos, sin)]
+                self._join(i)
+                cos, sin = self.rope[i][0]
+                self.hidden[i], self.rope[i] = [self.hidden[i][0][:, :keep]], [(cos[:, :keep], sin[:, :keep])]
 
     def layer(self, i: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        self.crop(10**12)  # one tensor per layer
+        self._join(i)
         return self.hidden[i][0], self.rope[i][0]
 
 
