@@ -180,3 +180,13 @@ def test_a_dynamic_cache_is_untouched_by_replay(model):
     got = cache.answers(model, p, CONTEXT, GenerationConfig(max_new_tokens=2, min_new_tokens=2))
     assert all(layer.keys.shape[-2] == CONTEXT for layer in cache.cache.layers)
     assert isinstance(cache.cache, DynamicCache) and set(got) == {"snapkv:compression_ratio=0.75", "none"}
+
+
+def test_a_press_that_refuses_the_model_is_unsupported_and_the_others_go_on(model):
+    """ObservedAttention needs eager attention weights, which our variants do not return: kvpress's own assertion
+    becomes that press's `unsupported`, and ``none`` beside it still answers."""
+    cache = PressCache([presses.parse_press("observed_attention:compression_ratio=0.5"), presses.parse_press("none")])
+    got = cache.answers(model, prompt(10), CONTEXT, GenerationConfig(max_new_tokens=2, min_new_tokens=2))
+    err = cache.failed["observed_attention:compression_ratio=0.5"]
+    assert type(err).__name__ == "UnsupportedBackend" and "kvpress refuses it here" in str(err)
+    assert len(got["none"]) == 2 and "none" not in cache.failed

@@ -273,7 +273,10 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
             cache = fresh()  # a generate cut short leaves the cache out of step with its tokens
             continue
         spent = time.perf_counter() - t0
-        for row, _, _, arm in rows:
+        for row, _, metrics, arm in rows:
+            if isinstance(cache, PressCache) and arm in cache.failed:
+                runner.fail({**row, **extra}, metrics, cache.failed[arm])
+                continue
             stats = cache.take_stats(arm) if isinstance(cache, PressCache) else {}
             runner.append({**row, **extra, **stats, "backend": backends(model), "eval_seconds": spent}, measures[arm])
             runner.echo(f"  {cell}{' ' + arm if arm else ''}: "

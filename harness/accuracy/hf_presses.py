@@ -78,6 +78,7 @@ class PressCache:
         self.cache: Any = None
         self.recorder: Recorder | None = None
         self.stats: dict[str, list[tuple[list[int], int, int]]] = {a: [] for a in self.arms}
+        self.failed: dict[str, BaseException] = {}  # arm -> why it could not run (the other arms go on)
 
     @torch.no_grad()
     def _prefill(self, model: Any, context: list[int]) -> None:
@@ -121,14 +122,21 @@ class PressCache:
             self._prefill(model, context)
         out: dict[str | None, list[int]] = {}
         for spec, press in zip(self.specs, self.presses, strict=True):
-            if replayable(press):
-                keys = [layer.keys for layer in self.cache.layers]
-                values = [layer.values for layer in self.cache.layers]
-                cache = compress(model, spec, press, keys, values, self.recorder)
-            else:
-                cache = prefill_with(model, spec, press, torch.tensor([context], device=model.device))
-            self.stats[spec.label].append((kept_tokens(cache), cache_bytes(cache), len(context)))
-            out[spec.label] = decode(model, press, cache, question, len(context), config.max_new_tokens, ended)
+            if spec.label in self.failed:
+                out[spec.label] = []
+                continue
+            try:
+                if replayable(press):
+                    keys = [layer.keys for layer in self.cache.layers]
+                    values = [layer.values for layer in self.cache.layers]
+                    cache = compress(model, spec, press, keys, values, self.recorder)
+                else:
+                    cache = prefill_with(model, spec, press, torch.tensor([context], device=model.device))
+                self.stats[spec.label].append((kept_tokens(cache), cache_bytes(cache), len(context)))
+                out[spec.label] = decode(model, press, cache, question, len(context), config.max_new_tokens, ended)
+            except Exception as e:  # this press cannot run here: its rows say why, the other presses go on
+                self.failed[spec.label] = press_failure(spec, e)
+                out[spec.label] = []
         return out
 
     def take_stats(self, arm: str) -> dict[str, Any]:
@@ -142,6 +150,18 @@ class PressCache:
         return {"kv_tokens_min": min(kept), "kv_tokens_mean": sum(kept) / len(kept), "kv_tokens_max": max(kept),
                 "kv_cache_bytes": sum(b for _, b, _ in got) / len(got), "context_tokens": ctx,
                 "kv_kept_fraction": sum(kept) / len(kept) / ctx}
+
+
+def press_failure(spec: PressSpec, err: Exception) -> Exception:
+    """A press that refuses this model or attention (kvpress asserts what it needs, e.g. eager attention weights) is
+    ``unsupported`` with kvpress's reason; anything else stays the error it is."""
+    from attn.attention.base import UnsupportedBackend
+    from harness.accuracy.runner import is_oom
+
+    if isinstance(err, (AssertionError, NotImplementedError)) and not is_oom(err):
+        return UnsupportedBackend(f"press {spec.label}: kvpress refuses it here ({type(err).__name__}: "
+                                  f"{err or 'assertion failed'})")
+    return err
 
 
 def parse_presses(texts: Sequence[str]) -> list[PressSpec]:
