@@ -69,13 +69,16 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
     presets = _presets()
     checkpoints = _checkpoints()
     tasks = _tasks()
+    presses, install = _presses()
     if as_json:
         click.echo(json.dumps({"attention": variants, "positions": positions, "tasks": tasks, "presets": presets,
-                               "checkpoints": checkpoints}, default=str, indent=1))
+                               "checkpoints": checkpoints, "presses": presses, "presses_install": install},
+                              default=str, indent=1))
     else:
         _print_listing(variants, positions, presets)
         _print_tasks(tasks)
         _print_checkpoints(checkpoints)
+        _print_presses(presses, install)
     if reported:  # the listing lacks the variants asked for: the exit status says so too
         raise click.exceptions.Exit(1)
 
@@ -158,6 +161,26 @@ def _print_checkpoints(checkpoints: list[dict[str, Any]]) -> None:
         state = "installed" if c["installed"] else f"not installed: {c['install']}"
         click.echo(f"  {c['name']:<16} {c['title']}, {c['context']} positions, licence: {c['licence']} [{state}]")
         click.echo(f"    {c['architecture']}")
+
+
+def _presses() -> tuple[dict[str, dict[str, Any]], str | None]:
+    """(press name -> its parameters, None) when kvpress is installed, else ({}, how to install it)."""
+    try:
+        from attn.hf.presses import INSTALL, press_catalog
+    except ImportError as e:  # no transformers: attn.hf cannot load
+        return {}, f"needs transformers ({e.name} is not installed): pip install 'attn-bench[kv]'"
+    try:
+        return press_catalog(), None
+    except ImportError:
+        return {}, INSTALL
+
+
+def _print_presses(presses: dict[str, dict[str, Any]], install: str | None) -> None:
+    click.secho("KV presses (sweep --scope hf / accuracy --hf-model: --press NAME[:key=value,...])", bold=True)
+    if install is not None:
+        click.echo(f"  not installed: {install}")
+    for name, params in presses.items():
+        click.echo(f"  {name:<26} {_fmt_params(params)}")
 
 
 def _presets() -> dict[str, str]:

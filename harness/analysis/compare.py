@@ -24,7 +24,7 @@ from harness.analysis import frames as F
 # What makes two cost rows the same measurement (device *type*, so a rerun on another box still matches).
 # The backend is the one *requested*: a failed cell has no backend that ran, and must still match.
 KEY = ("variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device", "dtype",
-       "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "docs")
+       "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "docs", "press", "press_params")
 DEFAULT_TOL = 0.05
 
 
@@ -34,6 +34,7 @@ OPTIONAL_DEFAULTS: dict[str, Any] = {
     "variant_params": {}, "position": "none", "position_params": {}, "scope": "op", "causal": True, "layers": None,
     "num_kv_heads": None,  # multi-head: as many key/value heads as query heads
     "docs": None,  # one document per sequence
+    "press": None, "press_params": {},  # no KV press (sweep --press)
 }
 # The numbers compare reads from each row; anything else there is named, with its file and line.
 NUMERIC = ("seq_len", "batch_size", "num_heads", "head_dim", "latency_ms", "latency_iqr_ms", "peak_mem_bytes")

@@ -40,6 +40,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 KEY_FIELDS = (
     "variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device",
     "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config", "docs",
+    "press", "press_params",  # None in cells without a press: rows written before presses keep their keys
 )
 
 
@@ -66,6 +67,12 @@ class Cell:
     num_kv_heads: int | None = None  # GQA: key/value heads; None = as many as num_heads
     hf_config: str | None = None  # scope hf only: the transformers config (preset name or local path)
     docs: int | None = None  # packed documents per sequence (equal lengths; no attention across them); None = one
+    # scope hf only, --press (harness.cost.presses): the KV press's name, its spec, every parameter it runs with
+    # (defaults included) and the fraction of the context it removes; all None without a press axis
+    press: str | None = None
+    press_spec: str | None = None
+    press_params: dict[str, Any] | None = field(default=None, hash=False)
+    compression_ratio: float | None = None
 
     def documents(self, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """The document id of each position (``--docs``), or None for one document."""
@@ -111,6 +118,7 @@ class Measured:
     tokens: int  # tokens processed per call: B * L, or B for one decoding step
     backend: Callable[[], str | None]
     state: Any = None  # decoding state (inspected by tests)
+    columns: Callable[[], dict[str, Any]] | None = None  # row columns read after the timed calls (a press's kept tokens)
 
 
 # -- FLOPs ---------------------------------------------------------------------------------------
@@ -171,6 +179,7 @@ class Scope:
 
     name = ""
     positions_from_config = False  # positions come from each model config, not from the grid's position specs
+    presses = False  # takes the --press axis (a transformers model's KV cache)
 
     def check(self, grid: Any) -> None:
         """Refuse a grid this scope cannot run (ValueError), before anything is resolved."""

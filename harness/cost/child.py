@@ -71,6 +71,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         end = cpu_snapshot()
         peak_mem = mem.peak()
         backend, flops, tokens = measured.backend(), measured.flops, measured.tokens
+        columns = measured.columns() if measured.columns is not None else {}
         del measured
         peak_after = peak("after")
     except UnsupportedBackend as e:
@@ -97,6 +98,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         "peak_dtype": cell.dtype if peaks else None,
         "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
         "num_threads": torch.get_num_threads(), "cpus": usable_cpus(),
+        **columns,
     }
 
 

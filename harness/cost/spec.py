@@ -33,6 +33,7 @@ from harness.cost.options import (
     text,
 )
 from harness.cost.presets import get_preset
+from harness.cost.presses import parse_presses, press_fields
 from harness.cost.scopes.model import resolve_position
 from harness.cost.timing import TimingConfig
 from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from
@@ -76,6 +77,10 @@ class Grid:
                                              "checkpoint (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or "
                                              "a local config.json / model directory. Cost needs only the architecture: "
                                              "the model is built from the config with random weights.")
+    press: tuple[str, ...] | None = option(None, parse=parse_presses, multiple=True,  # None: no press axis at all
+                                           help="--scope hf: a KV press spec, NAME[:key=value,...] (kvpress's presses, "
+                                                "none, quantized:nbits=4: attn-bench list), timed in forward and "
+                                                "decode. Repeatable.")
     causal: bool = option(True, parse=boolean, flags=("--causal/--bidirectional",),
                           help="Causal (default) or bidirectional attention.")
     layers: int = option(2, parse=integer, type=int, help="Backbone depth for --scope model (default 2).")
@@ -255,6 +260,19 @@ def _check_choices(values: Sequence[str], valid: Sequence[str], what: str) -> No
             raise ValueError(f"unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
+def _press_axis(grid: Grid, scopes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The press fields of each press of the grid (one empty entry without ``press``: cells as before presses)."""
+    if grid.press is None:
+        return [{}]
+    other = [name for name, scope in scopes.items() if not scope.presses]
+    if other:
+        raise ValueError(f"--press compresses a transformers model's KV cache: it needs --scope hf, not {other[0]}")
+    if "train" in grid.mode:
+        raise ValueError("--press times inference (forward, decode): mode train keeps no KV cache to compress; "
+                         "drop train, or sweep it in a [[grid]] of its own, without press")
+    return [press_fields(p) for p in grid.press]
+
+
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     """Every cell of every grid, validated, deduplicated; within a configuration, lengths ascend."""
     if check_device_available:
@@ -277,10 +295,11 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
         for position in grid.position:  # validated even when only op-scope cells use none
             if not all(scope.positions_from_config for scope in scopes.values()):
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
+        presses = _press_axis(grid, scopes)
         prepared = {name: scope.prepare(grid) for name, scope in scopes.items()}
-        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs in itertools.product(
-            variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads, grid.head_dim,
-            grid.kv_heads or (None,), grid.docs,
+        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs, press in (
+            itertools.product(variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads,
+                              grid.head_dim, grid.kv_heads or (None,), grid.docs, presses)
         ):
             if docs > 1 and mode == "decode":
                 continue  # a decoding step of a packed row is a step of its last document: --docs is for forward/train
@@ -290,7 +309,7 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
                 for fields in scopes[scope].shapes(grid, prepared[scope], position, h, d, kv_given, length):
                     cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope, mode=mode,
                                 device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length, causal=grid.causal,
-                                variant_spec=label, docs=docs if docs > 1 else None, **fields)
+                                variant_spec=label, docs=docs if docs > 1 else None, **fields, **press)
                     cells.setdefault(cell.key(), cell)
     return list(cells.values())
 

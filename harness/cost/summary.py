@@ -41,8 +41,8 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
         return "no rows"
     df = pd.DataFrame(rows)
     df["variant"] = [r.get("variant_spec") or r.get("variant") for r in rows]
-    dims = [c for c in ("scope", "position", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "causal",
-                        "layers", "docs", "device") if c in df and df[c].astype(str).nunique() > 1]
+    dims = [c for c in ("scope", "position", "press_spec", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads",
+                        "head_dim", "causal", "layers", "docs", "device") if c in df and df[c].astype(str).nunique() > 1]
     index = ["variant", *dims]
     for c in dims:  # pivot tables drop rows whose index holds None (e.g. layers of op-scope cells)
         df[c] = df[c].map(lambda v: "-" if v is None else str(v))
@@ -90,7 +90,8 @@ def summary_tables(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _label(r: dict[str, Any]) -> str:
-    return f"{r.get('variant_spec') or r.get('variant')} {r.get('mode', '')} L={_fmt_len(int(r.get('seq_len') or 0))}"
+    press = f" press={r['press_spec']}" if r.get("press_spec") else ""
+    return f"{r.get('variant_spec') or r.get('variant')}{press} {r.get('mode', '')} L={_fmt_len(int(r.get('seq_len') or 0))}"
 
 
 def error_reasons(rows: Sequence[dict[str, Any]], width: int = 160) -> list[tuple[str, str, str, int]]:

@@ -13,11 +13,16 @@ FLOPs: 2 per multiply-add of every ``nn.Linear`` weight per token it is applied 
 ``forward``), x 3 for ``train``, plus ``num_hidden_layers`` x the variant's own count of the attention in that mode,
 with the config's query heads, key/value heads (GQA) and head dim.
 
+``--press`` (harness.cost.presses): forward and decode as kvpress's pipeline runs them, the press's hooks on during
+the prefill; its FLOPs are the model's (no LM head in forward, where the base model prefills; a decode step attends
+over the tokens each layer kept), the press's own scoring not counted.
+
 Shapes (heads, key/value heads, head dim, layers) and positions come from each model config, read once per grid.
 transformers is imported only when an hf cell is resolved or built (``attn.hf`` imports it).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -25,6 +30,7 @@ from torch import nn
 
 import attn
 from harness.cost.cells import DTYPES, Cell, Measured, Scope, attention_flops, json_normal, register_scope, train_factor
+from harness.cost.presses import build_press
 
 
 def hf_shape(hf_config: str, kv_heads: int | None = None) -> dict[str, Any]:
@@ -81,8 +87,9 @@ def _position_spec(cell: Cell, config: Any) -> str | None:
     return _spec_text(cell.position, cell.position_params)
 
 
-def hf_flops(model: nn.Module, cell: Cell, module: Any) -> int:
-    """Every nn.Linear per token it multiplies (the LM head on the last token only in forward) + the attention."""
+def hf_flops(model: nn.Module, cell: Cell, module: Any, kept: list[int] | None = None) -> int:
+    """Every nn.Linear per token it multiplies (the LM head on the last token only in forward, not at all in a press's
+    forward) + the attention; ``kept``: the tokens each layer's cache holds, which a decode step attends over."""
     head = model.get_output_embeddings()
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     body = sum(m.weight.numel() for m in linears if m is not head)
@@ -90,8 +97,12 @@ def hf_flops(model: nn.Module, cell: Cell, module: Any) -> int:
     B, L = cell.batch_size, cell.seq_len
     tokens = B * (1 if cell.mode == "decode" else L)
     head_tokens = B if cell.mode in ("forward", "decode") else B * L
+    if cell.press is not None and cell.mode == "forward":
+        head_tokens = 0
     weights = train_factor(cell.mode) * 2 * (tokens * body + head_tokens * head_w)
-    return weights + cell.layers * attention_flops(module, cell)
+    if kept is None:
+        return weights + cell.layers * attention_flops(module, cell)
+    return weights + sum(attention_flops(module, dataclasses.replace(cell, seq_len=k)) for k in kept)
 
 
 def build_hf(cell: Cell) -> Measured:
@@ -110,7 +121,10 @@ def build_hf(cell: Cell) -> Measured:
         ran = sorted({m.last_backend for m in attention_modules(model) if m.last_backend})
         return ",".join(ran) or None
 
-    flops = hf_flops(model, cell, attn.build_attention(cell.variant, **cell.variant_params))
+    module = attn.build_attention(cell.variant, **cell.variant_params)
+    if cell.press is not None:
+        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, module, kept))
+    flops = hf_flops(model, cell, module)
     if cell.mode == "decode":
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
@@ -158,6 +172,7 @@ def hf_grid_fields(configs: tuple[str, ...], positions: tuple[str, ...], kv_head
 @register_scope("hf")
 class HfScope(Scope):
     positions_from_config = True
+    presses = True
 
     def check(self, grid: Any) -> None:
         if not grid.causal:
@@ -178,7 +193,7 @@ class HfScope(Scope):
         return prepared[(position, kv_heads)]  # shapes and positions come from each model config
 
     def label(self, cell: Cell) -> list[str]:
-        return [f"hf:{cell.hf_config}/{cell.position}"]
+        return [f"hf:{cell.hf_config}/{cell.position}"] + ([f"press={cell.press_spec}"] if cell.press else [])
 
     def build(self, cell: Cell) -> Measured:
         return build_hf(cell)

@@ -1,0 +1,145 @@
+"""The press axis of ``--scope hf`` (``--press``): what a KV press (attn.hf.presses: kvpress's presses by name,
+``none``, ``quantized``) costs inside a transformers model, timed the way kvpress's pipeline runs it.
+
+- ``forward``: the prefill of L tokens with the press's hooks on, into a fresh cache of the press's kind each call
+  (``with press(model): model.model(input_ids, past_key_values=cache)``: attn.hf.presses.prefill_with), so the row
+  says what scoring and pruning cost on top of the prefill; ``none`` is the same prefill into a cache without hooks.
+  The LM head does not run (kvpress prefills the base model). The kept tokens are the last timed call's cache's.
+- ``decode``: the context prefilled and compressed outside the timed region, then one token decoded against the
+  compressed cache at position L (the context's true position, as kvpress decodes), the cache put back after each
+  timed step (:func:`rewind`).
+- ``train``: refused when the grid is read (training keeps no KV cache to compress).
+
+Rows carry the press (``press``, ``press_spec``, ``press_params``, ``compression_ratio``: Cell fields) and what the
+cache holds (:func:`cache_columns`). Presses that prune compose with our ``full`` variant only
+(harness.accuracy.hf_presses.press_unsupported); such a cell, a press that compresses while decoding in a decode
+cell, and a press that fails inside the model (kvpress's observed_attention wants eager attention) are recorded as
+``unsupported`` with the reason.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from attn.attention.base import UnsupportedBackend
+from harness.cost.cells import Cell, Measured, json_normal
+from harness.cost.options import strs
+from harness.messages import looks_like_oom, one_line
+
+
+def parse_presses(value: Any, where: str) -> list[str]:
+    """The ``press`` option: press specs, each validated now (attn.hf.presses.parse_press) -> their labels."""
+    from attn.hf.presses import parse_press
+
+    out = []
+    for text in strs(split=False)(value, where):  # commas belong to the spec: name:key=v,key=v
+        try:
+            label = parse_press(text).label
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if label not in out:
+            out.append(label)
+    return out
+
+
+def press_fields(text: str) -> dict[str, Any]:
+    """The Cell fields of a press spec (every parameter it runs with, defaults included, as rows record them)."""
+    from attn.hf.presses import parse_press
+
+    spec = parse_press(text)
+    return {"press": spec.name, "press_spec": spec.label, "press_params": json_normal(spec.all_params),
+            "compression_ratio": spec.ratio}
+
+
+def check_press(cell: Cell, config: Any, press: Any) -> None:
+    """Refuse (UnsupportedBackend) what a press cannot time here: a pruning press on a variant that picks keys by
+    position or on a model with several layer types, and in decode a press that compresses while decoding."""
+    from attn.hf.presses import decoding_press
+    from harness.accuracy.hf_presses import press_unsupported
+
+    types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
+    layer_specs = {t: cell.variant_spec for t in types} if len(types) > 1 else None
+    why = press_unsupported(cell.variant, layer_specs) if press is not None else None  # none, quantized keep every key
+    if why is None and cell.mode == "decode" and decoding_press(press):
+        why = (f"press {cell.press_spec} compresses while decoding too, so a decode step's cost changes from step to "
+               "step: time it in forward")
+    if why is not None:
+        raise UnsupportedBackend(why)
+
+
+def refusal(cell: Cell, e: Exception) -> Exception:
+    """A press failing inside the model is a property of the press (unsupported); running out of memory is not."""
+    if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or looks_like_oom(str(e)):
+        return e
+    return UnsupportedBackend(one_line(f"press {cell.press_spec} cannot run here: {type(e).__name__}: {e}"))
+
+
+def cache_columns(cache: Any) -> dict[str, Any]:
+    """What a compressed cache holds: tokens per layer (min, mean, max) and bytes (attn.hf.presses.cache_bytes)."""
+    from attn.hf.presses import cache_bytes, kept_tokens
+
+    kept = kept_tokens(cache)
+    return {"kv_tokens_min": min(kept), "kv_tokens_mean": sum(kept) / len(kept), "kv_tokens_max": max(kept),
+            "kv_cache_bytes": cache_bytes(cache)}
+
+
+def rewind(cache: Any) -> Callable[[], None]:
+    """What puts ``cache`` back as it is now after a decode step: ``crop(-1)``, layer by layer (a press may keep a
+    different number of tokens per layer). A quantized layer cannot be cropped (``crop`` would cut its full-precision
+    residual only, and not its count of tokens seen): its attributes are put back as they were instead, which holds
+    because ``update`` rebinds them and never writes into their tensors. Each timed step of a quantized cache thus
+    dequantizes all L tokens, as every step does; its re-quantization every ``residual_length`` steps is not timed."""
+    from transformers.cache_utils import QuantizedLayer
+
+    if not any(isinstance(layer, QuantizedLayer) for layer in cache.layers):
+        return functools.partial(cache.crop, -1)
+    saved = [dict(vars(layer)) for layer in cache.layers]
+
+    def restore() -> None:
+        for layer, state in zip(cache.layers, saved, strict=True):
+            vars(layer).update(state)
+    return restore
+
+
+def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[], str | None],
+                flops: Callable[[list[int] | None], int]) -> Measured:
+    """The measured callable of a press cell (forward or decode) on ``model`` with context ``idx`` (B, L).
+    ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward)."""
+    from attn.hf.presses import kept_tokens, parse_press, prefill_with
+
+    spec = parse_press(cell.press_spec or "")
+    press = spec.build()
+    check_press(cell, model.config, press)
+    B, L = idx.shape
+    if cell.mode == "forward":
+        last: list[Any] = []
+
+        def prefill() -> None:
+            last.clear()  # the previous call's cache goes before this one fills: one cache alive, as in a pipeline
+            try:
+                last.append(prefill_with(model, spec, press, idx))
+            except Exception as e:  # noqa: BLE001  (kept as the cell's status)
+                raise refusal(cell, e) from e
+
+        return Measured(prefill, flops(None), B * L, backend, columns=lambda: cache_columns(last[0]))
+    try:
+        cache = prefill_with(model, spec, press, idx)  # untimed: the compressed context
+    except Exception as e:  # noqa: BLE001
+        raise refusal(cell, e) from e
+    token = torch.randint(0, model.config.vocab_size, (B, 1), device=idx.device)
+    position = torch.full((B, 1), L, device=idx.device)  # the context's length, not the cache's
+    back, columns = rewind(cache), cache_columns(cache)
+
+    def decode_step() -> torch.Tensor:
+        with torch.no_grad():
+            out = model(token, past_key_values=cache, position_ids=position, use_cache=True).logits
+        back()  # every timed step decodes against the same compressed cache
+        return out
+
+    return Measured(decode_step, flops(kept_tokens(cache)), B, backend, cache, columns=lambda: columns)
+
+
+__all__ = ["build_press", "cache_columns", "check_press", "parse_presses", "press_fields", "refusal", "rewind"]
