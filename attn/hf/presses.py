@@ -304,6 +304,18 @@ def decode(model: Any, press: Any, cache: Any, question: list[int], start: int, 
     return ids
 
 
+def press_unsupported(variant: str, layer_specs: dict[str, str] | None) -> str | None:
+    """Why presses cannot run on this setting (None: they can). A press prunes cache entries by content, so a variant
+    that picks keys by their position (a window, blocks) would see the kept keys as if they were contiguous."""
+    if layer_specs is not None:
+        return ("a model with layer types (its sliding layers' caches are windows already): presses run on models "
+                "whose every layer is full attention")
+    if variant != "full":
+        return (f"{variant} selects keys by position, and a press leaves the kept keys' positions behind (the cache "
+                "holds them as if contiguous): presses compose with full only")
+    return None
+
+
 # -- what a compressed cache holds ------------------------------------------------------------------------------
 
 def kept_tokens(cache: Any) -> list[int]:
@@ -332,4 +344,4 @@ def cache_bytes(cache: Any) -> int:
 
 __all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "compress", "decode",
            "decoding_press", "kept_tokens", "language_model", "parse_press", "press_catalog", "press_classes",
-           "press_name", "press_params", "prefill_with", "replayable"]
+           "press_name", "press_params", "press_unsupported", "prefill_with", "replayable"]

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attn.hf.presses import press_unsupported
 from harness.accuracy import hf_lm, hf_prompts  # noqa: F401  (register the checkpoint tasks: lm, passkey, ruler)
 from harness.accuracy.build import Spec, parse_variant
 from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
-from harness.accuracy.hf_presses import PressCache, equal_memory_budget, equal_memory_specs, press_columns, press_unsupported
+from harness.accuracy.hf_presses import PressCache, equal_memory_budget, equal_memory_specs, press_columns
 from harness.accuracy.hf_prompts import PrefixCache
 from harness.accuracy.hf_tasks import checkpoint_task_names, get_checkpoint_task
 from harness.accuracy.jobs import resolved

@@ -174,17 +174,5 @@ def parse_presses(texts: Sequence[str]) -> list[PressSpec]:
     return specs
 
 
-def press_unsupported(variant: str, layer_specs: dict[str, str] | None) -> str | None:
-    """Why presses cannot run on this setting (None: they can). A press prunes cache entries by content, so a variant
-    that picks keys by their position (a window, blocks) would see the kept keys as if they were contiguous."""
-    if layer_specs is not None:
-        return ("a model with layer types (its sliding layers' caches are windows already): presses run on models "
-                "whose every layer is full attention")
-    if variant != "full":
-        return (f"{variant} selects keys by position, and a press leaves the kept keys' positions behind (the cache "
-                "holds them as if contiguous): presses compose with full only")
-    return None
-
-
 __all__ = ["BLOCK", "NONE", "SINKS", "PressCache", "equal_memory_budget", "equal_memory_specs", "parse_presses",
-           "press_columns", "press_unsupported"]
+           "press_columns"]

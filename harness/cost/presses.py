@@ -12,7 +12,7 @@
 
 Rows carry the press (``press``, ``press_spec``, ``press_params``, ``compression_ratio``: Cell fields) and what the
 cache holds (:func:`cache_columns`). Presses that prune compose with our ``full`` variant only
-(harness.accuracy.hf_presses.press_unsupported); such a cell, a press that compresses while decoding in a decode
+(attn.hf.presses.press_unsupported); such a cell, a press that compresses while decoding in a decode
 cell, and a press that fails inside the model (kvpress's observed_attention wants eager attention) are recorded as
 ``unsupported`` with the reason.
 """
@@ -57,8 +57,7 @@ def press_fields(text: str) -> dict[str, Any]:
 def check_press(cell: Cell, config: Any, press: Any) -> None:
     """Refuse (UnsupportedBackend) what a press cannot time here: a pruning press on a variant that picks keys by
     position or on a model with several layer types, and in decode a press that compresses while decoding."""
-    from attn.hf.presses import decoding_press
-    from harness.accuracy.hf_presses import press_unsupported
+    from attn.hf.presses import decoding_press, press_unsupported
 
     types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
     layer_specs = {t: cell.variant_spec for t in types} if len(types) > 1 else None
