@@ -22,13 +22,14 @@ import torch
 
 def padding_mask(
     batch_size: int,
-    q_length: int,
-    kv_length: int,
+    q_length: int | None = None,
+    kv_length: int = 0,
     q_offset: int | torch.Tensor = 0,
     kv_offset: int = 0,
     attention_mask: torch.Tensor | None = None,
     use_vmap: bool = False,
     device: torch.device | str = "cpu",
+    cache_position: torch.Tensor | None = None,
     **kwargs,
 ) -> torch.Tensor | None:
     """transformers' mask-interface signature -> (B, Lw) bool padding mask of the written keys, or None.
@@ -36,7 +37,14 @@ def padding_mask(
     transformers' 2-D ``attention_mask`` covers every position seen so far (``(B, past + Lq)``); the keys
     of this layer are positions ``kv_offset .. kv_offset + kv_length - 1`` (a sliding-window cache keeps
     only the last ones), of which the first ``Lw = q_offset + q_length - kv_offset`` are written.
+
+    transformers 5.2 passes the queries' positions as ``cache_position`` (``(Lq,)``, consecutive) instead of
+    ``q_length``, ``q_offset`` and ``device`` (newer releases): they are read from it.
     """
+    if q_length is None:
+        if cache_position is None:
+            raise TypeError("padding_mask needs q_length or cache_position (transformers 5.2)")
+        q_length, q_offset, device = cache_position.shape[0], cache_position[0], cache_position.device
     if use_vmap:  # set only when a model overlays its own mask function (or_/and_mask_function)
         raise ValueError("this model overlays its own mask pattern on the causal mask (e.g. bidirectional image "
                          "tokens); attn-bench variants take no mask, so they cannot run it")
