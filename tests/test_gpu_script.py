@@ -135,8 +135,10 @@ def test_the_stage_caps_fit_the_budget_and_the_readme_gives_the_call_that_fits()
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rehearsal")
 def test_gpu_check_installs_offline_and_runs_end_to_end_on_cpu(image_python, wheels, tmp_path):
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as run_script: the image's packages only
     for module in ("xformers", "fla", "einops", "attn"):  # not in the stand-in image
-        assert subprocess.run([image_python, "-c", f"import {module}"], cwd="/", capture_output=True).returncode != 0, module
+        assert subprocess.run([image_python, "-c", f"import {module}"], cwd="/", env=bare,
+                              capture_output=True).returncode != 0, module
     before = git_status()
     out, site = tmp_path / "gpu", tmp_path / "site"
     proc = run_script(image_python, wheels, out, site, "--lengths", "1K")
