@@ -127,13 +127,30 @@ def noisy_reason(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> st
 
 
 PEAK_SIZE = {"cpu": 2048, "cuda": 8192}  # square matmuls big enough to reach each device's practical peak
+PROBE_S = 0.2  # CPU: the size doubles from 256 while one call takes less than this
 
 
 def peak_matmul(device: str, dtype: Any) -> tuple[Callable[[], Any], int]:
-    """An ``n x n`` matmul in ``dtype`` (a torch dtype) on ``device`` and its FLOPs (2 n^3)."""
+    """An ``n x n`` matmul in ``dtype`` (a torch dtype) on ``device`` and its FLOPs (2 n^3).
+
+    On CPU ``n`` doubles from 256 up to 2048 while one call stays under ``PROBE_S``: fp32 reaches 2048 on every
+    machine seen (>= 110 GFLOP/s), while a dtype this CPU has no fast kernel for (bf16 without AVX-512: one 2048
+    matmul took 108 s on an AVX2 EPYC) is timed at a size that stays within the probe's second."""
+    import time
+
     import torch
 
     n = PEAK_SIZE["cuda" if device.startswith("cuda") else "cpu"]
+    if not device.startswith("cuda"):
+        size = 256
+        while size < n:
+            x = torch.randn(size, size, dtype=dtype)
+            t0 = time.perf_counter()
+            torch.mm(x, x)
+            if time.perf_counter() - t0 >= PROBE_S:
+                break
+            size *= 2
+        n = size
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
