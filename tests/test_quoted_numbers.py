@@ -426,6 +426,15 @@ quote(RESULTS, "(the best `string_match` of the 24 cells: {} for `full`, {} for 
       *(val(f, ".3f", "max", metric="string_match") for f in (RU, RW)))
 
 
+KD = "kvpress-decode-cpu.jsonl"
+for label, spec in (("`none`", "none"), ("`snapkv` 0.5", "snapkv:compression_ratio=0.5"),
+                    ("`quantized:nbits=4`", "quantized:nbits=4")):
+    quote(RESULTS, f"| {label} | {{}} ms | {{}} ms | {{}} MiB | {{}} ms |",
+          *(V(KD, {"press_spec": spec, "mode": "decode", "seq_len": L}, "latency_ms") for L in (4096, 16384)),
+          V(KD, {"press_spec": spec, "mode": "decode", "seq_len": 16384}, "kv_cache_bytes", scale=2**-20, spec=".0f"),
+          V(KD, {"press_spec": spec, "mode": "forward", "seq_len": 16384}, "latency_ms"))
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 def committed() -> list[str]:
