@@ -307,8 +307,31 @@ class Attention(nn.Module):
             return self.flops(batch, heads, 1, seq_len + 1, head_dim, True)
         raise ValueError(f"unknown mode {mode!r}; valid: forward, train, decode")
 
+    def selection_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int,
+                        kv_heads: int | None = None) -> int:
+        """FLOPs a variant spends *choosing* its keys in ``mode`` (scoring blocks by their pooled keys, a lightning
+        indexer), 2 per MAC, counted apart from :meth:`mode_flops` (the attention on the chosen keys): cost rows
+        report both, and their sum is the work the call does. 0 for a fixed pattern (a window, a block layout)."""
+        return 0
+
+    # -- selection --------------------------------------------------------------------------
+    def kept_keys(self, q: torch.Tensor, k: torch.Tensor, causal: bool = True,
+                  **inputs: torch.Tensor) -> torch.Tensor | None:
+        """Bool (B, H, Lq, Lk): the keys whose scores enter each query's softmax when that query is the newest token
+        (bottom-right aligned), i.e. what a decoding step of this variant reads. The selector-fidelity task compares
+        it with full attention's probabilities. Default: every visible key (causal or not); None for a variant that
+        is not a softmax over a subset of keys (a recurrence)."""
+        from attn.attention.full import causal_mask
+
+        B, H, Lq, Lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        return causal_mask(Lq, Lk, q.device, causal=causal).expand(B, H, Lq, Lk)
+
     # -- incremental decoding -----------------------------------------------------------
     supports_decode: ClassVar[bool] = True
+    # True when a call whose queries are the whole sequence (a prefill, Lq == Lk) attends densely and only calls with
+    # Lq < Lk select keys (Quest, as in its paper): decoding then equals the forward *call by call* (each step equals
+    # a forward of its queries over the keys before them), not one forward over every token.
+    dense_prefill: ClassVar[bool] = False
 
     def new_state(self, max_len: int = 0) -> Any:
         """Per-layer decoding state (the contract: attn/attention/state.py); the default keeps every key and value."""
@@ -375,6 +398,10 @@ class RecurrentAttention(Attention):
     ``flops(B, H, L, L, D)`` forward, 3x that to train (backward = 2x forward, as for every variant), and a decoding
     step -- absorb ONE key into the state, read it with one query -- ``flops(B, H, 1, 1, D)``, whatever the context
     length L is. ``kv_heads`` (GQA) reaches :meth:`flops`: the state is updated per key head, read per query head."""
+
+    def kept_keys(self, q: torch.Tensor, k: torch.Tensor, causal: bool = True,
+                  **inputs: torch.Tensor) -> torch.Tensor | None:
+        return None  # a state, not a subset of keys: the selection metric has nothing to compare
 
     def mode_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
                    kv_heads: int | None = None) -> int:

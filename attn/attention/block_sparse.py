@@ -258,6 +258,10 @@ class BlockSparseAttention(Attention):
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
         return visible_pairs(self.config, q_len, k_len, causal)
 
+    def kept_keys(self, q, k, causal=True, **inputs):
+        mask = element_mask(self.config, q.shape[2], k.shape[2], causal, q.device)
+        return mask.expand(q.shape[0], q.shape[1], *mask.shape)
+
     def backend_reference(self, q, k, v, causal):
         return dense_attention(q, k, v, element_mask(self.config, q.shape[2], k.shape[2], causal, q.device))
 

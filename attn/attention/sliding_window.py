@@ -226,6 +226,10 @@ class SlidingWindowAttention(Attention):
     def sinks(self) -> int:
         return self.config.sinks
 
+    def kept_keys(self, q, k, causal=True, **inputs):
+        mask = window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device, self.config.dilation)
+        return mask.expand(q.shape[0], q.shape[1], *mask.shape)
+
     def backend_reference(self, q, k, v, causal):
         mask = window_mask(q.shape[2], k.shape[2], self.window, causal, self.sinks, q.device, self.config.dilation)
         pos = torch.arange(k.shape[2], device=q.device)  # queries are the last Lq positions

@@ -130,7 +130,8 @@ def train_factor(mode: str) -> int:
 
 def attention_flops(module: Any, cell: Cell) -> int:
     """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
-    decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention)."""
+    decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention), plus what it
+    spends choosing its keys (:func:`selection_flops`): the work the call does."""
     packed = cell.mode != "decode" and cell.docs  # only within-document pairs (a decode step is in its last document)
     total = 0
     for length in document_lengths(cell.documents(), cell.seq_len) if packed else [cell.seq_len]:
@@ -139,7 +140,19 @@ def attention_flops(module: Any, cell: Cell) -> int:
             total += int(module.mode_flops(*args, kv_heads=cell.num_kv_heads))
         else:
             total += int(module.mode_flops(*args))  # a plugin's count without GQA: as multi-head
-    return total
+    return total + selection_flops(module, cell)
+
+
+def selection_flops(module: Any, cell: Cell) -> int:
+    """The part of :func:`attention_flops` a selecting variant spends scoring blocks or tokens (its
+    ``selection_flops``; 0 for fixed patterns and for plugins that do not say), per attention call."""
+    count = getattr(module, "selection_flops", None)
+    if count is None:
+        return 0
+    packed = cell.mode != "decode" and cell.docs
+    lengths = document_lengths(cell.documents(), cell.seq_len) if packed else [cell.seq_len]
+    return sum(int(count(cell.mode, cell.batch_size, cell.num_heads, n, cell.head_dim, cell.num_kv_heads))
+               for n in lengths)
 
 
 def linear_weights(model: nn.Module) -> int:
@@ -246,5 +259,6 @@ def build(cell: Cell) -> Measured:
 
 __all__ = [
     "Cell", "DTYPES", "KEY_FIELDS", "MODES", "Measured", "Rewind", "SCOPES", "Scope", "attention_flops", "build",
+    "selection_flops",
     "check_supported", "json_normal", "kv_heads_field", "linear_weights", "register_scope", "train_factor",
 ]

@@ -9,7 +9,17 @@ import torch
 
 import attn
 from attn.attention.token_inputs import draw_inputs
-from harness.cost.cells import DTYPES, Cell, Measured, Rewind, Scope, attention_flops, kv_heads_field, register_scope
+from harness.cost.cells import (
+    DTYPES,
+    Cell,
+    Measured,
+    Rewind,
+    Scope,
+    attention_flops,
+    kv_heads_field,
+    register_scope,
+    selection_flops,
+)
 
 
 def op_flops(module: Any, cell: Cell) -> int:
@@ -22,6 +32,8 @@ def build_op(cell: Cell) -> Measured:
     B, H, Hkv, L, D = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim
     module = attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params).to(dev, dtype)
     flops = op_flops(module, cell)
+    chosen = selection_flops(module, cell)
+    columns = (lambda: {"selection_flops": chosen}) if chosen else None  # its part of `flops`
     backend = lambda: module.last_backend
     extra = lambda n: draw_inputs(module.token_inputs, B, Hkv, n, D, device=dev, dtype=dtype)  # gates, decays: (B, H_kv, n, .)
 
@@ -41,7 +53,7 @@ def build_op(cell: Cell) -> Measured:
             rewind()
             return out
 
-        return Measured(decode_step, flops, B, backend, state)
+        return Measured(decode_step, flops, B, backend, state, columns)
 
     q, k, v = (torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, L, D)
     inputs, documents = extra(L), cell.documents(dev)
@@ -55,13 +67,13 @@ def build_op(cell: Cell) -> Measured:
             out = module(q, k, v, causal=cell.causal, documents=documents, **inputs)
             return torch.autograd.grad(out, leaves, grad_out)
 
-        return Measured(train_step, flops, B * L, backend)
+        return Measured(train_step, flops, B * L, backend, columns=columns)
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return module(q, k, v, causal=cell.causal, documents=documents, **inputs)
 
-    return Measured(forward, flops, B * L, backend)
+    return Measured(forward, flops, B * L, backend, columns=columns)
 
 
 @register_scope("op")
