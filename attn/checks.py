@@ -8,7 +8,8 @@
   odd lengths below and above typical block sizes, and with fewer queries than keys (bottom-right);
 - gradients of q, k, v, where the backend declares ``backward`` on the device;
 - each dtype the backend declares, fp32 and bf16 (fp16 too when declared and asked for);
-- decoding: the variant's own ``new_state``/``step``, token by token and in chunks, equals one forward;
+- decoding: the variant's own ``new_state``/``step``, token by token and in chunks, equals one forward (a
+  ``dense_prefill`` variant: a forward per step, of its queries over the keys before them);
 - grouped-query attention: k, v with H_kv < H heads (a variant without ``supports_gqa`` gets them repeated);
 - token inputs (gates, decays) drawn as a fresh layer makes them, with their gradients too.
 
@@ -172,6 +173,10 @@ def _check_decode_once(m: Any, name: str, params: dict[str, Any], device: str, l
     ref = attn.build_attention(name, backend="reference", **params).to(device)
     with torch.no_grad():
         expected = ref(q, k, v, causal=True, **extra)
+        if m.dense_prefill:  # a step equals a forward of its queries over the keys before them (Quest)
+            ends = [e for e in torch.tensor(DECODE_CHUNKS).cumsum(0).tolist() if e < length] + [length]
+            expected = torch.cat([ref(q[:, :, a:e], k[:, :, :e], v[:, :, :e], causal=True, **sliced(extra, 0, e))
+                                  for a, e in zip([0, *ends[:-1]], ends, strict=True)], 2)
         state, outs, t = m.start_state(length), [], 0
         for n in DECODE_CHUNKS:
             outs.append(m.run_step(q[:, :, t: t + n], k[:, :, t: t + n], v[:, :, t: t + n], state,

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 import attn
 
 # Small parameters so every variant's structure (windows, blocks, chunks) shows at test lengths.
-SMALL = {"sliding_window": {"window": 4}, "block_sparse": {"block_size": 4}, "linear": {"chunk_size": 4}}
+SMALL = {"sliding_window": {"window": 4}, "block_sparse": {"block_size": 4}, "linear": {"chunk_size": 4},
+         "moba": {"block_size": 2, "topk": 3}, "quest": {"page_size": 2, "token_budget": 4}}
 
 
 def variants(causal=True):
@@ -34,7 +35,9 @@ def test_future_tokens_never_change_past_logits(name, T, i, seed):
     torch.testing.assert_close(a[:, : i + 1], b[:, : i + 1], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in variants() if next(s for s in attn.list_attention() if s["name"] == n)["decode"]])
+# A dense_prefill variant (Quest) equals the forward call by call, not one forward over every token: test_quest.py.
+@pytest.mark.parametrize("name", [n for n in variants() if next(s for s in attn.list_attention() if s["name"] == n)["decode"]
+                                  and not attn.registry.ATTENTION.get(n).cls.dense_prefill])
 @pytest.mark.parametrize("chunks", [[1] * 19, [5, 1, 7, 6], [19]])
 def test_decoding_with_the_cache_equals_the_full_forward(name, chunks):
     model = model_for(name)

@@ -1,0 +1,171 @@
+"""Attention that each query restricts to the key blocks it scores highest: what MoBA and Quest share.
+
+Keys are cut into absolute blocks of ``bs`` tokens (block ``c`` = positions ``[c * bs, (c + 1) * bs)``). A query at
+position ``t`` lies in block ``b = t // bs``; every earlier block is complete, and those are its candidates. A variant
+scores them (MoBA: the query against each block's mean key; Quest: an upper bound from each page's key minima and
+maxima), keeps the ``n`` best, and attends to their tokens plus its own block up to itself (causal). Ties in the
+scores go to whatever ``torch.topk`` picks; the reference and the fast path share :func:`top_blocks`, so they agree.
+
+Rule, per query ``t`` and key ``j``: visible iff ``j // bs`` is one of ``t``'s chosen blocks, or ``j // bs == b`` and
+``j <= t``. Queries are the last ``Lq`` of ``Lk`` positions (bottom-right aligned), so a decoding step equals the row
+of a forward whenever the summaries it scores are the same.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from attn.attention.state import KVCache
+
+# Gathered keys per query chunk of the fast path, in elements (B * H * C * W * D): bounds its temporaries at ~64 MB.
+GATHER_ELEMENTS = 1 << 24
+
+
+def query_blocks(q_len: int, k_len: int, bs: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Block of each query (Lq,), the queries being the last ``q_len`` of ``k_len`` positions."""
+    return torch.arange(k_len - q_len, k_len, device=device) // bs
+
+
+def block_view(k: torch.Tensor, bs: int) -> torch.Tensor:
+    """The complete blocks of k (B, H_kv, Lk, D) -> (B, H_kv, Lk // bs, bs, D), promoted to at least float32."""
+    B, H, L, D = k.shape
+    n = L // bs
+    return k[:, :, : n * bs].reshape(B, H, n, bs, D).to(torch.promote_types(k.dtype, torch.float32))
+
+
+def grouped_scores(q: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
+    """q (B, H, Lq, D) against per-key-head block summaries (B, H_kv, n, D) -> (B, H, Lq, n), in float32 or wider.
+    A key head's G query heads are folded into its rows (GQA), so the summary is never repeated."""
+    B, H, Lq, D = q.shape
+    Hkv, n = summary.shape[1], summary.shape[2]
+    g = H // Hkv
+    qf = q.to(summary.dtype).reshape(B, Hkv, g * Lq, D)
+    return (qf @ summary.transpose(-2, -1)).reshape(B, H, Lq, n)
+
+
+def top_blocks(scores: torch.Tensor, q_block: torch.Tensor, n_select: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``n_select`` best candidate blocks of each query: scores (B, H, Lq, n) over complete blocks, q_block (Lq,)
+    -> indices (B, H, Lq, S) and valid (B, H, Lq, S), S = min(n_select, n). Candidates are blocks before the query's
+    own; a query with fewer than S candidates has its extra slots invalid."""
+    n = scores.shape[-1]
+    S = min(n_select, n)
+    if S == 0:
+        empty = scores.new_zeros(*scores.shape[:-1], 0)
+        return empty.long(), empty.bool()
+    future = torch.arange(n, device=scores.device)[None, :] >= q_block[:, None]  # (Lq, n): own block and later
+    vals, idx = scores.masked_fill(future, float("-inf")).topk(S, dim=-1)
+    return idx, torch.isfinite(vals)
+
+
+def selection_mask(idx: torch.Tensor, valid: torch.Tensor, k_len: int, bs: int) -> torch.Tensor:
+    """Dense (B, H, Lq, Lk) bool mask of the rule above, from the chosen blocks (references and kept_keys)."""
+    B, H, Lq, _ = idx.shape
+    n_all = -(-k_len // bs)
+    chosen = torch.zeros(B, H, Lq, n_all + 1, dtype=torch.bool, device=idx.device)
+    chosen.scatter_(-1, torch.where(valid, idx, n_all), True)  # invalid slots land in a spare column
+    t = torch.arange(k_len - Lq, k_len, device=idx.device)[:, None]
+    j = torch.arange(k_len, device=idx.device)[None, :]
+    own = (j // bs == t // bs) & (j <= t)  # (Lq, Lk)
+    return chosen[..., :n_all].repeat_interleave(bs, dim=-1)[..., :k_len] | own
+
+
+def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor,
+                    bs: int) -> torch.Tensor:
+    """Softmax attention over each query's chosen blocks and its own block, gathering only those keys.
+
+    q (B, H, Lq, D), k, v (B, H_kv, Lk, D), idx/valid (B, H, Lq, S) -> (B, H, Lq, D). Each query reads
+    ``(S + 1) * bs`` gathered keys, so work is linear in Lq and a decoding step reads the same amount at any context.
+    Queries go in chunks that bound the gathered temporaries (GATHER_ELEMENTS). Differentiable in q, k and v (the
+    chosen blocks are a fixed index set); keys are gathered in at least float32, so a block gathered by many queries
+    sums its gradient in float32.
+    """
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    g, S = H // Hkv, idx.shape[-1]
+    f = torch.promote_types(q.dtype, torch.float32)
+    W = (S + 1) * bs
+    t = torch.arange(Lk - Lq, Lk, device=q.device)  # absolute query positions
+    ar = torch.arange(bs, device=q.device)
+    own = (t // bs)[:, None] * bs + ar  # (Lq, bs)
+    own_ok = own <= t[:, None]
+    own = own.clamp(max=Lk - 1)  # past-the-end slots of a partial block: masked, read in bounds
+    kf, vf = k.to(f), v.to(f)
+    scale = 1.0 / math.sqrt(D)
+    step = max(1, GATHER_ELEMENTS // max(1, B * H * W * D))
+    outs = []
+    for a in range(0, Lq, step):
+        e = min(Lq, a + step)
+        C = e - a
+        sel = (idx[:, :, a:e, :, None] * bs + ar).flatten(-2)  # (B, H, C, S*bs)
+        sel_ok = valid[:, :, a:e, :, None].expand(-1, -1, -1, -1, bs).flatten(-2)
+        pos = torch.cat([torch.where(sel_ok, sel, 0), own[a:e].expand(B, H, C, bs)], -1)  # (B, H, C, W)
+        ok = torch.cat([sel_ok, own_ok[a:e].expand(B, H, C, bs)], -1)
+        flat = pos.reshape(B, Hkv, g * C * W, 1).expand(-1, -1, -1, D)  # query head h reads key head h // g
+        kg = kf.gather(2, flat).view(B, H, C, W, D)
+        vg = vf.gather(2, flat).view(B, H, C, W, D)
+        scores = torch.einsum("bhcd,bhcwd->bhcw", q[:, :, a:e].to(f), kg) * scale
+        probs = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1)  # own key always visible: no empty row
+        outs.append(torch.einsum("bhcw,bhcwd->bhcd", probs, vg))
+    return torch.cat(outs, 2).to(q.dtype)
+
+
+def selected_pairs(q_len: int, k_len: int, bs: int, n_select: int) -> int:
+    """Visible (query, key) pairs under the rule, counted per query in O(Lq): min(S, b) whole blocks plus its own."""
+    t = torch.arange(k_len - q_len, k_len, dtype=torch.int64)
+    b = t // bs
+    return int((b.clamp(max=n_select) * bs + t % bs + 1).sum())
+
+
+def candidate_blocks(q_len: int, k_len: int, bs: int) -> int:
+    """(query, candidate block) pairs a selector scores: each query scores every block before its own."""
+    return int((torch.arange(k_len - q_len, k_len, dtype=torch.int64) // bs).sum())
+
+
+@dataclass
+class SummaryCache:
+    """Every key and value (selection may pick any block) plus per-block summaries of the complete blocks, kept as
+    blocks complete so a decoding step scores n summaries without touching the keys it does not choose.
+
+    ``summarize``: complete blocks (B, H_kv, n, bs, D) -> a tuple of (B, H_kv, n, D) tensors (MoBA: the mean key;
+    Quest: the minima and maxima)."""
+
+    block_size: int
+    summarize: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+    kv: KVCache = field(default_factory=KVCache)
+    summaries: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def blocks(self) -> int:
+        return self.summaries[0].shape[2] if self.summaries else 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Take new tokens -> (all keys, all values, summaries of every complete block)."""
+        keys, values = self.kv.append(k, v)
+        done, bs = self.length // self.block_size, self.block_size
+        if done > self.blocks:
+            new = self.summarize(block_view(keys[:, :, self.blocks * bs: done * bs], bs))
+            self.summaries = new if not self.summaries else tuple(
+                torch.cat([old, n], 2) for old, n in zip(self.summaries, new, strict=True))
+        return keys, values, self.summaries
+
+    def truncate(self, length: int) -> None:
+        self.kv.truncate(length)
+        keep = self.length // self.block_size
+        if self.summaries and keep < self.blocks:
+            self.summaries = tuple(s[:, :, :keep] for s in self.summaries)
+
+    def nbytes(self) -> int:
+        return self.kv.nbytes() + sum(s.numel() * s.element_size() for s in self.summaries)
+
+
+__all__ = [
+    "SummaryCache", "attend_selected", "block_view", "candidate_blocks", "grouped_scores", "query_blocks",
+    "selected_pairs", "selection_mask", "top_blocks",
+]
