@@ -20,6 +20,7 @@ from harness.accuracy.tasks import passkey  # noqa: F401
 from harness.accuracy.tasks import ruler  # noqa: F401
 from harness.accuracy.tasks import lm  # noqa: F401
 from harness.accuracy.tasks import fidelity  # noqa: F401
+from harness.accuracy.tasks import selection  # noqa: F401
 from harness.accuracy.tasks import lengthgen  # noqa: F401
 # isort: on
 

@@ -1,0 +1,218 @@
+"""Selector fidelity: how much of full attention each variant's choice of keys keeps, on the same queries.
+
+For a query ``t`` of head ``h``, full attention's probabilities ``p_t`` over the keys it sees, and the keys the variant
+reads when ``t`` is the newest token (``Attention.kept_keys``: a window, a block layout, MoBA's routed blocks, Quest's
+pages), three numbers:
+
+- ``mass``: ``sum_{j kept} p_t(j)``, the share of full attention's probability on the kept keys (1 = nothing lost);
+- ``recall``: the fraction of full attention's ``recall_k`` most probable keys that are kept (queries that see at
+  least ``recall_k`` keys);
+- ``kept``: kept keys / visible keys, the budget the selection spends.
+
+Each is averaged over the queries of a head (``*_tail``: only the queries in the last eighth of the sequence, where a
+budget binds hardest and decoding happens), with a normal interval over those queries. Two sources, as the fidelity
+task has: ``random`` (i.i.d. N(0, 1) q and k, near-uniform attention: the worst case) and ``trained`` (the q and k,
+after rotary positions, that each layer of a model trained with full attention produces on test data). Inside a
+pretrained transformers model the same numbers come from :mod:`harness.accuracy.hf_selection`.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import attn
+from attn.attention.base import UnsupportedBackend
+from harness.accuracy import build
+from harness.accuracy.build import Spec
+from harness.accuracy.jobs import Job, Plan, resolved
+from harness.accuracy.stats import Measure
+from harness.accuracy.tasks.base import BuiltOnTask
+from harness.accuracy.tasks.fidelity import Runner, _row, attention_inputs, random_qkv
+from harness.accuracy.tasks.registry import register_task
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RECALL_K = 16
+NAMES = ("mass", "mass_tail", "recall", "kept")
+QUERY_CHUNK = 512  # queries scored at once: bounds the (B, H, C, L) probabilities and masks
+
+
+def _mean(x: torch.Tensor) -> Measure:
+    """Mean of per-query values with a 95% normal interval (queries as observations)."""
+    n = x.numel()
+    if n == 0:
+        return Measure(math.nan, None, None, 0)
+    m = float(x.mean())
+    if n < 2:
+        return Measure(m, None, None, n)
+    half = 1.96 * float(x.std()) / math.sqrt(n)
+    return Measure(m, m - half, m + half, n)
+
+
+@torch.no_grad()
+def selection_measures(module: Any, q: torch.Tensor, k: torch.Tensor, recall_k: int = RECALL_K
+                       ) -> list[dict[str, Measure]] | None:
+    """Per query head, ``mass``, ``mass_tail``, ``recall`` and ``kept`` of ``module``'s kept keys against full causal
+    attention: q (B, H, L, D), k (B, H_kv, L, D) -> one dict per head; None if the variant keeps no key subset."""
+    B, H, L, D = q.shape
+    g = H // k.shape[1]
+    if module.kept_keys(q[:, :, :1], k[:, :, :1]) is None:
+        return None
+    per: dict[str, list[torch.Tensor]] = {n: [] for n in ("mass", "recall", "kept", "pos")}
+    for a in range(0, L, QUERY_CHUNK):
+        e = min(L, a + QUERY_CHUNK)
+        qc, kc = q[:, :, a:e].double(), k[:, :, :e].double()
+        kept = module.kept_keys(q[:, :, a:e], k[:, :, :e]).to(q.device)  # (B, H, C, e)
+        t = torch.arange(a, e, device=q.device)
+        visible = torch.arange(e, device=q.device)[None, :] <= t[:, None]  # (C, e)
+        scores = qc @ kc.repeat_interleave(g, 1).transpose(-2, -1) / math.sqrt(D)
+        p = torch.softmax(scores.masked_fill(~visible, -math.inf), -1)
+        kept = kept & visible
+        per["mass"].append((p * kept).sum(-1))  # (B, H, C)
+        per["kept"].append(kept.sum(-1) / visible.sum(-1))
+        top = p.topk(min(recall_k, e), -1).indices
+        per["recall"].append(kept.gather(-1, top).double().mean(-1))
+        per["pos"].append(t.expand(B, H, -1))
+    cat = {n: torch.cat(v, -1) for n, v in per.items()}  # (B, H, L)
+    tail = cat["pos"] >= L - max(1, L // 8)
+    enough = cat["pos"] >= recall_k - 1  # queries that see at least recall_k keys
+    return [{"mass": _mean(cat["mass"][:, h]), "mass_tail": _mean(cat["mass"][:, h][tail[:, h]]),
+             "recall": _mean(cat["recall"][:, h][enough[:, h]]), "kept": _mean(cat["kept"][:, h])}
+            for h in range(H)]
+
+
+def _metrics(source: str) -> tuple[str, ...]:
+    return tuple(f"{n}_{source}" for n in NAMES)
+
+
+def _append(runner: Runner, row: dict[str, Any], source: str, module: Any, q: torch.Tensor, k: torch.Tensor) -> None:
+    heads = selection_measures(module, q, k)
+    if heads is None:
+        raise UnsupportedBackend(f"{row['variant']} keeps a state, not a subset of keys: nothing to compare")
+    for h, measures in enumerate(heads):
+        runner.append({**row, "head": h}, {f"{n}_{source}": m for n, m in measures.items()})
+
+
+def run_selection(runner: Runner, p: Plan) -> None:
+    job = p.job
+    H, D = job.fidelity_heads, job.fidelity_head_dim
+    for seed in job.seeds:
+        for L in p.eval_lens:
+            q, k, _ = random_qkv(seed, H, L, D)
+            for variant in p.variants:
+                row = _row(runner, p, variant, seed, L, "random", run_id=f"random|H{H}|D{D}|s{seed}", position="none",
+                           position_params={}, train_len=None, num_heads=H, head_dim=D, task="selection")
+                if not runner.pending({**row, "head": 0}, _metrics("random")):
+                    continue
+                try:
+                    _append(runner, row, "random", build.eval_attention(variant), q, k)
+                except Exception as e:
+                    runner.fail(row, _metrics("random"), e)
+        for run in (r for r in p.runs if r.seed == seed):
+            run_trained(runner, p, run)
+
+
+def run_trained(runner: Runner, p: Plan, run: Any) -> None:
+    """The selection measures on the q and k of one model trained with full attention, per layer, at every length."""
+    job = p.job
+    base = {**runner.base_row(p, run, "zero_shot"), "task": "selection", "base_task": p.task.name}
+    layers = attn.PRESETS[job.model]["n_layers"]
+    todo = []
+    for L in p.eval_lens:
+        params = build.scaled_params(run.position, job.train_len, L, p.head_dim)
+        at = {**base, "eval_len": L, "source": "trained",
+              "position_params": resolved("position", Spec(run.position.name, params), p.head_dim)}
+        cells = [({**at, "variant": v.name, "variant_params": resolved("attention", v), "variant_spec": v.label,
+                   "backend_requested": v.backend, "layer": i}, v) for v in p.variants for i in range(layers)]
+        cells = [c for c in cells if runner.pending({**c[0], "head": 0}, _metrics("trained"))]
+        if cells:
+            todo.append((L, params, cells))
+    if not todo:
+        return
+    runner.echo(f"selection {run.position.label} seed {run.seed}: {len(todo)} lengths")
+    try:
+        model, result = runner.trained(p, run)
+    except Exception as e:
+        for _, _, cells in todo:
+            for r, _ in cells:
+                runner.fail(r, _metrics("trained"), e)
+        return
+    extra = {"params": model.num_params(), "train_loss": result.final_loss}
+    for L, params, cells in todo:
+        build.set_position(model, run.position.name, params)
+        captured = attention_inputs(model, p.task.sample_inputs(max(1, 4096 // L), L))
+        for r, variant in cells:
+            q, k = captured[r["layer"]][:2]
+            try:
+                _append(runner, {**r, **extra}, "trained", build.eval_attention(variant), q, k)
+            except Exception as e:
+                runner.fail({**r, **extra}, _metrics("trained"), e)
+
+
+@register_task("selection")
+class Selection(BuiltOnTask):
+    """How much of full attention's probability mass, and of its top keys, each variant's kept keys hold."""
+
+    main_metric = "mass_trained"
+    columns = ("source", "layer", "head")
+    figures = ("selection",)
+
+    @classmethod
+    def default_eval_lens(cls, train_len: int) -> list[int]:
+        return [train_len, 4 * train_len]
+
+    @classmethod
+    def default_job(cls) -> Job:
+        return Job(cls.name, variants=["sliding_window", "block_sparse", "moba", "quest"], positions=["rope"])
+
+    @classmethod
+    def evaluated_variants(cls, variants: list[Spec]) -> list[Spec]:
+        variants = [v for v in variants if v.name != "full"]
+        if not variants:
+            raise ValueError("selection compares variants' kept keys with full attention: give another --variant")
+        return variants
+
+    @classmethod
+    def trained_variants(cls, variants: list[Spec]) -> list[Spec]:
+        return [Spec("full")]  # the variants choose keys on full attention's queries and keys
+
+    @classmethod
+    def eval_bytes_per_token(cls, job: Job, hidden: int) -> int:
+        return max(hidden, 2 * 4 * job.fidelity_heads * job.fidelity_head_dim)
+
+    @classmethod
+    def units(cls, p: Plan) -> list[tuple[int | None, int]]:
+        return [u for seed in p.job.seeds for u in [(None, seed), *((i, seed) for i, r in enumerate(p.runs)
+                                                                   if r.seed == seed)]]
+
+    @classmethod
+    def run_unit(cls, runner: Any, p: Plan, run: int | None, seed: int) -> None:
+        import dataclasses
+
+        if run is None:
+            run_selection(runner, dataclasses.replace(p, runs=[], job=dataclasses.replace(p.job, seeds=[seed])))
+        else:
+            run_trained(runner, p, p.runs[run])
+
+    @classmethod
+    def run(cls, runner: Any, p: Plan) -> None:
+        run_selection(runner, p)
+
+    @classmethod
+    def summary(cls, rows: list[dict[str, Any]]) -> tuple[str, pd.DataFrame] | None:
+        import pandas as pd
+
+        from harness.accuracy.stats import summarize
+
+        sel = pd.DataFrame(summarize(r for r in rows if r.get("task") == cls.name))
+        if not len(sel):
+            return None
+        sel = sel[sel["metric"].str.startswith(("mass", "kept"))]
+        t = sel.pivot_table(index=["metric", "variant_spec"], columns="eval_len", values="value", aggfunc="mean")
+        return "selection vs full attention (mean over layers, heads and seeds)", t
+
+
+__all__ = ["NAMES", "RECALL_K", "Selection", "run_selection", "run_trained", "selection_measures"]
