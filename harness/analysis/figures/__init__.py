@@ -22,6 +22,7 @@ from harness.analysis import frames as F
 # isort: off
 import harness.analysis.figures.cost
 import harness.analysis.figures.fidelity
+import harness.analysis.figures.selection
 import harness.analysis.figures.accuracy
 import harness.analysis.figures.mqar
 import harness.analysis.figures.positions
