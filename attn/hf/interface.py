@@ -115,6 +115,11 @@ def set_variant(model_or_config: PreTrainedModel | PreTrainedConfig, spec: str) 
     return name
 
 
+def current_variant(model: PreTrainedModel) -> Variant | None:
+    """The registered variant a model's attention dispatches to now (None: transformers' own, or a layer-typed one)."""
+    return _VARIANTS.get(model.config._attn_implementation)
+
+
 def config_window(config: PreTrainedConfig) -> int | None:
     """The sliding window some layer of the model uses, or None (Qwen2 sets one only with use_sliding_window)."""
     window = getattr(config, "sliding_window", None)
@@ -235,5 +240,6 @@ def attention_function(variant: Variant):
     return attend
 
 
-__all__ = ["PREFIX", "Variant", "attention_function", "attention_modules", "check_model_window", "config_window", "hf_name",
+__all__ = ["PREFIX", "Variant", "attention_function", "attention_modules", "check_model_window", "config_window",
+           "current_variant", "hf_name",
            "register", "set_variant", "variant_of"]

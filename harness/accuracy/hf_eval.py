@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attn.hf.presses import press_unsupported
-from harness.accuracy import hf_lm, hf_prompts  # noqa: F401  (register the checkpoint tasks: lm, passkey, ruler)
+from harness.accuracy import hf_lm, hf_prompts, hf_selection  # noqa: F401  (register the checkpoint tasks)
 from harness.accuracy.build import Spec, parse_variant
 from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from harness.accuracy.hf_presses import PressCache, equal_memory_budget, equal_memory_specs, press_columns

@@ -64,7 +64,7 @@ def selection_measures(module: Any, q: torch.Tensor, k: torch.Tensor, recall_k: 
     per: dict[str, list[torch.Tensor]] = {n: [] for n in ("mass", "recall", "kept", "pos")}
     for a in range(0, L, QUERY_CHUNK):
         e = min(L, a + QUERY_CHUNK)
-        qc, kc = q[:, :, a:e].double(), k[:, :, :e].double()
+        qc, kc = q[:, :, a:e].float(), k[:, :, :e].float()
         kept = module.kept_keys(q[:, :, a:e], k[:, :, :e]).to(q.device)  # (B, H, C, e)
         t = torch.arange(a, e, device=q.device)
         visible = torch.arange(e, device=q.device)[None, :] <= t[:, None]  # (C, e)
@@ -82,6 +82,15 @@ def selection_measures(module: Any, q: torch.Tensor, k: torch.Tensor, recall_k: 
     return [{"mass": _mean(cat["mass"][:, h]), "mass_tail": _mean(cat["mass"][:, h][tail[:, h]]),
              "recall": _mean(cat["recall"][:, h][enough[:, h]]), "kept": _mean(cat["kept"][:, h])}
             for h in range(H)]
+
+
+def pooled(heads: list[dict[str, Measure]]) -> dict[str, Measure]:
+    """Per-head measures -> their mean over heads, with a 95% normal interval over the heads (heads as observations)."""
+    out = {}
+    for name in heads[0]:
+        values = torch.tensor([h[name].value for h in heads], dtype=torch.float64)
+        out[name] = _mean(values[~values.isnan()])
+    return out
 
 
 def _metrics(source: str) -> tuple[str, ...]:
@@ -215,4 +224,4 @@ class Selection(BuiltOnTask):
         return "selection vs full attention (mean over layers, heads and seeds)", t
 
 
-__all__ = ["NAMES", "RECALL_K", "Selection", "run_selection", "run_trained", "selection_measures"]
+__all__ = ["NAMES", "RECALL_K", "Selection", "pooled", "run_selection", "run_trained", "selection_measures"]
