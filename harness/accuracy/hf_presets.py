@@ -41,7 +41,7 @@ class Group:
     def params(self) -> dict[str, dict[str, Any]]:
         """Each checkpoint task's config fields."""
         return {"lm": dict(self.lm), "passkey": {**self.passkey, "eval_examples": self.examples},
-                "ruler": {"tasks": self.ruler_tasks, "eval_examples": self.examples}}
+                "ruler": {"tasks": self.ruler_tasks, "eval_examples": self.examples}, "selection": dict(self.lm)}
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,24 @@ def _kvpress_smollm2() -> HFPreset:
        "block-sparse holding as many tokens, 4K (8K last)")
 
 
+def _selective_smollm2() -> HFPreset:
+    # 512 keys per query (1/8 of 4K): a window, the window + 4 sinks, block-sparse (the first block and 7 local ones),
+    # MoBA (its block and 7 routed 64-token blocks) and Quest (its page and 31 bounded 16-token pages); then the two
+    # selectors at their defaults (256 keys) beside the 256 window
+    budget = ("sliding_window:window=512,backend=blocked", "sliding_window:window=508,sinks=4,backend=blocked",
+              "block_sparse:block_size=64,local_blocks=7,global_blocks=1,backend=gathered", "moba:block_size=64,topk=8",
+              "quest:page_size=16,token_budget=512")
+    defaults = ("sliding_window:window=256,backend=blocked", "moba", "quest")
+    answered = ("full", budget[0], *budget[2:])
+    return HFPreset("smollm2-135m", (
+        Group(("selection",), (*budget, *defaults), (4096, 8192)),
+        Group(("passkey", "ruler"), answered, (4096,), examples=8),
+        Group(("passkey", "ruler"), answered, (8192,), examples=4),
+    ), "SmolLM2-135M with attention that selects by content (MoBA, Quest) beside the window and block-sparse at the "
+       "same 512-key budget: full attention's mass on the kept keys per layer, then passkey and RULER, 4K and 8K")
+
+
 HF_PRESETS: dict[str, HFPreset] = {"smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(),
-                                   "kvpress-smollm2-cpu": _kvpress_smollm2()}
+                                   "kvpress-smollm2-cpu": _kvpress_smollm2(), "selective-smollm2-cpu": _selective_smollm2()}
 
 __all__ = ["HF_PRESETS", "Group", "HFPreset"]
