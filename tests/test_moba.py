@@ -152,3 +152,16 @@ def test_gate_ranks_blocks_by_the_mean_key():
     mask = attn.build_attention("moba", block_size=bs, topk=2).kept_keys(q, k)[0, 0, 0]
     assert mask.nonzero().squeeze(1).tolist() == [8, 9, 10, 11, 20]
     assert math.isclose(float(mask.sum()), bs + 1)
+
+
+@pytest.mark.parametrize("name, params", [("moba", {"block_size": 4, "topk": 3}),
+                                          ("quest", {"page_size": 4, "token_budget": 12})])
+def test_query_chunks_change_nothing(name, params, monkeypatch):
+    """Selection and gathering run over chunks of queries at long lengths: many tiny chunks give the same output."""
+    from attn.attention import block_selection
+
+    q, k, v = draw(2, (4, 2), 37, 6, seed=9)
+    m = attn.build_attention(name, **params)
+    whole, kept = m(q, k, v), m.kept_keys(q, k)
+    monkeypatch.setattr(block_selection, "GATHER_ELEMENTS", 64)
+    assert torch.equal(m(q, k, v), whole) and torch.equal(m.kept_keys(q, k), kept)

@@ -60,6 +60,17 @@ def top_blocks(scores: torch.Tensor, q_block: torch.Tensor, n_select: int) -> tu
     return idx, torch.isfinite(vals)
 
 
+def choose(q: torch.Tensor, k_len: int, bs: int, n_select: int, score: Callable[[torch.Tensor], torch.Tensor]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`top_blocks` of ``score(q_chunk)`` (B, H, C, n) over chunks of the queries: the (B, H, Lq, n) scores of a
+    long prefill (8 GB for 8 heads at 256K tokens in 64-token blocks) never exist at once."""
+    B, H, Lq, _ = q.shape
+    blocks = query_blocks(Lq, k_len, bs, q.device)
+    step = max(1, GATHER_ELEMENTS // max(1, B * H * (k_len // bs)))
+    parts = [top_blocks(score(q[:, :, a:a + step]), blocks[a:a + step], n_select) for a in range(0, Lq, step)]
+    return torch.cat([i for i, _ in parts], 2), torch.cat([v for _, v in parts], 2)
+
+
 def selection_mask(idx: torch.Tensor, valid: torch.Tensor, k_len: int, bs: int) -> torch.Tensor:
     """Dense (B, H, Lq, Lk) bool mask of the rule above, from the chosen blocks (references and kept_keys)."""
     B, H, Lq, _ = idx.shape
@@ -166,6 +177,6 @@ class SummaryCache:
 
 
 __all__ = [
-    "SummaryCache", "attend_selected", "block_view", "candidate_blocks", "grouped_scores", "query_blocks",
+    "SummaryCache", "attend_selected", "block_view", "candidate_blocks", "choose", "grouped_scores", "query_blocks",
     "selected_pairs", "selection_mask", "top_blocks",
 ]

@@ -56,9 +56,8 @@ class MobaAttention(Attention):
         """Routed blocks of each query: (idx, valid), each (B, H, Lq, topk - 1). ``means``: the complete blocks'
         mean keys when a decoding state already holds them."""
         bs = self.config.block_size
-        means = mean_keys(bsel.block_view(k, bs))[0] if means is None else means
-        scores = bsel.grouped_scores(q, means)  # (B, H, Lq, n)
-        return bsel.top_blocks(scores, bsel.query_blocks(q.shape[2], k.shape[2], bs, q.device), self.config.topk - 1)
+        means = mean_keys(bsel.block_view(k, bs))[0] if means is None else means  # (B, H_kv, n, D)
+        return bsel.choose(q, k.shape[2], bs, self.config.topk - 1, lambda qc: bsel.grouped_scores(qc, means))
 
     def kept_keys(self, q, k, causal=True, **inputs):
         return bsel.selection_mask(*self.select(q, k), k.shape[2], self.config.block_size)

@@ -74,9 +74,8 @@ class QuestAttention(Attention):
         """Chosen pages of each query as the newest token: (idx, valid), each (B, H, Lq, budget / page - 1).
         ``bounds``: the complete pages' (minima, maxima) when a decoding state already holds them."""
         ps = self.config.page_size
-        minima, maxima = bounds or page_bounds(bsel.block_view(k, ps))
-        scores = score_bound(q, minima, maxima)
-        return bsel.top_blocks(scores, bsel.query_blocks(q.shape[2], k.shape[2], ps, q.device), self.config.pages)
+        minima, maxima = bounds or page_bounds(bsel.block_view(k, ps))  # (B, H_kv, n, D) each
+        return bsel.choose(q, k.shape[2], ps, self.config.pages, lambda qc: score_bound(qc, minima, maxima))
 
     def kept_keys(self, q, k, causal=True, **inputs):
         return bsel.selection_mask(*self.select(q, k), k.shape[2], self.config.page_size)
