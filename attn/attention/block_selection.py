@@ -104,6 +104,7 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torc
     own_ok = own <= t[:, None]
     own = own.clamp(max=Lk - 1)  # past-the-end slots of a partial block: masked, read in bounds
     kf, vf = k.to(f), v.to(f)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     scale = 1.0 / math.sqrt(D)
     step = max(1, GATHER_ELEMENTS // max(1, B * H * W * D))
     outs = []
@@ -114,13 +115,28 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torc
         sel_ok = valid[:, :, a:e, :, None].expand(-1, -1, -1, -1, bs).flatten(-2)
         pos = torch.cat([torch.where(sel_ok, sel, 0), own[a:e].expand(B, H, C, bs)], -1)  # (B, H, C, W)
         ok = torch.cat([sel_ok, own_ok[a:e].expand(B, H, C, bs)], -1)
-        flat = pos.reshape(B, Hkv, g * C * W, 1).expand(-1, -1, -1, D)  # query head h reads key head h // g
-        kg = kf.gather(2, flat).view(B, H, C, W, D)
-        vg = vf.gather(2, flat).view(B, H, C, W, D)
-        scores = torch.einsum("bhcd,bhcwd->bhcw", q[:, :, a:e].to(f), kg) * scale
+        pos = pos.view(B, Hkv, g * C * W)  # query head h reads key head h // g
+        # rows of each (sequence, key head) by index_select: contiguous copies of D floats, where a gather with an
+        # index expanded over D reads one index per element (7x slower here); no copy of the whole cache either
+        kg, vg = _rows(kf, pos, grad), _rows(vf, pos, grad)  # (B, H_kv, G*C*W, D)
+        kg, vg = kg.view(B * H * C, W, D), vg.view(B * H * C, W, D)
+        scores = torch.bmm(q[:, :, a:e].to(f).reshape(B * H * C, 1, D), kg.transpose(1, 2)).view(B, H, C, W) * scale
         probs = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1)  # own key always visible: no empty row
-        outs.append(torch.einsum("bhcw,bhcwd->bhcd", probs, vg))
+        outs.append(torch.bmm(probs.view(B * H * C, 1, W), vg).view(B, H, C, D))
     return torch.cat(outs, 2).to(q.dtype)
+
+
+def _rows(x: torch.Tensor, pos: torch.Tensor, grad: bool) -> torch.Tensor:
+    """x (B, H_kv, L, D) rows at pos (B, H_kv, N) -> (B, H_kv, N, D): one index_select per (sequence, key head), straight
+    into the output when no gradient is needed (a stack would copy every gathered row once more)."""
+    B, Hkv, N = pos.shape
+    if grad:
+        return torch.stack([torch.stack([x[b, j].index_select(0, pos[b, j]) for j in range(Hkv)]) for b in range(B)])
+    out = x.new_empty(B, Hkv, N, x.shape[-1])
+    for b in range(B):
+        for j in range(Hkv):
+            torch.index_select(x[b, j], 0, pos[b, j], out=out[b, j])
+    return out
 
 
 def selected_pairs(q_len: int, k_len: int, bs: int, n_select: int) -> int:
