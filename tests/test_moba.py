@@ -47,26 +47,37 @@ def draw(B, heads, L, extra, dtype=torch.float64, seed=0, grad=False):
 def test_routing_and_output_are_the_definition(shape):
     B, heads, L, extra, bs, topk, seed = shape
     q, k, v = draw(B, heads, L, extra, seed=seed, grad=True)
-    m = attn.build_attention("moba", block_size=bs, topk=topk)
     want_mask = definition_mask(q.detach(), k.detach(), bs, topk)
-    assert torch.equal(m.kept_keys(q, k), want_mask)
-    out = m(q, k, v)
-    assert m.last_backend == "gathered"
     want = float64_attention(q, k, v, want_mask)
-    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-    go = torch.randn_like(out)
-    got_grads = torch.autograd.grad(out, (q, k, v), go)
+    go = torch.randn_like(want)
     want_grads = torch.autograd.grad(want, (q, k, v), go)
-    for a, b in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    for backend in ("gathered", "masked"):
+        m = attn.build_attention("moba", block_size=bs, topk=topk, backend=backend)
+        assert torch.equal(m.kept_keys(q, k), want_mask)
+        out = m(q, k, v)
+        assert m.last_backend == backend
+        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), go), want_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_auto_masks_short_calls_and_gathers_long_ones():
+    m = attn.build_attention("moba", block_size=8, topk=2)
+    q, k, v = draw(1, (2, 2), 64, 0, dtype=torch.float32)
+    m(q, k, v)
+    assert m.last_backend == "masked"
+    m.MASKED_MAX_PAIRS = 64 * 64 - 1
+    m(q, k, v)
+    assert m.last_backend == "gathered"
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
 def test_low_precision_gathered_equals_the_reference(dtype, tol):
     q, k, v = draw(2, (4, 2), 70, 0, dtype=dtype, seed=3)
-    fast = attn.build_attention("moba", block_size=8, topk=3)
     ref = attn.build_attention("moba", block_size=8, topk=3, backend="reference")
-    torch.testing.assert_close(fast(q, k, v).float(), ref(q, k, v).float(), atol=tol, rtol=tol)
+    for backend in ("gathered", "masked"):
+        fast = attn.build_attention("moba", block_size=8, topk=3, backend=backend)
+        torch.testing.assert_close(fast(q, k, v).float(), ref(q, k, v).float(), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2)])

@@ -59,18 +59,20 @@ def test_the_bound_is_the_papers_and_bounds_every_score(n, seed):
        st.integers(1, 6), st.integers(1, 5), st.integers(0, 10**6))
 def test_extending_queries_read_the_pages_of_the_definition(B, heads, Lq, extra, ps, pages, seed):
     q, k, v = draw(B, heads, Lq, Lq + extra, seed=seed, grad=True)
-    m = attn.build_attention("quest", page_size=ps, token_budget=ps * pages)
     want_mask = definition_mask(q.detach(), k.detach(), ps, ps * pages)
-    assert torch.equal(m.kept_keys(q, k), want_mask)
-    out = m(q, k, v)
     want = float64_attention(q, k, v, want_mask)
-    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-    go = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), go), torch.autograd.grad(want, (q, k, v), go), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    go = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (q, k, v), go)
+    for backend in ("gathered", "masked"):
+        m = attn.build_attention("quest", page_size=ps, token_budget=ps * pages, backend=backend)
+        assert torch.equal(m.kept_keys(q, k), want_mask)
+        out = m(q, k, v)
+        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), go), want_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["reference", "gathered"])
+@pytest.mark.parametrize("backend", ["reference", "gathered", "masked"])
 def test_the_prefill_is_full_attention(backend):
     q, k, v = draw(2, (4, 2), 45, 45, seed=2)
     m = attn.build_attention("quest", page_size=4, token_budget=8, backend=backend)

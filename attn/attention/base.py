@@ -152,6 +152,7 @@ class Attention(nn.Module):
         # Queries of the call being dispatched while select_backend runs inside forward (None otherwise): a variant
         # can skip a backend that would compile per shape for short inputs (flex.FLEX_MIN_LEN).
         self.dispatch_queries: int | None = None
+        self.dispatch_keys: int | None = None  # and its keys: a dense path can win below some number of pairs
 
     # -- dispatch -----------------------------------------------------------------------
     def backend_info(self, name: str) -> Backend:
@@ -240,11 +241,11 @@ class Attention(nn.Module):
                 return per_document(self, q, k, v, causal, spans, inputs)
             if len(spans) > 1:
                 inputs = {**inputs, "documents": documents}
-        self.dispatch_queries = q.shape[2]
+        self.dispatch_queries, self.dispatch_keys = q.shape[2], k.shape[2]
         try:
             name = self.select_backend(q.device.type, q.dtype, self.mode_of(q, k, v))
         finally:
-            self.dispatch_queries = None
+            self.dispatch_queries = self.dispatch_keys = None
         self.last_backend = name
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
             k, v, inputs = gqa.repeated_for(type(self), q, k, v, inputs)

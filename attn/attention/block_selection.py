@@ -15,9 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
+from attn.attention import gqa
+from attn.attention.base import ALL_MODES, Attention, Backend
+from attn.attention.full import dense_attention
 from attn.attention.state import KVCache
 
 # Gathered keys per query chunk of the fast path, in elements (B * H * C * W * D): bounds its temporaries at ~64 MB.
@@ -192,7 +197,106 @@ class SummaryCache:
         return self.kv.nbytes() + sum(s.numel() * s.element_size() for s in self.summaries)
 
 
+class BlockSelectingAttention(Attention):
+    """Base of the variants that pick key blocks per query (MoBA, Quest): a subclass says how big a block is, how many
+    it picks, what it keeps of each complete block (``summarize``) and how a query scores those summaries (``score``);
+    the rule, the backends, the decoding state and the counts are shared here.
+
+    Backends: ``reference`` (a dense mask from the chosen blocks), ``masked`` (the same mask through SDPA: one fused
+    call, O(Lq Lk)), ``gathered`` (each query's chosen blocks gathered: linear in length). ``auto`` runs ``masked``
+    up to MASKED_MAX_PAIRS (query, key) pairs -- training at MQAR's lengths -- and ``gathered`` above; a decoding
+    step always gathers (it reads the chosen blocks only)."""
+
+    supports_gqa = True
+    supports_bidirectional = False
+    backends = (
+        Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense mask from the chosen blocks"),
+        Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES},
+                note="gathers each query's chosen blocks: linear in length"),
+        Backend("masked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="the chosen blocks as a mask through SDPA"),
+    )
+    MASKED_MAX_PAIRS: ClassVar[int] = 1 << 20
+
+    # -- what a subclass says --------------------------------------------------------------------------
+    @property
+    def block(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def n_select(self) -> int:
+        """Blocks chosen besides a query's own."""
+        raise NotImplementedError
+
+    def summarize(self, blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Complete blocks (B, H_kv, n, bs, D) -> what a query scores, each (B, H_kv, n, D)."""
+        raise NotImplementedError
+
+    def score(self, q: torch.Tensor, summaries: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """q (B, H, C, D) against the summaries -> (B, H, C, n)."""
+        raise NotImplementedError
+
+    def dense_call(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether this call attends densely instead of selecting (Quest's prefill)."""
+        return False
+
+    # -- shared --------------------------------------------------------------------------------------------
+    def select(self, q: torch.Tensor, k: torch.Tensor, summaries: tuple[torch.Tensor, ...] = ()
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chosen blocks of each query as the newest token: (idx, valid), each (B, H, Lq, n_select). ``summaries``: the
+        complete blocks' summaries when a decoding state already holds them."""
+        summaries = summaries or self.summarize(block_view(k, self.block))
+        return choose(q, k.shape[2], self.block, self.n_select, lambda qc: self.score(qc, summaries))
+
+    def kept_keys(self, q, k, causal=True, **inputs):
+        return selection_mask(*self.select(q, k), k.shape[2], self.block)
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        name = super().select_backend(device, dtype, mode)
+        pairs = (self.dispatch_queries or 0) * (self.dispatch_keys or 0)
+        if name == "gathered" and self.backend == "auto" and 0 < pairs <= self.MASKED_MAX_PAIRS:
+            return "masked"
+        return name
+
+    def backend_reference(self, q, k, v, causal):
+        B, H, Lq, _ = q.shape
+        Hkv, Lk = k.shape[1], k.shape[2]
+        if self.dense_call(q, k):
+            from attn.attention.full import causal_mask
+
+            return dense_attention(q, k, v, causal_mask(Lq, Lk, q.device))
+        return dense_attention(q, k, v, self.kept_keys(q, k).view(B, Hkv, H // Hkv, Lq, Lk))
+
+    def backend_masked(self, q, k, v, causal, summaries: tuple[torch.Tensor, ...] = ()):
+        if self.dense_call(q, k):
+            return gqa.sdpa(q, k, v, is_causal=True)
+        with torch.no_grad():  # the choice is a fixed index set: no gradient through the scores
+            mask = selection_mask(*self.select(q, k, summaries), k.shape[2], self.block)  # (B, H, Lq, Lk)
+        g = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=mask)
+
+    def backend_gathered(self, q, k, v, causal, summaries: tuple[torch.Tensor, ...] = ()):
+        if self.dense_call(q, k):
+            return gqa.sdpa(q, k, v, is_causal=True)
+        with torch.no_grad():
+            idx, valid = self.select(q, k, summaries)
+        return attend_selected(q, k, v, idx, valid, self.block)
+
+    def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
+        return selected_pairs(q_len, k_len, self.block, self.n_select)
+
+    def new_state(self, max_len: int = 0) -> SummaryCache:
+        return SummaryCache(self.block, self.summarize, KVCache(capacity_hint=max_len))
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: SummaryCache) -> torch.Tensor:
+        keys, values, summaries = state.append(k, v)
+        if self.backend == "reference" or self.dense_call(q, keys):
+            return self(q, keys, values, causal=True)
+        name = "masked" if self.backend == "masked" else "gathered"
+        self.last_backend = name
+        return getattr(self, f"backend_{name}")(q, keys, values, True, summaries)
+
+
 __all__ = [
-    "SummaryCache", "attend_selected", "block_view", "candidate_blocks", "choose", "grouped_scores", "query_blocks",
-    "selected_pairs", "selection_mask", "top_blocks",
+    "BlockSelectingAttention", "SummaryCache", "attend_selected", "block_view", "candidate_blocks", "choose",
+    "grouped_scores", "query_blocks", "selected_pairs", "selection_mask", "top_blocks",
 ]

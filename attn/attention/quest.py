@@ -21,9 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from attn.attention import block_selection as bsel
-from attn.attention import gqa
-from attn.attention.base import ALL_MODES, Attention, Backend
-from attn.attention.full import causal_mask, dense_attention
+from attn.attention.base import visible_pairs
 from attn.registry import check, register_attention
 
 
@@ -57,48 +55,32 @@ def score_bound(q: torch.Tensor, minima: torch.Tensor, maxima: torch.Tensor) -> 
 
 
 @register_attention("quest", config=QuestConfig)
-class QuestAttention(Attention):
+class QuestAttention(bsel.BlockSelectingAttention):
     """Decoding queries attend to their own page and the pages whose key bounds promise them the highest scores."""
 
-    supports_gqa = True
-    supports_bidirectional = False
     dense_prefill = True
-    backends = (
-        Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense mask from the chosen pages"),
-        Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES},
-                note="prefill: SDPA; extending calls gather each query's chosen pages"),
-    )
 
-    def select(self, q: torch.Tensor, k: torch.Tensor, bounds: tuple[torch.Tensor, ...] = ()
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chosen pages of each query as the newest token: (idx, valid), each (B, H, Lq, budget / page - 1).
-        ``bounds``: the complete pages' (minima, maxima) when a decoding state already holds them."""
-        ps = self.config.page_size
-        minima, maxima = bounds or page_bounds(bsel.block_view(k, ps))  # (B, H_kv, n, D) each
-        return bsel.choose(q, k.shape[2], ps, self.config.pages, lambda qc: score_bound(qc, minima, maxima))
+    @property
+    def block(self) -> int:
+        return self.config.page_size
 
-    def kept_keys(self, q, k, causal=True, **inputs):
-        return bsel.selection_mask(*self.select(q, k), k.shape[2], self.config.page_size)
+    @property
+    def n_select(self) -> int:
+        return self.config.pages
 
-    def backend_reference(self, q, k, v, causal):
-        B, H, Lq, _ = q.shape
-        Hkv, Lk = k.shape[1], k.shape[2]
-        if Lq == Lk:
-            return dense_attention(q, k, v, causal_mask(Lq, Lk, q.device))
-        return dense_attention(q, k, v, self.kept_keys(q, k).view(B, Hkv, H // Hkv, Lq, Lk))
+    def summarize(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return page_bounds(blocks)
 
-    def backend_gathered(self, q, k, v, causal, bounds: tuple[torch.Tensor, ...] = ()):
-        if q.shape[2] == k.shape[2]:
-            return gqa.sdpa(q, k, v, is_causal=True)
-        with torch.no_grad():  # the pages are a fixed index set: no gradient through the bound
-            idx, valid = self.select(q, k, bounds)
-        return bsel.attend_selected(q, k, v, idx, valid, self.config.page_size)
+    def score(self, q: torch.Tensor, summaries: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return score_bound(q, *summaries)
 
-    # -- cost ------------------------------------------------------------------------------
+    def dense_call(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        return q.shape[2] == k.shape[2]  # a prefill: full attention, as in the paper
+
     def pairs(self, q_len: int, k_len: int, causal: bool) -> int:
         if q_len == k_len:
-            return super().pairs(q_len, k_len, True)
-        return bsel.selected_pairs(q_len, k_len, self.config.page_size, self.config.pages)
+            return visible_pairs(q_len, k_len, True)
+        return super().pairs(q_len, k_len, causal)
 
     def selection_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int,
                         kv_heads: int | None = None) -> int:
@@ -107,17 +89,6 @@ class QuestAttention(Attention):
         if mode != "decode":
             return 0
         return 4 * batch * heads * head_dim * bsel.candidate_blocks(1, seq_len + 1, self.config.page_size)
-
-    # -- decoding --------------------------------------------------------------------------
-    def new_state(self, max_len: int = 0) -> bsel.SummaryCache:
-        return bsel.SummaryCache(self.config.page_size, page_bounds, bsel.KVCache(capacity_hint=max_len))
-
-    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: bsel.SummaryCache) -> torch.Tensor:
-        keys, values, bounds = state.append(k, v)
-        if self.backend == "reference" or q.shape[2] == keys.shape[2]:
-            return self(q, keys, values, causal=True)
-        self.last_backend = "gathered"
-        return self.backend_gathered(q, keys, values, True, bounds)
 
 
 __all__ = ["QuestAttention", "QuestConfig", "page_bounds", "score_bound"]
