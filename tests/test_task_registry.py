@@ -123,7 +123,7 @@ def test_list_shows_every_built_in_task(capsys):
 
     assert main(["list", "--json"]) == 0
     listed = [t["name"] for t in json.loads(capsys.readouterr().out)["tasks"]]
-    assert listed == ["mqar", "passkey", "ruler", "lm", "fidelity", "lengthgen"] == tasks.task_names()
+    assert listed == ["mqar", "passkey", "ruler", "lm", "fidelity", "selection", "lengthgen"] == tasks.task_names()
     assert main(["list"]) == 0
     text = capsys.readouterr().out
     assert "Accuracy tasks" in text and "  lengthgen " in text and "main metric:  bpb" in text
@@ -144,8 +144,8 @@ def test_each_task_module_registers_one_task_and_is_imported_by_one_line():
 
 def test_the_runner_keys_cells_by_every_task_s_columns():
     assert set(CELL_FIELDS) == {"stage", "eval_id", *(c for n in tasks.task_names() for c in tasks.get_task(n).columns)}
-    assert set(CELL_FIELDS) == {"stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "subtask",
-                                "eval_id"}  # the built-in tasks' identity columns, as rows were keyed before
+    assert set(CELL_FIELDS) == {"stage", "num_pairs", "gap", "depth", "scored_bytes", "source", "layer", "head",
+                                "subtask", "eval_id"}  # the built-in tasks' identity columns (selection adds head)
 
 
 def test_shared_options_are_one_option_naming_every_task():
@@ -175,7 +175,7 @@ def test_the_registry_refuses_what_the_harness_could_not_run():
     with pytest.raises(TypeError, match="declare its main_metric"):
         register_task("no_metric", config=Config)(type("NoMetric", (TrainedTask,), {}))
     assert "no_config" not in tasks.task_names() and "on_base" not in tasks.task_names()
-    with pytest.raises(ValueError, match="unknown task 'nope'; valid: mqar, passkey, ruler, lm, fidelity, lengthgen"):
+    with pytest.raises(ValueError, match="unknown task 'nope'; valid: mqar, passkey, ruler, lm, fidelity, selection, lengthgen"):
         tasks.get_task("nope")
     with pytest.raises(ValueError, match="mqar: unknown task parameter"):
         tasks.make_task("mqar", {"bogus": 1})
@@ -187,7 +187,7 @@ def test_the_figures_a_task_declares_are_the_ones_analysis_draws_its_rows_in():
 
     names = [f.name for f in P.FIGURES]
     own = P.own_figures()
-    assert own == {"mqar": "mqar", "ruler": "ruler"}
+    assert own == {"mqar": "mqar", "ruler": "ruler", "selection": "selection"}
     for name in tasks.task_names():
         cls = tasks.get_task(name)
         assert set(cls.figures) <= set(names), (name, cls.figures)

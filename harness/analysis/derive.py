@@ -15,6 +15,7 @@ import pandas as pd
 from harness.analysis.frames import (
     FAILED,
     MEM_LIMIT_COLUMNS,
+    VERSUS_FULL,
     cells,
     fmt_value,
     lower_is_better,
@@ -328,7 +329,7 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
 
 def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
     """Best position method per task, metric and evaluation length (direction from the metric name)."""
-    pts = accuracy_points(acc[acc["task"] != "fidelity"]) if len(acc) else pd.DataFrame()
+    pts = accuracy_points(acc[~acc["task"].isin(VERSUS_FULL)]) if len(acc) else pd.DataFrame()
     out = []
     if len(pts) == 0:
         return pd.DataFrame(columns=["task", "metric", "variant", "eval_len", "best_position", "value", "runner_up"])

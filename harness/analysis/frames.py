@@ -41,6 +41,8 @@ FAILED = ("oom", "timeout")  # failures that happen *at a length* and stop a var
 _LABEL_SKIP = frozenset({"head_dim", "d_model", "max_seq_len"})
 _LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "nll", "bpb", "bpc", "rel_l2", "error", "mse", "mae", "max_abs")
 BUILTIN_ORDER = ("full", "sliding_window", "block_sparse", "linear")
+# Accuracy tasks whose rows compare a variant with full attention (no task score): drawn and tabled on their own
+VERSUS_FULL = ("fidelity", "selection")
 
 
 @dataclass

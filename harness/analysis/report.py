@@ -199,7 +199,7 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     out = {}
     pts = D.accuracy_points(acc)
     for (task, metric), g in pts.groupby(["task", "metric"], sort=True):
-        table = position_table(g) if task != "fidelity" else \
+        table = position_table(g) if task not in F.VERSUS_FULL else \
             g.pivot_table(index="variant_label", columns="length", values="value", aggfunc="mean").rename(columns=int)
         out[f"{task} · {metric}"] = table.rename(columns=F.fmt_len).map(fmt_num)
     return out

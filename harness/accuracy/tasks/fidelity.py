@@ -236,15 +236,24 @@ class Fidelity(BuiltOnTask):
                                                                    if r.seed == seed)]]
 
     @classmethod
+    def run_inputs(cls, runner: Any, p: Plan) -> None:
+        """The random-input rows, then every trained model's (a task built on this one overrides both)."""
+        run_fidelity(runner, p)
+
+    @classmethod
+    def run_model(cls, runner: Any, p: Plan, run: Any) -> None:
+        run_trained(runner, p, run)
+
+    @classmethod
     def run_unit(cls, runner: Any, p: Plan, run: int | None, seed: int) -> None:
         if run is None:
-            run_fidelity(runner, dataclasses.replace(p, runs=[], job=dataclasses.replace(p.job, seeds=[seed])))
+            cls.run_inputs(runner, dataclasses.replace(p, runs=[], job=dataclasses.replace(p.job, seeds=[seed])))
         else:
-            run_trained(runner, p, p.runs[run])
+            cls.run_model(runner, p, p.runs[run])
 
     @classmethod
     def run(cls, runner: Any, p: Plan) -> None:
-        run_fidelity(runner, p)
+        cls.run_inputs(runner, p)
 
     @classmethod
     def summary(cls, rows: list[dict[str, Any]]) -> tuple[str, pd.DataFrame] | None:

@@ -28,8 +28,7 @@ from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.jobs import Job, Plan, resolved
 from harness.accuracy.stats import Measure
-from harness.accuracy.tasks.base import BuiltOnTask
-from harness.accuracy.tasks.fidelity import Runner, _row, attention_inputs, random_qkv
+from harness.accuracy.tasks.fidelity import Fidelity, Runner, _row, attention_inputs, random_qkv
 from harness.accuracy.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -162,7 +161,7 @@ def run_trained(runner: Runner, p: Plan, run: Any) -> None:
 
 
 @register_task("selection")
-class Selection(BuiltOnTask):
+class Selection(Fidelity):
     """How much of full attention's probability mass, and of its top keys, each variant's kept keys hold."""
 
     main_metric = "mass_trained"
@@ -170,45 +169,20 @@ class Selection(BuiltOnTask):
     figures = ("selection",)
 
     @classmethod
-    def default_eval_lens(cls, train_len: int) -> list[int]:
-        return [train_len, 4 * train_len]
-
-    @classmethod
     def default_job(cls) -> Job:
         return Job(cls.name, variants=["sliding_window", "block_sparse", "moba", "quest"], positions=["rope"])
 
     @classmethod
-    def evaluated_variants(cls, variants: list[Spec]) -> list[Spec]:
-        variants = [v for v in variants if v.name != "full"]
-        if not variants:
-            raise ValueError("selection compares variants' kept keys with full attention: give another --variant")
-        return variants
-
-    @classmethod
-    def trained_variants(cls, variants: list[Spec]) -> list[Spec]:
-        return [Spec("full")]  # the variants choose keys on full attention's queries and keys
-
-    @classmethod
     def eval_bytes_per_token(cls, job: Job, hidden: int) -> int:
-        return max(hidden, 2 * 4 * job.fidelity_heads * job.fidelity_head_dim)
+        return max(hidden, 2 * 4 * job.fidelity_heads * job.fidelity_head_dim)  # random float32 q, k
 
     @classmethod
-    def units(cls, p: Plan) -> list[tuple[int | None, int]]:
-        return [u for seed in p.job.seeds for u in [(None, seed), *((i, seed) for i, r in enumerate(p.runs)
-                                                                   if r.seed == seed)]]
-
-    @classmethod
-    def run_unit(cls, runner: Any, p: Plan, run: int | None, seed: int) -> None:
-        import dataclasses
-
-        if run is None:
-            run_selection(runner, dataclasses.replace(p, runs=[], job=dataclasses.replace(p.job, seeds=[seed])))
-        else:
-            run_trained(runner, p, p.runs[run])
-
-    @classmethod
-    def run(cls, runner: Any, p: Plan) -> None:
+    def run_inputs(cls, runner: Any, p: Plan) -> None:
         run_selection(runner, p)
+
+    @classmethod
+    def run_model(cls, runner: Any, p: Plan, run: Any) -> None:
+        run_trained(runner, p, run)
 
     @classmethod
     def summary(cls, rows: list[dict[str, Any]]) -> tuple[str, pd.DataFrame] | None:
