@@ -6,7 +6,7 @@ import torch
 
 import attn
 from attn.attention.base import ALL_MODES, Attention, Backend
-from attn.attention.full import causal_mask
+from attn.attention.masks import causal_mask
 from attn.registry import check
 
 

@@ -25,7 +25,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import attn
 from attn.attention import block_sparse, full, sliding_window
 from attn.attention.base import ALL_MODES, Backend
-from attn.attention.full import causal_mask, dense_attention
+from attn.attention.full import dense_attention
+from attn.attention.masks import causal_mask
 from harness.cost import Cell, build, linear_weights, model_config, model_flops, op_flops
 
 MODES = ("forward", "train", "decode")

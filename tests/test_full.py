@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attn
-from attn.attention.base import UnsupportedBackend, visible_pairs
-from attn.attention.full import causal_mask
+from attn.attention.base import UnsupportedBackend
+from attn.attention.masks import causal_mask, visible_pairs
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 

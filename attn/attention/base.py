@@ -3,11 +3,10 @@
 A variant subclasses :class:`Attention`, lists its :class:`Backend` s and writes one
 ``backend_<name>(q, k, v, causal)`` method per backend; ``last_backend`` says which ran.
 
-``auto`` = the fastest backend here. It tries, in order, the backends a variant's ``auto_order``
-lists for ``"<device>/<mode>"`` (an order *measured* on that device class and written down next to
-it with the command that measured it), then the remaining backends in declaration order (the
-author's expectation, for devices nobody has measured yet); the first that can run on the inputs'
-device, dtype and mode wins. The dense ``reference`` is chosen only when nothing else can run.
+``auto`` = the fastest backend here. It tries, in order, the backends a variant's ``auto_order`` lists for
+``"<device>/<mode>"`` (an order *measured* on that device class, written down with the command that measured it),
+then the rest in declaration order (the author's guess, for unmeasured devices); the first that can run on the
+inputs' device, dtype and mode wins. The dense ``reference`` is chosen only when nothing else can run.
 """
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from torch import nn
 from attn.attention import gqa
 from attn.attention.documents import document_spans, per_document
 from attn.attention.flex import FLEX_MIN_LEN
+from attn.attention.masks import causal_mask, visible_pairs
 from attn.attention.state import KVCache, checked
 from attn.attention.token_inputs import TokenInput
 from attn.registry import check_backend
@@ -101,21 +101,6 @@ def _first_line(e: BaseException) -> str:
 
 def needs_cuda() -> str | None:
     return None if torch.cuda.is_available() else "no CUDA device"
-
-
-def visible_pairs(q_len: int, k_len: int, causal: bool, window: int | None = None) -> int:
-    """Number of (query, key) pairs a mask lets through, under the design's conventions.
-
-    Causal masks are bottom-right aligned (query i is absolute position i + k_len - q_len);
-    ``window`` w keeps ``i - w < j <= i`` (causal) or ``|i - j| < w`` (bidirectional).
-    """
-    p = torch.arange(q_len, dtype=torch.int64) + (k_len - q_len)  # absolute query positions
-    lo = torch.zeros_like(p) if window is None else (p - window + 1).clamp(min=0)
-    if causal:
-        hi = p.clamp(max=k_len - 1)
-    else:
-        hi = torch.full_like(p, k_len - 1) if window is None else (p + window - 1).clamp(max=k_len - 1)
-    return int((hi - lo + 1).clamp(min=0).sum())
 
 
 class Attention(nn.Module):
@@ -310,20 +295,15 @@ class Attention(nn.Module):
 
     def selection_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int,
                         kv_heads: int | None = None) -> int:
-        """FLOPs a variant spends *choosing* its keys in ``mode`` (scoring blocks by their pooled keys, a lightning
-        indexer), 2 per MAC, counted apart from :meth:`mode_flops` (the attention on the chosen keys): cost rows
-        report both, and their sum is the work the call does. 0 for a fixed pattern (a window, a block layout)."""
+        """FLOPs spent *choosing* keys in ``mode`` (2 per MAC), apart from :meth:`mode_flops` (the attention on the
+        chosen keys); rows report both. 0 for a fixed pattern (a window, a block layout)."""
         return 0
 
     # -- selection --------------------------------------------------------------------------
     def kept_keys(self, q: torch.Tensor, k: torch.Tensor, causal: bool = True,
                   **inputs: torch.Tensor) -> torch.Tensor | None:
-        """Bool (B, H, Lq, Lk): the keys whose scores enter each query's softmax when that query is the newest token
-        (bottom-right aligned), i.e. what a decoding step of this variant reads. The selector-fidelity task compares
-        it with full attention's probabilities. Default: every visible key (causal or not); None for a variant that
-        is not a softmax over a subset of keys (a recurrence)."""
-        from attn.attention.full import causal_mask
-
+        """Bool (B, H, Lq, Lk): the keys in each query's softmax when it is the newest token (what a decoding step
+        reads), which the selection task compares with full attention. None for a recurrence (no subset of keys)."""
         B, H, Lq, Lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         return causal_mask(Lq, Lk, q.device, causal=causal).expand(B, H, Lq, Lk)
 
@@ -416,5 +396,5 @@ class RecurrentAttention(Attention):
 
 __all__ = [
     "Attention", "RecurrentAttention", "Backend", "UnsupportedBackend", "ALL_MODES", "MODES",
-    "have_module", "modes", "needs_cuda", "visible_pairs", "field",
+    "have_module", "modes", "needs_cuda", "field",
 ]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Attention, Backend
 from attn.attention.full import dense_attention
+from attn.attention.masks import causal_mask
 from attn.attention.state import KVCache
 
 # Gathered keys per query chunk of the fast path, in elements (B * H * C * W * D): bounds its temporaries at ~64 MB.
@@ -261,8 +262,6 @@ class BlockSelectingAttention(Attention):
         B, H, Lq, _ = q.shape
         Hkv, Lk = k.shape[1], k.shape[2]
         if self.dense_call(q, k):
-            from attn.attention.full import causal_mask
-
             return dense_attention(q, k, v, causal_mask(Lq, Lk, q.device))
         return dense_attention(q, k, v, self.kept_keys(q, k).view(B, Hkv, H // Hkv, Lq, Lk))
 

@@ -11,20 +11,10 @@ import torch.nn.functional as F
 
 from attn.attention import flex, gqa, score_terms
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module, modes
+from attn.attention.masks import causal_mask
 from attn.attention.score_terms import softcap_score_mod
 from attn.attention.sink_logit import check_heads, init_sink_logits, needs_grad, with_sink_column
 from attn.registry import check, register_attention
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device | str = "cpu", window: int | None = None,
-                causal: bool = True) -> torch.Tensor:
-    """Boolean (q_len, k_len) mask, True = may attend; bottom-right aligned as in DESIGN.md."""
-    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
-    j = torch.arange(k_len, device=device)[None, :]
-    allowed = j <= i if causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    if window is not None:
-        allowed = allowed & ((i - j) < window) if causal else allowed & ((i - j).abs() < window)
-    return allowed
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -33,7 +33,7 @@ import torch
 from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Backend, RecurrentAttention, have_module, modes
 from attn.attention.feature_maps import ELEMENTWISE, favor_features, favor_logits, orthogonal_gaussian
-from attn.attention.full import causal_mask
+from attn.attention.masks import causal_mask
 from attn.attention.state import OneStepUndo
 from attn.registry import check, register_attention
 

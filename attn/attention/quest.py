@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from attn.attention import block_selection as bsel
-from attn.attention.base import visible_pairs
+from attn.attention.masks import visible_pairs
 from attn.registry import check, register_attention
 
 

@@ -20,15 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from attn.attention import flex, gqa, score_terms
-from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes, visible_pairs
+from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes
 from attn.attention.blocked_window import blocked_attention
-from attn.attention.full import (
-    XFORMERS,
-    causal_mask,
-    check_softcap,
-    dense_attention,
-    xformers_attention,
-)
+from attn.attention.full import XFORMERS, check_softcap, dense_attention, xformers_attention
+from attn.attention.masks import causal_mask, visible_pairs
 from attn.attention.rolling_cache import RollingKVCache
 from attn.attention.sink_logit import check_heads, init_sink_logits, needs_grad, with_sink_column
 from attn.registry import check, register_attention

@@ -3,7 +3,8 @@ from dataclasses import dataclass
 
 import attn
 from attn.attention.base import ALL_MODES, Attention, Backend
-from attn.attention.full import causal_mask, dense_attention
+from attn.attention.full import dense_attention
+from attn.attention.masks import causal_mask
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,12 @@ def selection_points(acc: pd.DataFrame) -> pd.DataFrame:
     """(source, variant_label, eval_len) -> mean mass, mass_tail, kept over layers, heads and seeds."""
     if "task" not in acc or "variant_label" not in acc:
         raise Skip("no selection rows")
-    df = acc[(acc["task"] == "selection") & (acc["status"] == "ok") & acc["value"].notna()].copy()
+    df = acc[acc["task"] == "selection"]
     if len(df) == 0:
         raise Skip("no selection rows")
+    df = df[(df["status"] == "ok") & df["value"].notna()].copy()
+    if len(df) == 0:
+        raise Skip("no selection row was measured")
     df["measure"] = [m.removesuffix(f"_{s}") for m, s in zip(df["metric"], df["source"], strict=True)]
     keys = ["source", "variant_label", "eval_len"]
     wide = df.pivot_table(index=keys, columns="measure", values="value", aggfunc="mean").reset_index()
