@@ -176,6 +176,7 @@ CS, BS, LONG, TG, BT, QK, DC = ("cpu-speed.jsonl", "cpu-speed-block-sparse-decod
 SS, VR, HL, GQ = "sinks-softcap-cpu.jsonl", "variants-cpu.jsonl", "hf-llama-cpu.jsonl", "gqa-cpu.jsonl"
 SM, GM = "accuracy-smollm2-cpu.jsonl", "accuracy-gemma3-cpu.jsonl"
 MA, MR = "accuracy-mqar-attention-cpu.jsonl", "accuracy-mqar-recurrent-cpu.jsonl"
+MS, SEL = "accuracy-mqar-selective-cpu.jsonl", "accuracy-selection-cpu.jsonl"
 FL, LG = "accuracy-full-lm-cpu.jsonl", "accuracy-lengthgen-cpu.jsonl"
 WP, FP = "accuracy-passkey-window-probe-cpu.jsonl", "accuracy-passkey-finetune-probe-cpu.jsonl"
 RU, RW = "accuracy-ruler-cpu.jsonl", "accuracy-ruler-window-cpu.jsonl"
@@ -369,12 +370,25 @@ for label, spec in (("own 5 sliding (512) : 1 global", GM_OWN), ("`full` (all-gl
 
 MQAR = (("`full`", MA, "full"), ("`block_sparse:block_size=16`", MA, "block_sparse:block_size=16"), ("`gla`", MR, "gla"),
         ("`retention`", MR, "retention"), ("`gated_deltanet`", MR, "gated_deltanet"), ("`linear`", MA, "linear"),
-        ("`sliding_window:window=16`", MA, "sliding_window:window=16"))
+        ("`sliding_window:window=16`", MA, "sliding_window:window=16"),
+        ("`moba:block_size=16,topk=3`", MS, "moba:block_size=16,topk=3"))
 for label, file, spec in MQAR:
     acc = {"metric": "accuracy", "variant_spec": spec}
     quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} | {{}} | {{}} / {{}} |",
           *(val(file, ".3f", "mean", **acc, d_model=w, eval_len=L) for L in (64, 128) for w in (32, 64)),
           *(V(file, {**acc, "d_model": w, "eval_len": 128}, "state_numbers", "max", "n0") for w in (32, 64)))
+SELECTORS = (("`sliding_window:window=256`", "sliding_window:window=256"),
+             ("`block_sparse` (64, 1 global + 3 local)", "block_sparse:block_size=64,global_blocks=1,local_blocks=3"),
+             ("`moba`", "moba"), ("`quest`", "quest"))
+for label, spec in SELECTORS:
+    quote(RESULTS, f"| {label} |" + " {} |" * 5,
+          *(val(SEL, ".3f", "mean", metric="mass_trained", variant_spec=spec, eval_len=L) for L in (1024, 4096, 16384)),
+          val(SEL, ".3f", "mean", metric="kept_trained", variant_spec=spec, eval_len=16384),
+          val(SEL, ".3f", "mean", metric="mass_random", variant_spec=spec, eval_len=4096))
+quote(RESULTS, "at 16K, {} and {} against {} for the window), and their recall of full attention's top 16 keys is {} "
+      "and {} against {}",
+      *(val(SEL, ".3f", "mean", metric=m, variant_spec=s, eval_len=16384) for m in ("mass_trained", "recall_trained")
+        for s in ("moba", "quest", "sliding_window:window=256")))
 quote(RESULTS, "(GLA {} -> {} at 128 from width 32 to 64)",
       *(val(MR, ".3f", "mean", metric="accuracy", variant_spec="gla", d_model=w, eval_len=128) for w in (32, 64)))
 
