@@ -77,7 +77,7 @@ def top_keys(scores: torch.Tensor, start: int, topk: int) -> tuple[torch.Tensor,
     S = min(topk, Lk)
     t = torch.arange(start, start + C, device=scores.device)  # absolute query positions
     future = torch.arange(Lk, device=scores.device)[None, :] > t[:, None]  # (C, Lk)
-    order = (scores + 0.0).masked_fill(future, float("-inf")).sort(-1, descending=True, stable=True).indices
+    order = (scores + 0.0).masked_fill(future, float("-inf")).sort(dim=-1, descending=True, stable=True).indices
     valid = torch.arange(S, device=scores.device) <= t[:, None]  # (C, S): t + 1 keys visible
     return order[..., :S], valid.expand(*scores.shape[:2], C, S)
 
@@ -232,7 +232,12 @@ class DsaAttention(Attention):
         Lq, Lk = q.shape[2], k.shape[2]
         if self._kl_parts is not None:
             self._kl_parts.append(kl_terms(q, k, causal, index_q, index_k, index_w))
-        return self._attend(q, k, v, causal, name, index_q[:, :, Lk - Lq:], index_k, index_w[:, :, Lk - Lq:])
+        out = self._attend(q, k, v, causal, name, index_q[:, :, Lk - Lq:], index_k, index_w[:, :, Lk - Lq:])
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (index_q, index_k, index_w)):
+            # the choice is piecewise constant in the index inputs: their gradient is 0 (not None, so callers that
+            # differentiate every token input, as attn/checks.py does, get one); an empty sum adds exactly 0
+            out = out + sum(t.flatten()[:0].sum() for t in (index_q, index_k, index_w))
+        return out
 
     def backend_reference(self, q, k, v, causal, **inputs):
         return self._call(q, k, v, causal, "reference", **inputs)
