@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -191,7 +190,6 @@ class DsaAttention(Attention):
     )
     aux_loss: torch.Tensor | None
     _kl_parts: list | None
-    name: ClassVar[str]
 
     def __init__(self, config: DsaConfig, backend: str = "auto"):
         super().__init__(config, backend)
@@ -201,8 +199,9 @@ class DsaAttention(Attention):
 
     def kept_keys(self, q, k, causal=True, **inputs):
         Lq, Lk = q.shape[2], k.shape[2]
-        idx, valid = select(inputs["index_q"][:, :, Lk - Lq:], inputs["index_k"], inputs["index_w"][:, :, Lk - Lq:],
-                            self.config.topk)
+        with torch.no_grad():
+            idx, valid = select(inputs["index_q"][:, :, Lk - Lq:], inputs["index_k"], inputs["index_w"][:, :, Lk - Lq:],
+                                self.config.topk)
         return selection_mask(idx, valid, Lk).repeat_interleave(q.shape[1] // k.shape[1], 1)
 
     def forward(self, q, k, v, causal=True, *, documents=None, **inputs):
