@@ -155,6 +155,17 @@ def load_checkpoint(path: Path, identity: str, warn: Callable[[str], None] | Non
     return state
 
 
+def aux_losses(model: nn.Module) -> torch.Tensor | None:
+    """The sum of the ``aux_loss`` the model's modules left in their last forward (DSA's indexer KL), or None when none
+    did; each is reset to None, so a loss is added once."""
+    parts = []
+    for m in model.modules():
+        if getattr(m, "aux_loss", None) is not None:
+            parts.append(m.aux_loss)
+            m.aux_loss = None
+    return sum(parts) if parts else None
+
+
 def train(model: nn.Module, batch_fn: Callable[[int], Batch], cfg: TrainConfig, ckpt: Path | None = None,
           identity: str = "", desc: str = "train", progress: bool = True, stop_after: int | None = None) -> TrainResult:
     """Train ``model`` in place for ``cfg.steps`` steps, resuming from ``ckpt`` if it exists.
@@ -184,8 +195,9 @@ def train(model: nn.Module, batch_fn: Callable[[int], Batch], cfg: TrainConfig, 
             g["lr"] = lr
         inputs, targets = batch_fn(step)
         loss = loss_on(model, inputs, targets)
+        extra = aux_losses(model)  # trained with the task loss; the recorded loss is the task's alone
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if extra is None else loss + extra).backward()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -205,5 +217,5 @@ def config_dict(cfg: TrainConfig) -> dict:
     return asdict(cfg)
 
 
-__all__ = ["Batch", "TrainConfig", "TrainResult", "config_dict", "load_checkpoint", "loss_on", "lr_at",
+__all__ = ["Batch", "TrainConfig", "TrainResult", "aux_losses", "config_dict", "load_checkpoint", "loss_on", "lr_at",
            "make_optimizer", "save_checkpoint", "train"]
