@@ -168,7 +168,8 @@ def test_query_chunks_change_nothing(monkeypatch):
     m = attn.build_attention("dsa", topk=5, index_heads=2, index_dim=3)
     whole, kept = m(q, k, v, **inputs), m.kept_keys(q, k, **inputs)
     monkeypatch.setattr(block_selection, "GATHER_ELEMENTS", 64)
-    assert torch.equal(m(q, k, v, **inputs), whole) and torch.equal(m.kept_keys(q, k, **inputs), kept)
+    assert torch.equal(m.kept_keys(q, k, **inputs), kept)  # the same keys; gathered in another order per chunk
+    torch.testing.assert_close(m(q, k, v, **inputs), whole, atol=1e-13, rtol=1e-13)
 
 
 def test_kl_is_the_definition_and_reaches_only_the_indexer():

@@ -134,7 +134,7 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torc
         pos = pos.view(B, Hkv, g * C * W)  # query head h reads key head h // g
         # rows of each (sequence, key head) by index_select: contiguous copies of D floats, where a gather with an
         # index expanded over D reads one index per element (7x slower here); no copy of the whole cache either
-        kg, vg = _rows(kf, pos, grad), _rows(vf, pos, grad)  # (B, H_kv, G*C*W, D)
+        kg, vg = gather_rows(kf, pos, grad), gather_rows(vf, pos, grad)  # (B, H_kv, G*C*W, D)
         kg, vg = kg.view(B * H * C, W, D), vg.view(B * H * C, W, D)
         scores = torch.bmm(q[:, :, a:e].to(f).reshape(B * H * C, 1, D), kg.transpose(1, 2)).view(B, H, C, W) * scale
         probs = torch.softmax(scores.masked_fill(~ok, float("-inf")), dim=-1)  # own key always visible: no empty row
@@ -142,7 +142,7 @@ def attend_selected(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torc
     return torch.cat(outs, 2).to(q.dtype)
 
 
-def _rows(x: torch.Tensor, pos: torch.Tensor, grad: bool) -> torch.Tensor:
+def gather_rows(x: torch.Tensor, pos: torch.Tensor, grad: bool) -> torch.Tensor:
     """x (B, H_kv, L, D) rows at pos (B, H_kv, N) -> (B, H_kv, N, D): one index_select per (sequence, key head), straight
     into the output when no gradient is needed (a stack would copy every gathered row once more)."""
     B, Hkv, N = pos.shape
@@ -307,5 +307,5 @@ class BlockSelectingAttention(Attention):
 
 __all__ = [
     "BlockSelectingAttention", "SummaryCache", "attend_selected", "block_view", "candidate_blocks", "choose",
-    "grouped_scores", "query_blocks", "selected_pairs", "selection_mask", "top_blocks",
+    "gather_rows", "grouped_scores", "query_blocks", "selected_pairs", "selection_mask", "top_blocks",
 ]

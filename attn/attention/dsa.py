@@ -9,8 +9,8 @@ The indexer has its own per-token projections (token inputs, made by the backbon
 
 over the visible keys s <= t (causal, bottom-right aligned: query row r of Lq is position Lk - Lq + r). Each query
 keeps the ``topk`` visible keys of highest I (all of them when fewer are visible) and attends to those only, with the
-main softmax scale 1 / sqrt(D). Ties go to the lower key index (a stable descending sort; -0.0 is made +0.0 first, so
-a relu that zeroes every head ties exactly). As DSA shares one indexer across its heads, the choice is per *key
+main softmax scale 1 / sqrt(D). Ties go to the lower key index (the set a stable descending sort keeps; a relu that
+zeroes every head ties exactly, -0.0 == +0.0). As DSA shares one indexer across its heads, the choice is per *key
 head* here: the G query heads of a GQA group share it (the token inputs are per key head, as all of them are).
 
 The choice is a fixed index set: no gradient reaches the indexer through the main attention. The indexer is trained
@@ -65,7 +65,9 @@ def index_scores(iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor) -> torch.
     B, Hkv, C, _ = iq.shape
     hi = iw.shape[-1]
     dots = iq.to(f).reshape(B, Hkv, C * hi, -1) @ ik.to(f).transpose(-2, -1)  # (B, H_kv, C * H_I, Lk)
-    return (F.relu(dots).view(B, Hkv, C, hi, -1) * iw.to(f)[..., None]).sum(3)
+    relu = F.relu_(dots) if not torch.is_grad_enabled() else F.relu(dots)
+    lk = dots.shape[-1]  # the weighted sum over the heads as a product: no (C, H_I, Lk) temporary
+    return torch.bmm(iw.to(f).reshape(B * Hkv * C, 1, hi), relu.view(B * Hkv * C, hi, lk)).view(B, Hkv, C, lk)
 
 
 def top_keys(scores: torch.Tensor, start: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,9 +78,22 @@ def top_keys(scores: torch.Tensor, start: int, topk: int) -> tuple[torch.Tensor,
     S = min(topk, Lk)
     t = torch.arange(start, start + C, device=scores.device)  # absolute query positions
     future = torch.arange(Lk, device=scores.device)[None, :] > t[:, None]  # (C, Lk)
-    order = (scores + 0.0).masked_fill(future, float("-inf")).sort(dim=-1, descending=True, stable=True).indices
-    valid = torch.arange(S, device=scores.device) <= t[:, None]  # (C, S): t + 1 keys visible
-    return order[..., :S], valid.expand(*scores.shape[:2], C, S)
+    s = scores.masked_fill(future, float("-inf"))  # -0.0 == +0.0 in every comparison below: they tie
+    # the set a stable descending sort keeps, without sorting Lk keys per query: topk's, except in rows where a key
+    # outside it ties the S-th best score (the (S+1)-th equals it; also the rows seeing fewer than S keys). There:
+    # every key above it and then the lowest-index ties (a short row: its visible keys, then the first future ones
+    # as its invalid slots), in index order.
+    vals, idx = s.topk(min(S + 1, Lk), dim=-1)
+    if S < Lk:
+        bad = vals[..., S] == vals[..., S - 1]
+        vals, idx = vals[..., :S], idx[..., :S]
+        if bad.any():
+            sb, tb = s[bad], vals[bad][:, -1:]
+            above, tie = sb > tb, sb == tb
+            take = above | (tie & (tie.cumsum(-1) <= S - above.sum(-1, keepdim=True)))
+            idx[bad] = take.nonzero()[:, -1].view(-1, S)
+    valid = torch.arange(S, device=scores.device) <= t[:, None]  # (C, S): t + 1 keys visible, first in index order
+    return idx, valid.expand(*scores.shape[:2], C, S)
 
 
 def select(iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +102,10 @@ def select(iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor, topk: int) -> t
     B, Hkv, Lq, _ = iq.shape
     Lk = ik.shape[2]
     step = max(1, bsel.GATHER_ELEMENTS // max(1, B * Hkv * iw.shape[-1] * Lk))
-    parts = [top_keys(index_scores(iq[:, :, a:a + step], ik, iw[:, :, a:a + step]), Lk - Lq + a, topk)
-             for a in range(0, Lq, step)]
+    # a chunk scores only the keys its last query sees (at least S of them, so every chunk keeps S slots)
+    seen = [max(Lk - Lq + min(Lq, a + step), min(topk, Lk)) for a in range(0, Lq, step)]
+    parts = [top_keys(index_scores(iq[:, :, a:a + step], ik[:, :, :n], iw[:, :, a:a + step]), Lk - Lq + a, topk)
+             for a, n in zip(range(0, Lq, step), seen, strict=True)]
     return torch.cat([i for i, _ in parts], 2), torch.cat([v for _, v in parts], 2)
 
 
@@ -115,7 +132,7 @@ def attend_chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.
         e = min(Lq, a + step)
         C = e - a
         pos = idx[:, :, a:e].reshape(B, Hkv, C * S)
-        kg, vg = (bsel._rows(x, pos, grad).view(B, Hkv, C, S, D) for x in (kf, vf))  # (B, H_kv, C, S, D)
+        kg, vg = (bsel.gather_rows(x, pos, grad).view(B, Hkv, C, S, D) for x in (kf, vf))  # (B, H_kv, C, S, D)
         qc = q[:, :, a:e].to(f).view(B, Hkv, g, C, D)
         scores = torch.einsum("bhgcd,bhcsd->bhgcs", qc, kg) / math.sqrt(D)
         probs = torch.softmax(scores.masked_fill(~valid[:, :, None, a:e], float("-inf")), -1)  # slot 0 always valid
