@@ -93,17 +93,17 @@ def build(params, Hkv, backend="auto", seed=0):
        params_strategy(), st.integers(0, 10**6))
 def test_forward_gradients_and_kept_keys_are_the_definition(B, heads, L, extra, params, seed):
     q, k, v, gates = (x.requires_grad_() for x in draw(B, heads, L, extra, seed))
-    for backend in ("reference", "gathered"):
-        m = build(params, heads[1], backend, seed)
-        wk, wv = (w.detach().clone().requires_grad_() for w in (m.cmp_k, m.cmp_v))
-        want, want_kept = definition(q, k, v, gates, wk, wv, *params)
+    models = [build(params, heads[1], backend, seed) for backend in ("reference", "gathered")]  # the same weights
+    wk, wv = (w.detach().clone().requires_grad_() for w in (models[0].cmp_k, models[0].cmp_v))
+    want, want_kept = definition(q, k, v, gates, wk, wv, *params)
+    go = torch.randn_like(want)
+    ref = torch.autograd.grad(want, (q, k, v, gates, wk, wv), go, allow_unused=True)
+    for m, backend in zip(models, ("reference", "gathered"), strict=True):
         out = m(q, k, v, gates=gates)
         assert m.last_backend == backend
         torch.testing.assert_close(out, want, atol=1e-9, rtol=1e-9)
         assert torch.equal(m.kept_keys(q, k), want_kept)
-        go = torch.randn_like(want)
         got = torch.autograd.grad(out, (q, k, v, gates, m.cmp_k, m.cmp_v), go, allow_unused=True)
-        ref = torch.autograd.grad(want, (q, k, v, gates, wk, wv), go, allow_unused=True)
         for a, b in zip(got, ref, strict=True):
             if b is None:  # no complete window: the compression weights reach nothing
                 assert a is None or not a.any()
