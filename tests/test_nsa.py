@@ -11,17 +11,17 @@ import attn
 from tests.definitions import decode_in_chunks
 
 
-def definition(q, k, v, gates, wk, wv, l, s, bs, topk, window):
+def definition(q, k, v, gates, wk, wv, bl, s, bs, topk, window):
     """(output (B, H, Lq, D), kept keys (B, H, Lq, Lk)) of NSA (arXiv:2502.11089, eq. 5-10) as nsa.py states it: window
-    i of l tokens every s pooled by the weights; a query attends to the complete windows; a selection block scores the
+    i of bl tokens every s pooled by the weights; a query attends to the complete windows; a selection block scores the
     sum of the group's probabilities of the windows overlapping it; block 0, the own block (causal) and the topk - 2
     best earlier blocks (ties: the earlier) are selected; a window of the last ``window`` keys; gated sum."""
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
-    G, n = H // Hkv, (0 if Lk < l else (Lk - l) // s + 1)
-    kc = [[torch.stack([sum(wk[h, p] * k[b, h, i * s + p] for p in range(l)) for i in range(n)]) if n else None
+    G, n = H // Hkv, (0 if Lk < bl else (Lk - bl) // s + 1)
+    kc = [[torch.stack([sum(wk[h, p] * k[b, h, i * s + p] for p in range(bl)) for i in range(n)]) if n else None
            for h in range(Hkv)] for b in range(B)]
-    vc = [[torch.stack([sum(wv[h, p] * v[b, h, i * s + p] for p in range(l)) for i in range(n)]) if n else None
+    vc = [[torch.stack([sum(wv[h, p] * v[b, h, i * s + p] for p in range(bl)) for i in range(n)]) if n else None
            for h in range(Hkv)] for b in range(B)]
 
     def softmax_rows(qv, keys, values):
@@ -34,7 +34,7 @@ def definition(q, k, v, gates, wk, wv, l, s, bs, topk, window):
         for hk in range(Hkv):
             for r in range(Lq):
                 t = Lk - Lq + r
-                seen = [i for i in range(n) if i * s + l <= t + 1]
+                seen = [i for i in range(n) if i * s + bl <= t + 1]
                 o_cmp, score = {}, {}
                 for h in range(hk * G, (hk + 1) * G):
                     if seen:
@@ -42,7 +42,7 @@ def definition(q, k, v, gates, wk, wv, l, s, bs, topk, window):
                         o_cmp[h] = p @ vc[b][hk][seen]
                         for c in range(t // bs):
                             score[c] = score.get(c, 0.0) + sum(float(p[m].detach()) for m, i in enumerate(seen)
-                                                              if i * s < (c + 1) * bs and i * s + l > c * bs)
+                                                              if i * s < (c + 1) * bs and i * s + bl > c * bs)
                     else:
                         o_cmp[h] = torch.zeros(D, dtype=torch.float64)
                 own = t // bs
@@ -62,8 +62,8 @@ def definition(q, k, v, gates, wk, wv, l, s, bs, topk, window):
 
 
 def params_strategy():
-    return st.integers(2, 6).flatmap(lambda l: st.tuples(
-        st.just(l), st.sampled_from([s for s in range(1, l + 1) if l % s == 0])).flatmap(lambda ls: st.tuples(
+    return st.integers(2, 6).flatmap(lambda bl: st.tuples(
+        st.just(bl), st.sampled_from([s for s in range(1, bl + 1) if bl % s == 0])).flatmap(lambda ls: st.tuples(
             st.just(ls[0]), st.just(ls[1]), st.integers(1, max(1, 6 // ls[1])).map(lambda m: m * ls[1]),
             st.integers(1, 4), st.integers(1, 12))))
 
@@ -78,13 +78,13 @@ def draw(B, heads, L, extra, seed=0, dtype=torch.float64):
 
 
 def build(params, Hkv, backend="auto", seed=0):
-    l, s, bs, topk, w = params
-    m = attn.build_attention("nsa", block_len=l, stride=s, select_block=bs, topk=topk, window=w, kv_heads=Hkv,
+    bl, s, bs, topk, w = params
+    m = attn.build_attention("nsa", block_len=bl, stride=s, select_block=bs, topk=topk, window=w, kv_heads=Hkv,
                              backend=backend).double()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # weights other than the mean, so the definition sees them used
-        m.cmp_k.copy_(torch.rand(Hkv, l, generator=g, dtype=torch.float64))
-        m.cmp_v.copy_(torch.rand(Hkv, l, generator=g, dtype=torch.float64))
+        m.cmp_k.copy_(torch.rand(Hkv, bl, generator=g, dtype=torch.float64))
+        m.cmp_v.copy_(torch.rand(Hkv, bl, generator=g, dtype=torch.float64))
     return m
 
 
