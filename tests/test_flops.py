@@ -82,8 +82,9 @@ def masks(monkeypatch) -> list[tuple[int, int, int]]:
 def test_every_builtin_variant_is_covered():
     builtin = {s["name"] for s in attn.list_attention() if s["source"] == "builtin"}
     # the gated linear family's counts are checked against explicit counts in test_retention/gla/gated_deltanet.py,
-    # the selecting variants' against their kept keys and a hand count in test_moba/quest/dsa.py
-    assert builtin == set(SOFTMAX) | {"linear", "retention", "gla", "gated_deltanet", "moba", "quest", "dsa"}, \
+    # the selecting variants' against their kept keys and a hand count in test_moba/quest/dsa/nsa.py
+    assert builtin == set(SOFTMAX) | {"linear", "retention", "gla", "gated_deltanet", "moba", "quest", "dsa",
+                                        "nsa"}, \
         "a new built-in variant needs its FLOPs checked here"
 
 

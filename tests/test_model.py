@@ -9,7 +9,8 @@ import attn
 # Small parameters so every variant's structure (windows, blocks, chunks) shows at test lengths.
 SMALL = {"sliding_window": {"window": 4}, "block_sparse": {"block_size": 4}, "linear": {"chunk_size": 4},
          "moba": {"block_size": 2, "topk": 3}, "quest": {"page_size": 2, "token_budget": 4},
-         "dsa": {"topk": 8, "index_heads": 2, "index_dim": 8}}
+         "dsa": {"topk": 8, "index_heads": 2, "index_dim": 8},
+         "nsa": {"block_len": 4, "stride": 2, "select_block": 4, "topk": 2, "window": 8}}
 
 
 def variants(causal=True):
