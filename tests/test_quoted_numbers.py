@@ -389,6 +389,29 @@ quote(RESULTS, "at 16K, {} and {} against {} for the window), and their recall o
       "and {} against {}",
       *(val(SEL, ".3f", "mean", metric=m, variant_spec=s, eval_len=16384) for m in ("mass_trained", "recall_trained")
         for s in ("moba", "quest", "sliding_window:window=256")))
+SSM = "accuracy-selective-smollm2-cpu.jsonl"
+
+
+def answered(spec: str) -> list[V]:
+    """Passkey k/n at depths 0, 0.5, 1 and RULER's niah_single_1, as the SmolLM2 selection table writes them."""
+    return [*(kn(SSM, variant_spec=spec, task="passkey", metric="exact_match", depth=d) for d in (0.0, 0.5, 1.0)),
+            kn(SSM, variant_spec=spec, task="ruler", metric="string_match")]
+
+
+quote(RESULTS, "| `full` | 1 (all keys) | 1 | 1 | {} {} {} · {} |", *answered("full"))
+for label, spec, asked in (
+        ("`sliding_window:window=512`", "sliding_window:window=512,backend=blocked", True),
+        ("`sliding_window:sinks=4,window=508`", "sliding_window:sinks=4,window=508,backend=blocked", False),
+        ("`block_sparse` (64, 1 global + 7 local)",
+         "block_sparse:block_size=64,global_blocks=1,local_blocks=7,backend=gathered", True),
+        ("`moba:block_size=64,topk=8`", "moba:block_size=64,topk=8", True),
+        ("`quest:page_size=16,token_budget=512`", "quest:page_size=16,token_budget=512", True),
+        ("`sliding_window:window=256`", "sliding_window:window=256,backend=blocked", False),
+        ("`moba` (default, 256 keys)", "moba", False), ("`quest` (default, 256 keys)", "quest", False)):
+    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} | " + ("{} {} {} · {} |" if asked else "-- |"),
+          *(val(SSM, ".3f", "mean", variant_spec=spec, metric=m, eval_len=L)
+            for m, L in (("mass_checkpoint", 4096), ("mass_checkpoint", 8192), ("recall_checkpoint", 4096))),
+          *(answered(spec) if asked else []))
 quote(RESULTS, "(GLA {} -> {} at 128 from width 32 to 64)",
       *(val(MR, ".3f", "mean", metric="accuracy", variant_spec="gla", d_model=w, eval_len=128) for w in (32, 64)))
 
