@@ -412,6 +412,18 @@ for label, spec, asked in (
           *(val(SSM, ".3f", "mean", variant_spec=spec, metric=m, eval_len=L)
             for m, L in (("mass_checkpoint", 4096), ("mass_checkpoint", 8192), ("recall_checkpoint", 4096))),
           *(answered(spec) if asked else []))
+SC = "selective-cpu.jsonl"
+for label, spec, sel in (("`full`", "full", "0"), ("`moba`", "moba", "{} M"), ("`quest`", "quest", "{} M")):
+    quote(RESULTS, f"| {label} | {{}} ms | {{}} ms | {{}} ms | {{}} ms | {{}} → {{}} MiB | {sel} |",
+          ms(SC, ".1f", **FWD, seq_len=4096, variant_spec=spec), ms(SC, ".1f", **FWD, **K64, variant_spec=spec),
+          ms(SC, ".2f", **DEC, seq_len=1024, variant_spec=spec), ms(SC, ".2f", **DEC, **K64, variant_spec=spec),
+          mib(SC, ".1f", **DEC, seq_len=1024, variant_spec=spec), mib(SC, ".1f", **DEC, **K64, variant_spec=spec),
+          *([V(SC, {**DEC, **K64, "variant_spec": spec}, "selection_flops", spec=".2f", scale=1e-6)] if sel != "0" else []))
+for label, file, spec in (("`nsa`", "accuracy-mqar-nsa-cpu.jsonl", "nsa:block_len=8,select_block=16,stride=4,topk=3,window=16"),
+                          ("`dsa:topk=48,kl_weight=1`", "accuracy-mqar-dsa-cpu.jsonl", "dsa:kl_weight=1.0,topk=48")):
+    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} |",
+          *(val(file, ".3f", metric="accuracy", variant_spec=spec, d_model=w, eval_len=L)
+            for w, L in ((32, 64), (64, 64), (32, 128))))
 quote(RESULTS, "(GLA {} -> {} at 128 from width 32 to 64)",
       *(val(MR, ".3f", "mean", metric="accuracy", variant_spec="gla", d_model=w, eval_len=128) for w in (32, 64)))
 
