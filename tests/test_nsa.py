@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn
+from attn.attention import block_selection as bsel
+from attn.attention import nsa
 from tests.definitions import decode_in_chunks
 
 
@@ -186,3 +188,44 @@ def test_a_fresh_module_loads_weights_made_at_the_first_call():
     b = attn.build_attention("nsa", block_len=4, stride=2, select_block=4, topk=2, window=8)
     b.load_state_dict(a.state_dict())
     assert torch.equal(b(q, k, v, gates=gates), a(q, k, v, gates=gates))
+
+
+@settings(max_examples=40, deadline=None)
+@given(params_strategy(), st.integers(1, 90), st.integers(0, 10**6))
+def test_block_scores_and_the_scoring_count_are_loops(params, L, seed):
+    """The banded block scores against a sum over every (window, block) overlap; the closed-form scoring count against
+    one add per (seen window, overlapped candidate block) and G - 1 per (query, candidate) of a 2-head group."""
+    bl, s, bs, topk, w = params
+    m = attn.build_attention("nsa", block_len=bl, stride=s, select_block=bs, topk=topk, window=w)
+    n, blocks = (0 if L < bl else (L - bl) // s + 1), L // bs
+    lap = [[i * s < (c + 1) * bs and i * s + bl > c * bs for c in range(blocks)] for i in range(n)]
+    probs = torch.rand(3, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    want = torch.tensor([[sum(float(probs[r, i]) for i in range(n) if lap[i][c]) for c in range(blocks)]
+                         for r in range(3)], dtype=torch.float64).view(3, blocks)
+    torch.testing.assert_close(nsa.block_scores(probs, blocks, m.config), want, atol=1e-12, rtol=1e-12)
+    q_len = 1 + seed % L
+    adds = sum(lap[i][c] for t in range(L - q_len, L) for c in range(t // bs) for i in range(n) if i * s + bl <= t + 1)
+    group = sum(t // bs for t in range(L - q_len, L))
+    assert m.scoring_adds(q_len, L, 2, 1) == 2 * adds + group
+
+
+def test_stable_topk_keeps_what_a_stable_sort_keeps():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randint(0, 4, (200, 13), generator=g).double()  # many ties, at the cut and elsewhere
+    s[::7] = -math.inf  # and rows of fewer finite entries than k
+    s[::7, :2] = 1.0
+    for k in (0, 1, 5, 12, 13):
+        vals, idx = bsel.stable_topk(s, k)
+        want = s.sort(dim=-1, descending=True, stable=True)[1][:, :k]
+        assert torch.equal(idx.sort(-1)[0], want.sort(-1)[0])
+        assert torch.equal(vals, s.gather(-1, idx))
+
+
+def test_chunked_scan_equals_one_chunk(monkeypatch):
+    """A long prefill scans its queries in chunks (GATHER_ELEMENTS): one query at a time gives the same choice and output."""
+    q, k, v, gates = draw(1, (4, 2), 70, 3, seed=3)
+    m = build((4, 2, 8, 3, 6), 2, "gathered")
+    want, kept = m(q, k, v, gates=gates), m.kept_keys(q, k)
+    monkeypatch.setattr(bsel, "GATHER_ELEMENTS", 1)
+    torch.testing.assert_close(m(q, k, v, gates=gates), want, atol=1e-12, rtol=1e-12)
+    assert torch.equal(m.kept_keys(q, k), kept)

@@ -70,6 +70,24 @@ def top_blocks(scores: torch.Tensor, q_block: torch.Tensor, n_select: int) -> tu
     return idx, torch.isfinite(vals)
 
 
+def stable_topk(s: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` entries of s's last dim that a stable descending sort puts first (ties to the lower index), without
+    sorting the row -> (values, indices): topk's, except in rows where an entry outside it ties the k-th best (the
+    (k+1)-th equals it). There: every entry above it and then the lowest-index ties, in index order."""
+    vals, idx = s.topk(min(k + 1, s.shape[-1]), dim=-1)
+    if k == 0 or k >= s.shape[-1]:
+        return vals[..., :k], idx[..., :k]
+    bad = vals[..., k] == vals[..., k - 1]
+    vals, idx = vals[..., :k], idx[..., :k]
+    if bad.any():
+        sb, tb = s[bad], vals[bad][:, -1:]
+        above, tie = sb > tb, sb == tb
+        take = above | (tie & (tie.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+        pick = take.nonzero()[:, -1].view(-1, k)
+        idx[bad], vals[bad] = pick, sb.gather(-1, pick)
+    return vals, idx
+
+
 def choose(q: torch.Tensor, k_len: int, bs: int, n_select: int, score: Callable[[torch.Tensor], torch.Tensor]
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`top_blocks` of ``score(q_chunk)`` (B, H, C, n) over chunks of the queries: the (B, H, Lq, n) scores of a

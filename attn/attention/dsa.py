@@ -78,20 +78,10 @@ def top_keys(scores: torch.Tensor, start: int, topk: int) -> tuple[torch.Tensor,
     S = min(topk, Lk)
     t = torch.arange(start, start + C, device=scores.device)  # absolute query positions
     future = torch.arange(Lk, device=scores.device)[None, :] > t[:, None]  # (C, Lk)
-    s = scores.masked_fill(future, float("-inf"))  # -0.0 == +0.0 in every comparison below: they tie
-    # the set a stable descending sort keeps, without sorting Lk keys per query: topk's, except in rows where a key
-    # outside it ties the S-th best score (the (S+1)-th equals it; also the rows seeing fewer than S keys). There:
-    # every key above it and then the lowest-index ties (a short row: its visible keys, then the first future ones
-    # as its invalid slots), in index order.
-    vals, idx = s.topk(min(S + 1, Lk), dim=-1)
-    if S < Lk:
-        bad = vals[..., S] == vals[..., S - 1]
-        vals, idx = vals[..., :S], idx[..., :S]
-        if bad.any():
-            sb, tb = s[bad], vals[bad][:, -1:]
-            above, tie = sb > tb, sb == tb
-            take = above | (tie & (tie.cumsum(-1) <= S - above.sum(-1, keepdim=True)))
-            idx[bad] = take.nonzero()[:, -1].view(-1, S)
+    s = scores.masked_fill(future, float("-inf"))  # -0.0 == +0.0 in every comparison: they tie
+    # a short row (fewer than S visible keys) ties -inf at the cut: its visible keys, then the first future ones as
+    # its invalid slots
+    idx = bsel.stable_topk(s, S)[1]
     valid = torch.arange(S, device=scores.device) <= t[:, None]  # (C, S): t + 1 keys visible, first in index order
     return idx, valid.expand(*scores.shape[:2], C, S)
 

@@ -24,8 +24,10 @@ Where this differs from the paper: ``phi`` is linear (above); the paper's eq. 9 
 previous block as well, averages (not sums) the group's probabilities, and gates per query head.
 
 Backends: ``reference`` (each branch a masked dense softmax, the selection as a bool mask) and ``gathered`` (the
-compressed branch dense over the ``L / s`` compressed keys, the selected branch through block_selection's gathering,
-the window through sliding_window's ``blocked`` kernel). Decoding keeps every key and value and the compressed keys
+compressed branch over chunks of queries, each reading the ``L / s`` compressed keys it sees and scoring the blocks
+from the same probabilities by a band of ``(l' + l) / s`` windows a block, so prefill is O(L² / s) in time and
+bounded in memory; the selected branch through block_selection's gathering; the window through sliding_window's
+``blocked`` kernel). Decoding keeps every key and value and the compressed keys
 and values of every complete window (:class:`CompressedCache`).
 
 Cost (:meth:`NsaAttention.flops`, 2 per MAC): ``4 D`` per (query head, key) pair of each branch -- compressed keys
@@ -97,36 +99,88 @@ def compressed_visible(q_len: int, k_len: int, n: int, cfg: NsaConfig, device) -
     return torch.arange(n, device=device)[None, :] * cfg.stride + cfg.block_len <= t + 1
 
 
-def overlap(n: int, blocks: int, cfg: NsaConfig, device) -> torch.Tensor:
-    """(n, blocks) 0/1: compression window i shares a token with selection block c."""
-    start = torch.arange(n, device=device)[:, None] * cfg.stride
-    c = torch.arange(blocks, device=device)[None, :] * cfg.select_block
-    return ((start < c + cfg.select_block) & (start + cfg.block_len > c)).double()
+def band(cfg: NsaConfig) -> tuple[int, int]:
+    """(p, m): window ``i`` overlaps selection block ``c`` iff ``c p - m <= i < (c + 1) p``, p = l' / s windows start in
+    a block and m = ceil(l / s) - 1 earlier ones reach into it."""
+    return cfg.select_block // cfg.stride, -(-cfg.block_len // cfg.stride) - 1
 
 
 def compressed_probs(q: torch.Tensor, kc: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Softmax of q (B, H, Lq, D) over the visible compressed keys kc (B, H_kv, n, D) -> (B, H, Lq, n); rows that see
     no window are 0."""
-    scores = bsel.grouped_scores(q, kc) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores.masked_fill(~visible, -math.inf), -1).nan_to_num(0.0)
+    scores = bsel.grouped_scores(q.to(kc.dtype) / math.sqrt(q.shape[-1]), kc).masked_fill_(~visible, -math.inf)
+    probs = torch.softmax(scores, -1)
+    return probs if visible.any(-1).all() else probs.nan_to_num(0.0)
 
 
-def choose(probs: torch.Tensor, kv_heads: int, k_len: int, cfg: NsaConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chosen blocks besides each query's own: probs (B, H, Lq, n) -> idx, valid (B, H, Lq, S), S slots of block 0
-    and the best complete earlier blocks (the same for every query head of a group)."""
-    B, H, Lq, n = probs.shape
+def block_scores(probs: torch.Tensor, blocks: int, cfg: NsaConfig) -> torch.Tensor:
+    """Each of the first ``blocks`` selection blocks' score, the sum of probs (..., n) over the windows overlapping it
+    (:func:`band`), in probs' dtype: sums of the p windows starting in each block, shifted and added over the m before it
+    (m = a p + r), not an (n, blocks) product. Blocks whose bands hold equal values score exactly alike."""
+    p, m = band(cfg)
+    a, r = divmod(m, p)
+    n = probs.shape[-1]
+    whole = min(blocks, n // p)  # blocks whose p windows all exist
+
+    def sums(lo: int) -> torch.Tensor:  # (..., blocks): windows j p + lo .. (j + 1) p - 1 of each block j
+        parts = [probs[..., :whole * p].unflatten(-1, (whole, p))[..., lo:].sum(-1)]
+        if whole < blocks:  # block `whole` holds the last n - whole p windows, the blocks after it none
+            parts.append(probs[..., whole * p + lo:].sum(-1, keepdim=True))
+            parts.append(probs.new_zeros(*probs.shape[:-1], blocks - whole - 1))
+        return torch.cat(parts, -1)
+
+    own = sums(0)
+    scores = own.clone()
+    for j in range(1, min(a, blocks - 1) + 1):  # the a whole blocks of windows before
+        scores[..., j:] += own[..., :-j]
+    if r and blocks > a + 1:  # and the last r windows of the block before those
+        scores[..., a + 1:] += sums(p - r)[..., :blocks - a - 1]
+    return scores
+
+
+def choose(probs: torch.Tensor, kv_heads: int, k_len: int, cfg: NsaConfig, first: int | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen blocks besides each query's own: probs (B, H, C, n) of the queries at positions first..first+C-1
+    (default: the last C of k_len) -> idx, valid (B, H, C, S), S slots of block 0 and the best complete earlier blocks
+    (the same for every query head of a group; ties to the earlier block)."""
+    B, H, C, _ = probs.shape
+    first = k_len - C if first is None else first
     blocks = k_len // cfg.select_block  # complete selection blocks: the candidates
     S = min(max(1, cfg.topk - 1), blocks)
     if S == 0:
-        empty = probs.new_zeros(B, H, Lq, 0, dtype=torch.long)
+        empty = probs.new_zeros(B, H, C, 0, dtype=torch.long)
         return empty, empty.bool()
-    scores = (probs.double() @ overlap(n, blocks, cfg, probs.device)).view(B, kv_heads, -1, Lq, blocks).sum(2)
-    future = torch.arange(blocks, device=probs.device)[None, :] >= bsel.query_blocks(Lq, k_len, cfg.select_block,
-                                                                                     probs.device)[:, None]
+    scores = block_scores(probs, blocks, cfg).view(B, kv_heads, -1, C, blocks).sum(2)
+    own = torch.arange(first, first + C, device=probs.device) // cfg.select_block
+    future = torch.arange(blocks, device=probs.device)[None, :] >= own[:, None]
     scores[..., 0] = math.inf  # block 0 always, when it is earlier than the query's own
-    vals, idx = scores.masked_fill(future, -math.inf).sort(dim=-1, descending=True, stable=True)
+    vals, idx = bsel.stable_topk(scores.masked_fill(future, -math.inf), S)
     g = H // kv_heads
-    return idx[..., :S].repeat_interleave(g, 1), (vals[..., :S] > -math.inf).repeat_interleave(g, 1)
+    return idx.repeat_interleave(g, 1), (vals > -math.inf).repeat_interleave(g, 1)
+
+
+def compressed_scan(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor | None, k_len: int, cfg: NsaConfig
+                    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The compressed branch and the choice its probabilities make, over chunks of queries that each read only the
+    windows complete by their last position: the (B, H, Lq, n) probabilities of a long prefill (16 GB for 8 heads at
+    64K tokens, stride 8) never exist at once. q (B, H, Lq, D), the last Lq of k_len positions -> (o_cmp (B, H, Lq, D)
+    or None without ``vc``, idx, valid)."""
+    B, H, Lq, D = q.shape
+    Hkv, n = kc.shape[1], kc.shape[2]
+    step = max(1, bsel.GATHER_ELEMENTS // max(1, B * H * n))
+    outs, parts = [], []
+    for a in range(0, Lq, step):
+        qa = q[:, :, a:a + step]
+        C = qa.shape[2]
+        end = k_len - Lq + a + C  # keys seen by the chunk's last query
+        seen = min(n, windows(end, cfg))
+        probs = compressed_probs(qa, kc[:, :, :seen], compressed_visible(C, end, seen, cfg, q.device))
+        if vc is not None:
+            outs.append((probs.view(B, Hkv, H // Hkv * C, seen) @ vc[:, :, :seen]).view(B, H, C, D))
+        with torch.no_grad():
+            parts.append(choose(probs.detach(), Hkv, k_len, cfg, end - C))
+    idx, valid = (torch.cat([p[i] for p in parts], 2) for i in (0, 1))
+    return (torch.cat(outs, 2) if vc is not None else None), idx, valid
 
 
 @dataclass
@@ -215,8 +269,7 @@ class NsaAttention(Attention):
 
     def select(self, q: torch.Tensor, k: torch.Tensor, kc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            visible = compressed_visible(q.shape[2], k.shape[2], kc.shape[2], self.config, q.device)
-            return choose(compressed_probs(q, kc, visible), k.shape[1], k.shape[2], self.config)
+            return compressed_scan(q, kc, None, k.shape[2], self.config)[1:]
 
     def kept_keys(self, q, k, causal=True, **inputs):
         """The raw keys the selected and window branches read; the compressed branch reads summaries, not keys."""
@@ -236,17 +289,15 @@ class NsaAttention(Attention):
         B, H, Lq, D = q.shape
         Hkv, Lk = k.shape[1], k.shape[2]
         f = torch.promote_types(q.dtype, torch.float32)
-        visible = compressed_visible(Lq, Lk, kc.shape[2], self.config, q.device)
-        idx, valid = self.select(q, k, kc)
         bs, w = self.config.select_block, self.config.window
         if dense:
-            o_cmp = dense_attention(q.to(f), kc, vc, visible)
+            idx, valid = self.select(q, k, kc)
+            o_cmp = dense_attention(q.to(f), kc, vc, compressed_visible(Lq, Lk, kc.shape[2], self.config, q.device))
             chosen = bsel.selection_mask(idx, valid, Lk, bs).view(B, Hkv, H // Hkv, Lq, Lk)
             o_slc = dense_attention(q, k, v, chosen)
             o_win = dense_attention(q, k, v, causal_mask(Lq, Lk, q.device, window=w))
         else:
-            probs = compressed_probs(q.to(f), kc, visible)  # (B, H, Lq, n)
-            o_cmp = (probs.view(B, Hkv, H // Hkv * Lq, kc.shape[2]) @ vc).view(B, H, Lq, D)
+            o_cmp, idx, valid = compressed_scan(q.to(f), kc, vc, Lk, self.config)
             o_slc = bsel.attend_selected(q, k, v, idx, valid, bs)
             o_win = blocked_attention(q, k, v, w, True)
         g = gates.to(f)[:, :, None]  # (B, H_kv, 1, Lq, 3): one gate per key head, over its query heads
@@ -281,17 +332,20 @@ class NsaAttention(Attention):
 
     def scoring_adds(self, q_len: int, k_len: int, heads: int, kv_heads: int) -> int:
         """Adds of the block scoring per sequence: (visible window, overlapped candidate block) pairs per query head,
-        and G - 1 per (query, key head, candidate block) to sum a group."""
+        and G - 1 per (query, key head, candidate block) to sum a group; counted per query in closed form."""
         c = self.config
-        n, blocks = windows(k_len, c), k_len // c.select_block
-        lap = overlap(n, blocks, c, "cpu").long()  # (n, blocks)
-        total = 0
-        for a in range(k_len - q_len, k_len, 1024):  # query chunks: the (queries, windows) mask stays small
-            t = torch.arange(a, min(k_len, a + 1024))
-            seen = compressed_visible(len(t), int(t[-1]) + 1, n, c, "cpu").long()  # (C, n)
-            cand = torch.arange(blocks)[None, :] < (t // c.select_block)[:, None]  # (C, blocks)
-            total += heads * int(((seen @ lap) * cand).sum()) + (heads - kv_heads) * int(cand.sum())
-        return total
+        p, m = band(c)
+        t = torch.arange(k_len - q_len, k_len, dtype=torch.int64)
+        b = t // c.select_block  # candidate blocks
+        nt = ((t + 1 - c.block_len).div(c.stride, rounding_mode="floor") + 1).clamp(min=0)  # windows seen
+        x = torch.minimum(b, nt // p)  # blocks 0..x-1: every window overlapping them seen, (c+1)p - max(0, cp - m)
+        c0 = m // p + 1  # the first block whose band starts after window 0
+        late = (x - c0).clamp(min=0)
+        pairs = p * x * (x + 1) // 2 - (p * late * (x + c0 - 1) // 2 - m * late)
+        for j in range(m // p + 3):  # blocks x.. (while x < b): the seen windows of their band, nt - max(0, cp - m)
+            cc = x + j
+            pairs += torch.where(cc < b, (nt - (cc * p - m).clamp(min=0)).clamp(min=0), 0)
+        return heads * int(pairs.sum()) + (heads - kv_heads) * int(b.sum())
 
     def selection_flops(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int,
                         kv_heads: int | None = None) -> int:
@@ -307,5 +361,5 @@ class NsaAttention(Attention):
         return batch * (compression + self.scoring_adds(seq_len, seq_len, heads, hkv))
 
 
-__all__ = ["CompressedCache", "NsaAttention", "NsaConfig", "choose", "compress", "compressed_probs", "overlap",
-           "windows"]
+__all__ = ["CompressedCache", "NsaAttention", "NsaConfig", "band", "block_scores", "choose", "compress",
+           "compressed_probs", "compressed_scan", "windows"]

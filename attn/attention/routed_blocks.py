@@ -44,15 +44,16 @@ def attend_by_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torc
     # causal inside the block (aligned, so key offset <= query offset); the padding past Lk is never visible
     own = own.masked_fill(~causal, float("-inf")).reshape(B, H, n_q * bs, bs)[:, :, off: off + Lq]
     blk = torch.where(valid, idx, 0)  # an invalid slot scores block 0 and is masked
-    orders = [_pairs(blk, b, j, g) for b in range(B) for j in range(Hkv)] if S else []
-    sel = _routed_scores(qf, kf, blk, orders, bs, g) if S else own.new_zeros(B, H, Lq, 0, bs)
+    routed = S and Lk >= bs  # before one complete block, every slot is invalid (and block 0 is short)
+    orders = [_pairs(blk, b, j, g) for b in range(B) for j in range(Hkv)] if routed else []
+    sel = _routed_scores(qf, kf, blk, orders, bs, g) if routed else own.new_zeros(B, H, Lq, S, bs)
     sel = sel.masked_fill(~valid[..., None], float("-inf"))
     probs = torch.softmax(torch.cat([sel.flatten(-2), own], -1), dim=-1)  # own key always visible: no empty row
     p_sel, p_own = probs[..., : S * bs].unflatten(-1, (S, bs)), probs[..., S * bs:]
     p_own = torch.cat([p_own.new_zeros(B, H, off, bs), p_own, p_own.new_zeros(B, H, n_q * bs - off - Lq, bs)], 2)
     out = (p_own.view(B, Hkv, g, n_q, bs, bs) @ _own_blocks(vf, t0, n_q, bs).unsqueeze(2)).reshape(B, H, n_q * bs, D)
     out = out[:, :, off: off + Lq]
-    if S:
+    if routed:
         out = out + _routed_values(p_sel, vf, orders, bs, g)
     return out.to(q.dtype)
 
