@@ -80,6 +80,26 @@ def test_a_trained_model_gets_rows_per_layer_and_head_and_a_recurrence_is_unsupp
     assert {r["status"] for r in rows if r["variant"] == "linear"} == {"unsupported"}
 
 
+def test_a_learned_selector_is_also_measured_in_a_model_trained_with_it(tmp_path):
+    """DSA's indexer and NSA's compression are trained weights: each gets `own` rows from its own model (DSA's need its
+    indexer's inputs: none in full attention's model, so unsupported there); NSA also runs at its initial weights."""
+    out = tmp_path / "sel.jsonl"
+    assert main(["accuracy", "--task", "selection", "--base-task", "lm", "--variant", "dsa:topk=4,kl_weight=1",
+                 "--variant", "nsa:block_len=4,stride=2,select_block=4,topk=2,window=4", "--variant", "moba",
+                 "--position", "rope", "--train-len", "32", "--eval-lens", "32", "--steps", "2", "--seeds", "0",
+                 "--model", "tiny", "--out", str(out), "--no-progress"]) == 0
+    rows = read_rows(out)
+    status = {(r["variant"], r["source"]): r["status"] for r in rows}
+    assert status == {("dsa", "random"): "unsupported", ("dsa", "trained"): "unsupported", ("dsa", "own"): "ok",
+                      ("nsa", "random"): "ok", ("nsa", "trained"): "ok", ("nsa", "own"): "ok",
+                      ("moba", "random"): "ok", ("moba", "trained"): "ok"}  # moba trains nothing of its own
+    layers, heads = attn.PRESETS["tiny"]["n_layers"], attn.PRESETS["tiny"]["n_heads"]
+    kept = [r["value"] for r in rows if (r["variant"], r["metric"]) == ("dsa", "kept_own")]
+    assert len(kept) == layers * heads
+    want = sum(min(4, t + 1) / (t + 1) for t in range(32)) / 32  # its top 4 of the t + 1 keys each query sees
+    assert kept == pytest.approx([want] * len(kept), abs=1e-6)  # a float32 mean
+
+
 def test_inside_a_checkpoint_full_keeps_all_and_a_window_less(tmp_path):
     pytest.importorskip("transformers")
     from transformers import AutoModelForCausalLM

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from attn.attention import block_selection as bsel
-from attn.attention.base import ALL_MODES, Attention, Backend
+from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend
 from attn.attention.full import dense_attention
 from attn.attention.masks import causal_mask, visible_pairs
 from attn.attention.state import KVCache
@@ -205,6 +205,9 @@ class DsaAttention(Attention):
         self._kl_parts = None
 
     def kept_keys(self, q, k, causal=True, **inputs):
+        if "index_q" not in inputs:
+            raise UnsupportedBackend("dsa chooses by its indexer's token inputs (index_q, index_k, index_w): none given "
+                                     "(a model trained with it has them)")
         Lq, Lk = q.shape[2], k.shape[2]
         with torch.no_grad():
             idx, valid = select(inputs["index_q"][:, :, Lk - Lq:], inputs["index_k"], inputs["index_w"][:, :, Lk - Lq:],

@@ -65,12 +65,13 @@ def random_qkv(seed: int, heads: int, length: int, head_dim: int) -> tuple[torch
 
 
 @torch.no_grad()
-def attention_inputs(model: attn.Transformer, inputs: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
-    """(q, k, v, out) that each layer's attention sees and returns on ``inputs`` (after rotary positions)."""
-    captured: list[tuple[torch.Tensor, ...]] = []
+def attention_inputs(model: attn.Transformer, inputs: torch.Tensor) -> list[tuple[Any, ...]]:
+    """(q, k, v, out, token inputs) that each layer's attention sees and returns on ``inputs`` (after rotary
+    positions); token inputs: the variant's own per-token inputs by name (a learned selector's indexer, gates)."""
+    captured: list[tuple[Any, ...]] = []
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
-        captured.append((*args[:3], out))
+        captured.append((*args[:3], out, {t.name: kwargs[t.name] for t in module.token_inputs}))
 
     handles = [b.attn.attn.register_forward_hook(hook, with_kwargs=True) for b in model.blocks]
     try:
@@ -158,7 +159,7 @@ def run_trained(runner: Runner, p: Plan, run: Any) -> None:
         build.set_position(model, run.position.name, params)
         captured = attention_inputs(model, p.task.sample_inputs(max(1, 8192 // L), L))
         for r, variant in acts:
-            q, k, v, ref = captured[r["layer"]]
+            q, k, v, ref, _ = captured[r["layer"]]
             try:
                 m = build.eval_attention(variant)
                 err = output_error(m(q, k, v, causal=CAUSAL), ref)

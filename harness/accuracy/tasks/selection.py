@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import attn
-from attn.attention.base import UnsupportedBackend
+from attn.attention.base import Attention, UnsupportedBackend
 from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.jobs import Job, Plan, resolved
@@ -51,20 +51,33 @@ def _mean(x: torch.Tensor) -> Measure:
     return Measure(m, m - half, m + half, n)
 
 
+def learns_selection(variant: Spec) -> bool:
+    """A variant that keeps keys chosen by weights it trains (its token inputs or parameters: NSA's compression, DSA's
+    indexer): besides full attention's model, it is measured in a model trained with it (source ``own``)."""
+    m = build.eval_attention(variant)
+    return type(m).kept_keys is not Attention.kept_keys and bool(m.token_inputs or list(m.parameters()))
+
+
 @torch.no_grad()
-def selection_measures(module: Any, q: torch.Tensor, k: torch.Tensor, recall_k: int = RECALL_K
-                       ) -> list[dict[str, Measure]] | None:
+def selection_measures(module: Any, q: torch.Tensor, k: torch.Tensor, recall_k: int = RECALL_K,
+                       inputs: dict[str, torch.Tensor] | None = None) -> list[dict[str, Measure]] | None:
     """Per query head, ``mass``, ``mass_tail``, ``recall`` and ``kept`` of ``module``'s kept keys against full causal
-    attention: q (B, H, L, D), k (B, H_kv, L, D) -> one dict per head; None if the variant keeps no key subset."""
+    attention: q (B, H, L, D), k (B, H_kv, L, D), the variant's token inputs (B, H_kv, L, .) if it selects by them ->
+    one dict per head; None if the variant keeps no key subset."""
     B, H, L, D = q.shape
     g = H // k.shape[1]
-    if module.kept_keys(q[:, :, :1], k[:, :, :1]) is None:
+    inputs = inputs or {}
+
+    def upto(e: int) -> dict[str, torch.Tensor]:
+        return {n: x[:, :, :e] for n, x in inputs.items()}
+
+    if module.kept_keys(q[:, :, :1], k[:, :, :1], **upto(1)) is None:
         return None
     per: dict[str, list[torch.Tensor]] = {n: [] for n in ("mass", "recall", "kept", "pos")}
     for a in range(0, L, QUERY_CHUNK):
         e = min(L, a + QUERY_CHUNK)
         qc, kc = q[:, :, a:e].float(), k[:, :, :e].float()
-        kept = module.kept_keys(q[:, :, a:e], k[:, :, :e]).to(q.device)  # (B, H, C, e)
+        kept = module.kept_keys(q[:, :, a:e], k[:, :, :e], **upto(e)).to(q.device)  # (B, H, C, e)
         t = torch.arange(a, e, device=q.device)
         visible = torch.arange(e, device=q.device)[None, :] <= t[:, None]  # (C, e)
         scores = qc @ kc.repeat_interleave(g, 1).transpose(-2, -1) / math.sqrt(D)
@@ -96,8 +109,9 @@ def _metrics(source: str) -> tuple[str, ...]:
     return tuple(f"{n}_{source}" for n in NAMES)
 
 
-def _append(runner: Runner, row: dict[str, Any], source: str, module: Any, q: torch.Tensor, k: torch.Tensor) -> None:
-    heads = selection_measures(module, q, k)
+def _append(runner: Runner, row: dict[str, Any], source: str, module: Any, q: torch.Tensor, k: torch.Tensor,
+            inputs: dict[str, torch.Tensor] | None = None) -> None:
+    heads = selection_measures(module, q, k, inputs=inputs)
     if heads is None:
         raise UnsupportedBackend(f"{row['variant']} keeps a state, not a subset of keys: nothing to compare")
     for h, measures in enumerate(heads):
@@ -124,18 +138,22 @@ def run_selection(runner: Runner, p: Plan) -> None:
 
 
 def run_trained(runner: Runner, p: Plan, run: Any) -> None:
-    """The selection measures on the q and k of one model trained with full attention, per layer, at every length."""
+    """The selection measures on the q and k of one trained model, per layer, at every length: full attention's model
+    measures every variant (source ``trained``); a model trained with a learned selector measures that selector's own
+    choice, by its trained weights and token inputs, against full attention on the same q and k (source ``own``)."""
     job = p.job
+    own = run.variant.name != "full"
+    source, variants = ("own", [run.variant]) if own else ("trained", p.variants)
     base = {**runner.base_row(p, run, "zero_shot"), "task": "selection", "base_task": p.task.name}
     layers = attn.PRESETS[job.model]["n_layers"]
     todo = []
     for L in p.eval_lens:
         params = build.scaled_params(run.position, job.train_len, L, p.head_dim)
-        at = {**base, "eval_len": L, "source": "trained",
+        at = {**base, "eval_len": L, "source": source,
               "position_params": resolved("position", Spec(run.position.name, params), p.head_dim)}
         cells = [({**at, "variant": v.name, "variant_params": resolved("attention", v), "variant_spec": v.label,
-                   "backend_requested": v.backend, "layer": i}, v) for v in p.variants for i in range(layers)]
-        cells = [c for c in cells if runner.pending({**c[0], "head": 0}, _metrics("trained"))]
+                   "backend_requested": v.backend, "layer": i}, v) for v in variants for i in range(layers)]
+        cells = [c for c in cells if runner.pending({**c[0], "head": 0}, _metrics(source))]
         if cells:
             todo.append((L, params, cells))
     if not todo:
@@ -146,18 +164,21 @@ def run_trained(runner: Runner, p: Plan, run: Any) -> None:
     except Exception as e:
         for _, _, cells in todo:
             for r, _ in cells:
-                runner.fail(r, _metrics("trained"), e)
+                runner.fail(r, _metrics(source), e)
         return
     extra = {"params": model.num_params(), "train_loss": result.final_loss}
     for L, params, cells in todo:
         build.set_position(model, run.position.name, params)
         captured = attention_inputs(model, p.task.sample_inputs(max(1, 4096 // L), L))
         for r, variant in cells:
-            q, k = captured[r["layer"]][:2]
+            q, k, _, _, inputs = captured[r["layer"]]
             try:
-                _append(runner, {**r, **extra}, "trained", build.eval_attention(variant), q, k)
+                if own:  # the trained module itself: its compression weights; its indexer's inputs from this text
+                    _append(runner, {**r, **extra}, source, model.blocks[r["layer"]].attn.attn, q, k, inputs)
+                else:
+                    _append(runner, {**r, **extra}, source, build.eval_attention(variant), q, k)
             except Exception as e:
-                runner.fail({**r, **extra}, _metrics("trained"), e)
+                runner.fail({**r, **extra}, _metrics(source), e)
 
 
 @register_task("selection")
@@ -171,6 +192,10 @@ class Selection(Fidelity):
     @classmethod
     def default_job(cls) -> Job:
         return Job(cls.name, variants=["sliding_window", "block_sparse", "moba", "quest"], positions=["rope"])
+
+    @classmethod
+    def trained_variants(cls, variants: list[Spec]) -> list[Spec]:
+        return [Spec("full"), *(v for v in variants if learns_selection(v))]
 
     @classmethod
     def eval_bytes_per_token(cls, job: Job, hidden: int) -> int:
@@ -198,4 +223,4 @@ class Selection(Fidelity):
         return "selection vs full attention (mean over layers, heads and seeds)", t
 
 
-__all__ = ["NAMES", "RECALL_K", "Selection", "pooled", "run_selection", "run_trained", "selection_measures"]
+__all__ = ["NAMES", "RECALL_K", "Selection", "learns_selection", "pooled", "run_selection", "run_trained", "selection_measures"]
