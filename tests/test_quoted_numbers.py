@@ -419,6 +419,15 @@ for label, spec, sel in (("`full`", "full", "0"), ("`moba`", "moba", "{} M"), ("
           ms(SC, ".2f", **DEC, seq_len=1024, variant_spec=spec), ms(SC, ".2f", **DEC, **K64, variant_spec=spec),
           mib(SC, ".1f", **DEC, seq_len=1024, variant_spec=spec), mib(SC, ".1f", **DEC, **K64, variant_spec=spec),
           *([V(SC, {**DEC, **K64, "variant_spec": spec}, "selection_flops", spec=".2f", scale=1e-6)] if sel != "0" else []))
+SN = "selective-nsa-cpu.jsonl"
+for label, spec in (("`full`", "full"), ("`sliding_window:window=256`", SW), ("`nsa:topk=4`", "nsa:topk=4")):
+    sel = "0" if spec != "nsa:topk=4" else "{} M"
+    quote(RESULTS, f"| {label} | {{}} ms | {{}} ms | {{}} ms | {{}} ms | {{}} ms | {{}} MiB | {sel} |",
+          *(ms(SN, ".1f", **FWD, seq_len=L, variant_spec=spec) for L in (4096, 16384, 65536)),
+          ms(SN, ".2f", **DEC, seq_len=1024, variant_spec=spec), ms(SN, ".2f", **DEC, **K64, variant_spec=spec),
+          mib(SN, ".1f", **DEC, **K64, variant_spec=spec),
+          *([V(SN, {**DEC, **K64, "variant_spec": spec}, "selection_flops", spec=".2f", scale=1e-6)] if sel != "0" else []))
+quote(RESULTS, "NSA's forward peak at 64K, {} MiB", mib(SN, ".0f", **FWD, **K64, variant_spec="nsa:topk=4"))
 for label, file, spec in (("`nsa`", "accuracy-mqar-nsa-cpu.jsonl", "nsa:block_len=8,select_block=16,stride=4,topk=3,window=16"),
                           ("`dsa:topk=48,kl_weight=1`", "accuracy-mqar-dsa-cpu.jsonl", "dsa:kl_weight=1.0,topk=48")):
     quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} |",
