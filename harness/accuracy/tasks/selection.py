@@ -10,10 +10,12 @@ pages), three numbers:
 - ``kept``: kept keys / visible keys, the budget the selection spends.
 
 Each is averaged over the queries of a head (``*_tail``: only the queries in the last eighth of the sequence, where a
-budget binds hardest and decoding happens), with a normal interval over those queries. Two sources, as the fidelity
+budget binds hardest and decoding happens), with a normal interval over those queries. Sources, as the fidelity
 task has: ``random`` (i.i.d. N(0, 1) q and k, near-uniform attention: the worst case) and ``trained`` (the q and k,
-after rotary positions, that each layer of a model trained with full attention produces on test data). Inside a
-pretrained transformers model the same numbers come from :mod:`harness.accuracy.hf_selection`.
+after rotary positions, that each layer of a model trained with full attention produces on test data); and for a
+selector with trained weights of its own (:func:`learns_selection`), ``own`` (the q and k of a model trained with it,
+its choice made by its trained weights and token inputs). Inside a pretrained transformers model the same numbers come
+from :mod:`harness.accuracy.hf_selection`.
 """
 from __future__ import annotations
 
