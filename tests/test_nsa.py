@@ -13,6 +13,9 @@ from attn.attention import nsa
 from tests.definitions import decode_in_chunks
 
 
+BACKENDS = ("reference", "gathered", "masked")
+
+
 def definition(q, k, v, gates, wk, wv, bl, s, bs, topk, window):
     """(output (B, H, Lq, D), kept keys (B, H, Lq, Lk)) of NSA (arXiv:2502.11089, eq. 5-10) as nsa.py states it: window
     i of bl tokens every s pooled by the weights; a query attends to the complete windows; a selection block scores the
@@ -95,12 +98,12 @@ def build(params, Hkv, backend="auto", seed=0):
        params_strategy(), st.integers(0, 10**6))
 def test_forward_gradients_and_kept_keys_are_the_definition(B, heads, L, extra, params, seed):
     q, k, v, gates = (x.requires_grad_() for x in draw(B, heads, L, extra, seed))
-    models = [build(params, heads[1], backend, seed) for backend in ("reference", "gathered")]  # the same weights
+    models = [build(params, heads[1], backend, seed) for backend in BACKENDS]  # the same weights
     wk, wv = (w.detach().clone().requires_grad_() for w in (models[0].cmp_k, models[0].cmp_v))
     want, want_kept = definition(q, k, v, gates, wk, wv, *params)
     go = torch.randn_like(want)
     ref = torch.autograd.grad(want, (q, k, v, gates, wk, wv), go, allow_unused=True)
-    for m, backend in zip(models, ("reference", "gathered"), strict=True):
+    for m, backend in zip(models, BACKENDS, strict=True):
         out = m(q, k, v, gates=gates)
         assert m.last_backend == backend
         torch.testing.assert_close(out, want, atol=1e-9, rtol=1e-9)
@@ -113,15 +116,18 @@ def test_forward_gradients_and_kept_keys_are_the_definition(B, heads, L, extra, 
             torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
 
 
-def test_auto_gathers_on_cpu():
+def test_auto_masks_short_calls_and_gathers_long_ones(monkeypatch):
     q, k, v, gates = draw(1, (2, 2), 20, 0, dtype=torch.float32)
     m = attn.build_attention("nsa", block_len=4, stride=2, select_block=4, topk=2, window=8)
     m(q, k, v, gates=gates)
-    assert m.last_backend == "gathered"
+    assert m.last_backend == "masked"
     assert m.cmp_k.shape == (2, 4) and torch.equal(m.cmp_k, torch.full((2, 4), 0.25))  # mean pooling, made now
+    monkeypatch.setattr(type(m), "MASKED_MAX_PAIRS", 20 * 20 - 1)
+    m(q, k, v, gates=gates)
+    assert m.last_backend == "gathered"
 
 
-@pytest.mark.parametrize("backend", ["reference", "gathered"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2)])
 @pytest.mark.parametrize("chunks", [[1] * 12, [5, 1, 7, 6], [23, 2]])
 def test_decoding_equals_one_forward(backend, heads, chunks):

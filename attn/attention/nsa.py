@@ -27,7 +27,8 @@ Backends: ``reference`` (each branch a masked dense softmax, the selection as a 
 compressed branch over chunks of queries, each reading the ``L / s`` compressed keys it sees and scoring the blocks
 from the same probabilities by a band of ``(l' + l) / s`` windows a block, so prefill is O(L² / s) in time and
 bounded in memory; the selected branch through block_selection's gathering; the window through sliding_window's
-``blocked`` kernel). Decoding keeps every key and value and the compressed keys
+``blocked`` kernel) and ``masked`` (the same compressed branch; the chosen blocks and the window as bool masks through
+SDPA: O(Lq Lk), what ``auto`` runs for calls of up to 1M (query, key) pairs, i.e. training here). Decoding keeps every key and value and the compressed keys
 and values of every complete window (:class:`CompressedCache`).
 
 Cost (:meth:`NsaAttention.flops`, 2 per MAC): ``4 D`` per (query head, key) pair of each branch -- compressed keys
@@ -43,11 +44,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attn.attention import block_selection as bsel
+from attn.attention import gqa
 from attn.attention.base import ALL_MODES, TRAIN_FLOPS_FACTOR, Attention, Backend
 from attn.attention.blocked_window import blocked_attention
 from attn.attention.full import dense_attention
@@ -236,7 +240,10 @@ class NsaAttention(Attention):
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="each branch a masked dense softmax"),
         Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES},
                 note="compressed keys dense, chosen blocks gathered, blocked window"),
+        Backend("masked", {"cpu": ALL_MODES, "cuda": ALL_MODES},
+                note="compressed keys dense, chosen blocks and window as masks through SDPA"),
     )
+    MASKED_MAX_PAIRS: ClassVar[int] = bsel.BlockSelectingAttention.MASKED_MAX_PAIRS
 
     def __init__(self, config: NsaConfig, backend: str = "auto"):
         super().__init__(config, backend)
@@ -284,7 +291,20 @@ class NsaAttention(Attention):
     def backend_gathered(self, q, k, v, causal, gates):
         return self._attend(q, k, v, gates[:, :, k.shape[2] - q.shape[2]:], *self.compress(k, v), dense=False)
 
-    def _attend(self, q, k, v, gates, kc, vc, dense: bool) -> torch.Tensor:
+    def backend_masked(self, q, k, v, causal, gates):
+        return self._attend(q, k, v, gates[:, :, k.shape[2] - q.shape[2]:], *self.compress(k, v), dense=False,
+                            masked=True)
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        """``auto``: ``masked`` up to MASKED_MAX_PAIRS (query, key) pairs (training at our lengths: two fused calls
+        where gathering loops over key heads and blocks), ``gathered`` above and for decoding steps."""
+        name = super().select_backend(device, dtype, mode)
+        pairs = (self.dispatch_queries or 0) * (self.dispatch_keys or 0)
+        if name == "gathered" and self.backend == "auto" and 0 < pairs <= self.MASKED_MAX_PAIRS and mode != "decode":
+            return "masked"
+        return name
+
+    def _attend(self, q, k, v, gates, kc, vc, dense: bool, masked: bool = False) -> torch.Tensor:
         """The three branches and their gates: gates (B, H_kv, Lq, 3) are the queries' own."""
         B, H, Lq, D = q.shape
         Hkv, Lk = k.shape[1], k.shape[2]
@@ -296,6 +316,12 @@ class NsaAttention(Attention):
             chosen = bsel.selection_mask(idx, valid, Lk, bs).view(B, Hkv, H // Hkv, Lq, Lk)
             o_slc = dense_attention(q, k, v, chosen)
             o_win = dense_attention(q, k, v, causal_mask(Lq, Lk, q.device, window=w))
+        elif masked:
+            o_cmp, idx, valid = compressed_scan(q.to(f), kc, vc, Lk, self.config)
+            g = H // Hkv
+            chosen = bsel.selection_mask(idx, valid, Lk, bs)  # (B, H, Lq, Lk); every row holds its own key
+            o_slc = F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=chosen)
+            o_win = gqa.sdpa(q, k, v, attn_mask=causal_mask(Lq, Lk, q.device, window=w))
         else:
             o_cmp, idx, valid = compressed_scan(q.to(f), kc, vc, Lk, self.config)
             o_slc = bsel.attend_selected(q, k, v, idx, valid, bs)
