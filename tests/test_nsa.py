@@ -12,7 +12,6 @@ from attn.attention import block_selection as bsel
 from attn.attention import nsa
 from tests.definitions import decode_in_chunks
 
-
 BACKENDS = ("reference", "gathered", "masked")
 
 

@@ -27,9 +27,9 @@ Backends: ``reference`` (each branch a masked dense softmax, the selection as a 
 compressed branch over chunks of queries, each reading the ``L / s`` compressed keys it sees and scoring the blocks
 from the same probabilities by a band of ``(l' + l) / s`` windows a block, so prefill is O(L² / s) in time and
 bounded in memory; the selected branch through block_selection's gathering; the window through sliding_window's
-``blocked`` kernel) and ``masked`` (the same compressed branch; the chosen blocks and the window as bool masks through
-SDPA: O(Lq Lk), what ``auto`` runs for calls of up to 1M (query, key) pairs, i.e. training here). Decoding keeps every key and value and the compressed keys
-and values of every complete window (:class:`CompressedCache`).
+``blocked`` kernel) and ``masked`` (the same compressed branch; the chosen blocks and the window as bool masks
+through SDPA: O(Lq Lk), what ``auto`` runs for calls of up to 1M (query, key) pairs, i.e. training here). Decoding
+keeps every key and value and the compressed keys and values of every complete window (:class:`CompressedCache`).
 
 Cost (:meth:`NsaAttention.flops`, 2 per MAC): ``4 D`` per (query head, key) pair of each branch -- compressed keys
 seen + selected tokens + window tokens, each counted QK^T + PV -- plus the gating, 3 multiplies and 2 adds per output
