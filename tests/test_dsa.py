@@ -53,7 +53,7 @@ def test_choice_output_and_gradients_are_the_definition(shape):
     want = float64_attention(q, k, v, want_mask)
     go = torch.randn_like(want)
     want_grads = torch.autograd.grad(want, (q, k, v), go)
-    for backend in ("reference", "gathered"):
+    for backend in ("reference", "gathered", "masked"):
         m = attn.build_attention("dsa", topk=topk, index_heads=hi, index_dim=di, backend=backend)
         assert torch.equal(m.kept_keys(q, k, **inputs), want_mask)
         out = m(q, k, v, **inputs)
@@ -65,18 +65,22 @@ def test_choice_output_and_gradients_are_the_definition(shape):
         assert all(not t.any() for t in grads[3:])  # a fixed index set: no gradient into the indexer
 
 
-def test_float32_gathered_is_close_and_auto_gathers_on_cpu():
+def test_float32_is_close_and_auto_masks_short_calls_and_gathers_long_ones(monkeypatch):
     (q, k, v), inputs = draw(2, (4, 2), 50, 7, 2, 4, dtype=torch.float32, seed=3)
     m = attn.build_attention("dsa", topk=9, index_heads=2, index_dim=4)
+    masked = m(q, k, v, **inputs)
+    assert m.last_backend == "masked"
+    monkeypatch.setattr(type(m), "MASKED_MAX_PAIRS", 50 * 57 - 1)
     out = m(q, k, v, **inputs)
     assert m.last_backend == "gathered"
+    torch.testing.assert_close(masked, out, atol=2e-6, rtol=2e-6)
     want = float64_attention(q, k, v, m.kept_keys(q, k, **inputs))
     torch.testing.assert_close(out.double(), want, atol=2e-6, rtol=2e-6)
     ref = attn.build_attention("dsa", topk=9, index_heads=2, index_dim=4, backend="reference")
     torch.testing.assert_close(out, ref(q, k, v, **inputs), atol=2e-6, rtol=2e-6)
 
 
-@pytest.mark.parametrize("backend", ["gathered", "reference"])
+@pytest.mark.parametrize("backend", ["gathered", "reference", "masked"])
 @pytest.mark.parametrize("heads", [(2, 2), (4, 2)])
 @pytest.mark.parametrize("chunks", [[1] * 12, [5, 1, 7, 6], [23, 2]])
 def test_decoding_equals_one_forward(backend, heads, chunks):

@@ -226,6 +226,17 @@ class SummaryCache:
         return self.kv.nbytes() + sum(s.numel() * s.element_size() for s in self.summaries)
 
 
+MASKED_MAX_PAIRS = 1 << 20
+
+
+def short_calls_masked(module: Attention, name: str) -> str:
+    """``auto``'s pick for a selector that has a ``masked`` backend: ``masked`` for a call of up to MASKED_MAX_PAIRS
+    (query, key) pairs (training at our lengths: fused calls where gathering loops over key heads), else ``name``."""
+    pairs = (module.dispatch_queries or 0) * (module.dispatch_keys or 0)
+    limit = getattr(module, "MASKED_MAX_PAIRS", MASKED_MAX_PAIRS)
+    return "masked" if name == "gathered" and module.backend == "auto" and 0 < pairs <= limit else name
+
+
 class BlockSelectingAttention(Attention):
     """Base of the variants that pick key blocks per query (MoBA, Quest): a subclass says how big a block is, how many
     it picks, what it keeps of each complete block (``summarize``) and how a query scores those summaries (``score``);
@@ -244,7 +255,7 @@ class BlockSelectingAttention(Attention):
                 note="gathers each query's chosen blocks: linear in length"),
         Backend("masked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="the chosen blocks as a mask through SDPA"),
     )
-    MASKED_MAX_PAIRS: ClassVar[int] = 1 << 20
+    MASKED_MAX_PAIRS: ClassVar[int] = MASKED_MAX_PAIRS
 
     # -- what a subclass says --------------------------------------------------------------------------
     @property
@@ -280,11 +291,7 @@ class BlockSelectingAttention(Attention):
         return selection_mask(*self.select(q, k), k.shape[2], self.block)
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
-        name = super().select_backend(device, dtype, mode)
-        pairs = (self.dispatch_queries or 0) * (self.dispatch_keys or 0)
-        if name == "gathered" and self.backend == "auto" and 0 < pairs <= self.MASKED_MAX_PAIRS:
-            return "masked"
-        return name
+        return short_calls_masked(self, super().select_backend(device, dtype, mode))
 
     def backend_reference(self, q, k, v, causal):
         B, H, Lq, _ = q.shape

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from attn.attention import block_selection as bsel
+from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend
 from attn.attention.full import dense_attention
 from attn.attention.masks import causal_mask, visible_pairs
@@ -185,7 +187,9 @@ class IndexedCache:
 class DsaAttention(Attention):
     """Each query attends to the topk keys a lightning indexer (relu'd, weighted multi-head dots) scores highest.
 
-    Backends: ``reference`` (a dense mask of the choice), ``gathered`` (gathers only the chosen keys: linear in length).
+    Backends: ``reference`` (a dense mask of the choice), ``gathered`` (gathers only the chosen keys: linear in length),
+    ``masked`` (the mask through SDPA: O(Lq Lk), what ``auto`` runs for calls of up to 1M (query, key) pairs, i.e.
+    training here, where gathering loops over key heads).
     """
 
     supports_gqa = True
@@ -194,7 +198,9 @@ class DsaAttention(Attention):
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="dense mask of the chosen keys"),
         Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="gathers each query's topk keys"),
+        Backend("masked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="the chosen keys as a mask through SDPA"),
     )
+    MASKED_MAX_PAIRS: ClassVar[int] = bsel.MASKED_MAX_PAIRS
     aux_loss: torch.Tensor | None
     _kl_parts: list | None
 
@@ -235,6 +241,10 @@ class DsaAttention(Attention):
         if name == "reference":
             mask = selection_mask(idx, valid, k.shape[2])[:, :, None]  # (B, H_kv, 1, Lq, Lk): shared by the group
             return dense_attention(q, k, v, mask)
+        if name == "masked":  # slot 0 is always valid: no empty row
+            g = q.shape[1] // k.shape[1]
+            mask = selection_mask(idx, valid, k.shape[2]).repeat_interleave(g, 1)  # (B, H, Lq, Lk)
+            return F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=mask)
         return attend_chosen(q, k, v, idx, valid)
 
     def _call(self, q, k, v, causal, name, index_q, index_k, index_w):
@@ -253,6 +263,14 @@ class DsaAttention(Attention):
 
     def backend_gathered(self, q, k, v, causal, **inputs):
         return self._call(q, k, v, causal, "gathered", **inputs)
+
+    def backend_masked(self, q, k, v, causal, **inputs):
+        return self._call(q, k, v, causal, "masked", **inputs)
+
+    def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
+        """``auto``: ``masked`` up to MASKED_MAX_PAIRS (query, key) pairs, ``gathered`` above (and for decoding steps,
+        which gather in :meth:`step`)."""
+        return bsel.short_calls_masked(self, super().select_backend(device, dtype, mode))
 
     def new_state(self, max_len: int = 0) -> IndexedCache:
         return IndexedCache(KVCache(capacity_hint=max_len), KVCache(capacity_hint=max_len))

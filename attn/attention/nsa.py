@@ -243,7 +243,7 @@ class NsaAttention(Attention):
         Backend("masked", {"cpu": ALL_MODES, "cuda": ALL_MODES},
                 note="compressed keys dense, chosen blocks and window as masks through SDPA"),
     )
-    MASKED_MAX_PAIRS: ClassVar[int] = bsel.BlockSelectingAttention.MASKED_MAX_PAIRS
+    MASKED_MAX_PAIRS: ClassVar[int] = bsel.MASKED_MAX_PAIRS
 
     def __init__(self, config: NsaConfig, backend: str = "auto"):
         super().__init__(config, backend)
@@ -296,13 +296,9 @@ class NsaAttention(Attention):
                             masked=True)
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
-        """``auto``: ``masked`` up to MASKED_MAX_PAIRS (query, key) pairs (training at our lengths: two fused calls
-        where gathering loops over key heads and blocks), ``gathered`` above and for decoding steps."""
-        name = super().select_backend(device, dtype, mode)
-        pairs = (self.dispatch_queries or 0) * (self.dispatch_keys or 0)
-        if name == "gathered" and self.backend == "auto" and 0 < pairs <= self.MASKED_MAX_PAIRS and mode != "decode":
-            return "masked"
-        return name
+        """``auto``: ``masked`` up to MASKED_MAX_PAIRS (query, key) pairs, ``gathered`` above (and for decoding steps,
+        which gather in :meth:`step`)."""
+        return bsel.short_calls_masked(self, super().select_backend(device, dtype, mode))
 
     def _attend(self, q, k, v, gates, kc, vc, dense: bool, masked: bool = False) -> torch.Tensor:
         """The three branches and their gates: gates (B, H_kv, Lq, 3) are the queries' own."""
