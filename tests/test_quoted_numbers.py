@@ -430,9 +430,16 @@ for label, spec in (("`full`", "full"), ("`sliding_window:window=256`", SW), ("`
 quote(RESULTS, "NSA's forward peak at 64K, {} MiB", mib(SN, ".0f", **FWD, **K64, variant_spec="nsa:topk=4"))
 for label, file, spec in (("`nsa`", "accuracy-mqar-nsa-cpu.jsonl", "nsa:block_len=8,select_block=16,stride=4,topk=3,window=16"),
                           ("`dsa:topk=48,kl_weight=1`", "accuracy-mqar-dsa-cpu.jsonl", "dsa:kl_weight=1.0,topk=48")):
-    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} |",
+    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} | {{}} |",
           *(val(file, ".3f", metric="accuracy", variant_spec=spec, d_model=w, eval_len=L)
-            for w, L in ((32, 64), (64, 64), (32, 128))))
+            for w, L in ((32, 64), (64, 64), (32, 128), (64, 128))))
+MB16 = "moba:block_size=16,topk=3"
+quote(RESULTS, "at 128 (0.855 at width 32, {} at 64): NSA 0.970 and {}, DSA 0.993 and {} with 48 raw keys a query, beside "
+      "`full`'s 0.997 and {}",
+      val(MS, ".3f", "mean", metric="accuracy", variant_spec=MB16, d_model=64, eval_len=128),
+      val("accuracy-mqar-nsa-cpu.jsonl", ".3f", metric="accuracy", d_model=64, eval_len=128),
+      val("accuracy-mqar-dsa-cpu.jsonl", ".3f", metric="accuracy", d_model=64, eval_len=128),
+      val(MA, ".3f", "mean", metric="accuracy", variant_spec="full", d_model=64, eval_len=128))
 quote(RESULTS, "(GLA {} -> {} at 128 from width 32 to 64)",
       *(val(MR, ".3f", "mean", metric="accuracy", variant_spec="gla", d_model=w, eval_len=128) for w in (32, 64)))
 
