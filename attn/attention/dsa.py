@@ -93,6 +93,10 @@ def select(iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor, topk: int) -> t
     GATHER_ELEMENTS): iq, iw of the last Lq positions, ik of all Lk -> idx, valid (B, H_kv, Lq, S)."""
     B, Hkv, Lq, _ = iq.shape
     Lk = ik.shape[2]
+    if topk >= Lk:  # every visible key is kept (training at or below topk tokens: the dense warm-up): nothing to rank
+        t = torch.arange(Lk - Lq, Lk, device=iq.device)[:, None]
+        idx = torch.arange(Lk, device=iq.device).expand(B, Hkv, Lq, Lk)
+        return idx, (idx <= t).expand(B, Hkv, Lq, Lk)
     step = max(1, bsel.GATHER_ELEMENTS // max(1, B * Hkv * iw.shape[-1] * Lk))
     # a chunk scores only the keys its last query sees (at least S of them, so every chunk keeps S slots)
     seen = [max(Lk - Lq + min(Lq, a + step), min(topk, Lk)) for a in range(0, Lq, step)]
