@@ -419,6 +419,21 @@ for label, spec, sel in (("`full`", "full", "0"), ("`moba`", "moba", "{} M"), ("
           ms(SC, ".2f", **DEC, seq_len=1024, variant_spec=spec), ms(SC, ".2f", **DEC, **K64, variant_spec=spec),
           mib(SC, ".1f", **DEC, seq_len=1024, variant_spec=spec), mib(SC, ".1f", **DEC, **K64, variant_spec=spec),
           *([V(SC, {**DEC, **K64, "variant_spec": spec}, "selection_flops", spec=".2f", scale=1e-6)] if sel != "0" else []))
+SL, LS = "accuracy-selection-learned-cpu.jsonl", "accuracy-lm-selective-cpu.jsonl"
+for label, source, spec in (("`sliding_window:window=256`", "trained", SW),
+                            ("`nsa:topk=4`", "trained (mean pooling)", "nsa:topk=4"), ("`nsa:topk=4`", "own", "nsa:topk=4"),
+                            ("`dsa:topk=256,kl_weight=1`", "own", "dsa:kl_weight=1.0,topk=256")):
+    src = source.split()[0]
+    quote(RESULTS, f"| {label} | {source} | {{}} | {{}} | {{}} | {{}} | {{}} |",
+          *(val(SL, ".3f", "mean", variant_spec=spec, metric=f"mass_{src}", eval_len=L) for L in (1024, 4096, 16384)),
+          val(SL, ".3f", "mean", variant_spec=spec, metric=f"kept_{src}", eval_len=16384),
+          val(SL, ".3f", "mean", variant_spec=spec, metric=f"recall_{src}", eval_len=16384))
+quote(RESULTS, "(0.558 at 4K against MoBA's {} in the same run; Quest {})",
+      *(val(SL, ".3f", "mean", variant_spec=v, metric="mass_trained", eval_len=4096) for v in ("moba", "quest")))
+for label, spec in (("`full`", "full"), ("`moba`", "moba"), ("`nsa:topk=4`", "nsa:topk=4"),
+                    ("`dsa:topk=256,kl_weight=1`", "dsa:kl_weight=1.0,topk=256")):
+    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} |",
+          *(val(LS, ".3f", metric="bpb", variant_spec=spec, eval_len=L) for L in (256, 1024, 4096)))
 SN = "selective-nsa-cpu.jsonl"
 for label, spec in (("`full`", "full"), ("`sliding_window:window=256`", SW), ("`nsa:topk=4`", "nsa:topk=4")):
     sel = "0" if spec != "nsa:topk=4" else "{} M"
