@@ -229,6 +229,13 @@ class SummaryCache:
 MASKED_MAX_PAIRS = 1 << 20
 
 
+def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One fused SDPA call of q (B, H, Lq, D) over k, v (B, H_kv, Lk, D) under a per-head bool mask (B, H, Lq, Lk),
+    every row holding a key: the selectors' ``masked`` backends (gqa.sdpa takes only a mask shared by every head)."""
+    g = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=mask)
+
+
 def short_calls_masked(module: Attention, name: str) -> str:
     """``auto``'s pick for a selector that has a ``masked`` backend: ``masked`` for a call of up to MASKED_MAX_PAIRS
     (query, key) pairs (training at our lengths: fused calls where gathering loops over key heads), else ``name``."""
@@ -305,8 +312,7 @@ class BlockSelectingAttention(Attention):
             return gqa.sdpa(q, k, v, is_causal=True)
         with torch.no_grad():  # the choice is a fixed index set: no gradient through the scores
             mask = selection_mask(*self.select(q, k, summaries), k.shape[2], self.block)  # (B, H, Lq, Lk)
-        g = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=mask)
+        return masked_sdpa(q, k, v, mask)
 
     def backend_gathered(self, q, k, v, causal, summaries: tuple[torch.Tensor, ...] = ()):
         if self.dense_call(q, k):

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from attn.attention import block_selection as bsel
-from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend
 from attn.attention.full import dense_attention
 from attn.attention.masks import causal_mask, visible_pairs
@@ -246,9 +245,8 @@ class DsaAttention(Attention):
             mask = selection_mask(idx, valid, k.shape[2])[:, :, None]  # (B, H_kv, 1, Lq, Lk): shared by the group
             return dense_attention(q, k, v, mask)
         if name == "masked":  # slot 0 is always valid: no empty row
-            g = q.shape[1] // k.shape[1]
-            mask = selection_mask(idx, valid, k.shape[2]).repeat_interleave(g, 1)  # (B, H, Lq, Lk)
-            return F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=mask)
+            mask = selection_mask(idx, valid, k.shape[2]).repeat_interleave(q.shape[1] // k.shape[1], 1)
+            return bsel.masked_sdpa(q, k, v, mask)  # (B, H, Lq, Lk)
         return attend_chosen(q, k, v, idx, valid)
 
     def _call(self, q, k, v, causal, name, index_q, index_k, index_w):

@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attn.attention import block_selection as bsel
@@ -314,9 +313,7 @@ class NsaAttention(Attention):
             o_win = dense_attention(q, k, v, causal_mask(Lq, Lk, q.device, window=w))
         elif masked:
             o_cmp, idx, valid = compressed_scan(q.to(f), kc, vc, Lk, self.config)
-            g = H // Hkv
-            chosen = bsel.selection_mask(idx, valid, Lk, bs)  # (B, H, Lq, Lk); every row holds its own key
-            o_slc = F.scaled_dot_product_attention(q, gqa.repeat_kv(k, g), gqa.repeat_kv(v, g), attn_mask=chosen)
+            o_slc = bsel.masked_sdpa(q, k, v, bsel.selection_mask(idx, valid, Lk, bs))  # every row: its own key
             o_win = gqa.sdpa(q, k, v, attn_mask=causal_mask(Lq, Lk, q.device, window=w))
         else:
             o_cmp, idx, valid = compressed_scan(q.to(f), kc, vc, Lk, self.config)
