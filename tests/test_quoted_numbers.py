@@ -434,6 +434,16 @@ for label, spec in (("`full`", "full"), ("`moba`", "moba"), ("`nsa:topk=4`", "ns
                     ("`dsa:topk=256,kl_weight=1`", "dsa:kl_weight=1.0,topk=256")):
     quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} |",
           *(val(LS, ".3f", metric="bpb", variant_spec=spec, eval_len=L) for L in (256, 1024, 4096)))
+RM = "selective-remeasure-cpu.jsonl"
+for label, spec, mode, L, fmt in (("`full` forward 16K", "full", FWD, 16384, ".1f"),
+                                  ("`full` forward 32K", "full", FWD, 32768, ".1f"),
+                                  ("`sliding_window:window=256` forward 4K", SW, FWD, 4096, ".1f"),
+                                  ("`dsa:topk=256` forward 1K", "dsa:topk=256", FWD, 1024, ".1f"),
+                                  ("`dsa:topk=256` forward 4K", "dsa:topk=256", FWD, 4096, ".1f"),
+                                  ("`full` decode 8K", "full", DEC, 8192, ".2f"),
+                                  ("`moba` decode 64K", "moba", DEC, 65536, ".2f")):
+    quote(RESULTS, f"| {label} | {{}} ms | {{}} |", ms(RM, fmt, **mode, seq_len=L, variant_spec=spec),
+          V(RM, {**mode, "seq_len": L, "variant_spec": spec}, "peak_fraction", "one", ".2f"))
 SN = "selective-nsa-cpu.jsonl"
 for label, spec in (("`full`", "full"), ("`sliding_window:window=256`", SW), ("`nsa:topk=4`", "nsa:topk=4")):
     sel = "0" if spec != "nsa:topk=4" else "{} M"
