@@ -193,6 +193,35 @@ def _check_decode_once(m: Any, name: str, params: dict[str, Any], device: str, l
                    "" if ok else f"off from one forward by {err:.2e}")
 
 
+def check_layer(name: str, params: dict[str, Any], device: str = "cpu", length: int = 11) -> list[Finding]:
+    """A layer-level variant (one that owns its projections: MLA) in a 2-layer fp64 backbone with RoPE: decoding
+    through the layer's own cache, in ``DECODE_CHUNKS``, equals one forward (for MLA: the absorbed form against the
+    expanded one)."""
+    import attn
+    from attn.registry import ATTENTION
+
+    if getattr(ATTENTION.get(name).cls, "layer", None) is None:
+        return []
+    what = f"backbone decode in steps of {'+'.join(map(str, DECODE_CHUNKS))}+rest vs one forward, fp64, rope"
+    try:
+        torch.manual_seed(0)
+        config = attn.TransformerConfig(d_model=32, n_heads=2, n_layers=2, position="rope", attention=name,
+                                        attention_params=params)
+        model = attn.Transformer(config).to(device, torch.float64).eval()
+        idx = torch.randint(0, config.vocab_size, (2, length), generator=torch.Generator().manual_seed(7)).to(device)
+        with torch.no_grad():
+            expected, state, outs, t = model(idx), model.init_state(2, length), [], 0
+            for n in [*DECODE_CHUNKS, length]:
+                if t < length:
+                    outs.append(model(idx[:, t:t + n], state=state))
+                    t += n
+        err = rel_err(torch.cat(outs, 1), expected)
+    except Exception as e:  # noqa: BLE001 -- a crash is a finding, not the checker's failure
+        return [Finding(name, "layer", what, "mismatch", f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}")]
+    ok = err <= FLOOR[torch.float64] * 1e3
+    return [Finding(name, "layer", what, "ok" if ok else "mismatch", "" if ok else f"off from one forward by {err:.2e}")]
+
+
 def check_variant(name: str, params: dict[str, Any] | None = None, device: str = "cpu",
                   dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)) -> list[Finding]:
     """Every backend of a variant that is not its reference, plus its decoding state."""
@@ -208,8 +237,9 @@ def check_variant(name: str, params: dict[str, Any] | None = None, device: str =
             findings.append(Finding(name, b.name, "all", "skipped", f"no {torch.device(device).type} support declared"))
             continue
         findings += check_backend(name, params, b.name, device, dtypes)
-    return findings + check_decode(name, params, device)
+    return findings + check_decode(name, params, device) + check_layer(name, params, device)
 
 
-__all__ = ["DECODE_CHUNKS", "FLOOR", "Finding", "SHAPES", "check_backend", "check_decode", "check_variant", "mismatches",
+__all__ = ["DECODE_CHUNKS", "FLOOR", "Finding", "SHAPES", "check_backend", "check_decode", "check_layer", "check_variant",
+           "mismatches",
            "rel_err", "tolerance"]

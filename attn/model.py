@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attn.registry import ATTENTION, POSITIONS, build_attention, build_position, check
+from attn.patterns import parse_pattern
+from attn.registry import ATTENTION, POSITIONS, build_attention, build_position, check, resolve_variant
 
 
 @dataclass
@@ -41,6 +42,10 @@ class TransformerConfig:
     # > 0: a causal depthwise convolution of this many taps (SiLU after it) on the q/k/v projections, as the short
     # convolutions of flash-linear-attention's layers (4 taps) and Zoology's conv + attention hybrid. 0 = none.
     short_conv: int = 0
+    # A layer pattern (attn/patterns.py): a named one ("gemma3", "qwen3-next"), a unit "gated_deltanet*3; full" or a
+    # list of specs, repeated to n_layers; each layer's spec gives its variant, parameters and backend. None: every
+    # layer runs ``attention`` with ``attention_params`` and ``backend``.
+    layers: str | list[str] | None = None
 
     def __post_init__(self) -> None:
         check(self.d_model % self.n_heads == 0, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -58,7 +63,18 @@ class TransformerConfig:
             self.d_ff = 4 * self.d_model if self.ffn != "swiglu" else 64 * math.ceil(8 * self.d_model / 3 / 64)
         ATTENTION.get(self.attention)  # unknown names fail here, with the registered list
         POSITIONS.get(self.position)
-        attention_params_for(self)  # a position method that needs an attention parameter the variant lacks
+        for name, params, _ in self.layer_specs():
+            attention_params_for(self, name, params)  # a position method that needs a parameter the variant lacks
+
+    def layer_specs(self) -> list[tuple[str, dict[str, Any], str]]:
+        """(variant, its params, backend) of every layer, in depth order."""
+        if self.layers is None:
+            return [(self.attention, dict(self.attention_params), self.backend)] * self.n_layers
+        out = []
+        for spec in parse_pattern(self.layers).layers(self.n_layers):
+            v = resolve_variant(spec)
+            out.append((v.name, dict(v.given), self.backend if v.backend == "auto" else v.backend))
+        return out
 
     @property
     def head_dim(self) -> int:
@@ -100,28 +116,35 @@ class ConvCache:
         return 0 if self.inputs is None else self.inputs.numel() * self.inputs.element_size()
 
 
-def attention_params_for(config: TransformerConfig) -> dict[str, Any]:
-    """The attention's params: the position method's (ALiBi asks the attention for its bias) under the user's."""
+def attention_params_for(config: TransformerConfig, name: str | None = None,
+                         params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A layer's attention params (``config.attention``'s unless ``name`` and ``params`` are given): the position
+    method's (ALiBi asks the attention for its bias) under the user's, and the head count of the weights the
+    variant learns per head."""
+    name, given = (config.attention, config.attention_params) if name is None else (name, params or {})
     wanted = POSITIONS.get(config.position).cls.attention_params
-    fields = {f.name for f in dataclasses.fields(ATTENTION.get(config.attention).config)}
+    entry = ATTENTION.get(name)
+    fields = {f.name for f in dataclasses.fields(entry.config)}
     missing = [k for k in wanted if k not in fields]
     check(not missing, f"position {config.position!r} needs an attention variant with parameter(s) {', '.join(missing)} "
-                       f"({config.attention!r} has none)")
-    params = {**wanted, **config.attention_params}
-    if params.get("sink_logit") and "heads" in fields and not params.get("heads"):
-        params["heads"] = config.n_heads  # sink logits made now, so an optimizer built before the first call trains them
+                       f"({name!r} has none)")
+    params = {**wanted, **given}
+    per_head = getattr(entry.cls, "learned_per_head", None)  # "key": weights per key head (mamba2's A and D)
+    if "heads" in fields and not params.get("heads") and (params.get("sink_logit") or per_head):
+        # made now, so an optimizer built before the first call trains them
+        params["heads"] = config.num_kv_heads if per_head == "key" else config.n_heads
     return params
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: TransformerConfig, position: nn.Module):
+    def __init__(self, config: TransformerConfig, position: nn.Module, name: str, params: dict[str, Any], backend: str):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.causal = config.n_heads, config.num_kv_heads, config.causal
         width = config.d_model + 2 * config.num_kv_heads * config.head_dim
         self.qkv = nn.Linear(config.d_model, width, bias=config.bias)
         self.conv = nn.Conv1d(width, width, config.short_conv, groups=width, bias=False) if config.short_conv else None
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
-        self.attn = build_attention(config.attention, backend=config.backend, **attention_params_for(config))
+        self.attn = build_attention(name, backend=backend, **attention_params_for(config, name, params))
         # the variant's per-token inputs (gates, decays): one projection each, per key head (token_inputs.py)
         self.inputs = nn.ModuleDict({t.name: nn.Linear(config.d_model, config.num_kv_heads * t.channels(config.head_dim),
                                                        bias=True) for t in self.attn.token_inputs})
@@ -183,12 +206,15 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: TransformerConfig, position: nn.Module):
+    def __init__(self, config: TransformerConfig, position: nn.Module, spec: tuple[str, dict[str, Any], str]):
         super().__init__()
         self.pre = config.norm == "pre"
         self.ln1 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
-        self.attn = SelfAttention(config, position)
+        name, params, backend = spec
+        layer = getattr(ATTENTION.get(name).cls, "layer", None)  # a layer-level variant (MLA) owns its projections
+        self.attn = (layer(config, position, name, attention_params_for(config, name, params), backend) if layer
+                     else SelfAttention(config, position, name, params, backend))
         self.ffn = FeedForward(config)
 
     def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None,
@@ -217,7 +243,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.position = build_position(config.position, **position_params_for(config))
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, self.position) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, self.position, spec) for spec in config.layer_specs())
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -71,11 +71,13 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
     tasks = _tasks()
     presses, install = _presses()
     if as_json:
-        click.echo(json.dumps({"attention": variants, "positions": positions, "tasks": tasks, "presets": presets,
+        click.echo(json.dumps({"attention": variants, "patterns": attn.list_patterns(), "positions": positions,
+                               "tasks": tasks, "presets": presets,
                                "checkpoints": checkpoints, "presses": presses, "presses_install": install},
                               default=str, indent=1))
     else:
         _print_listing(variants, positions, presets)
+        _print_patterns(attn.list_patterns())
         _print_tasks(tasks)
         _print_checkpoints(checkpoints)
         _print_presses(presses, install)
@@ -111,6 +113,12 @@ def _print_listing(variants: list[dict[str, Any]], positions: list[dict[str, Any
         click.secho("Sweep presets", bold=True)
         for name, text in presets.items():
             click.echo(f"  {name:<8} {text}")
+
+
+def _print_patterns(patterns: list[dict[str, Any]]) -> None:
+    click.secho("Layer patterns (--pattern; or write one: 'SPEC*N; SPEC')", bold=True)
+    for p in patterns:
+        click.echo(f"  {p['name']:<16} {p['unit']}  ({p['layers']} layers a unit, {p['full_fraction']:.0%} full)")
 
 
 def _auto_lines(orders: dict[str, list[str]]) -> list[str]:

@@ -1,5 +1,19 @@
 """Attention variants; importing this package registers the built-in ones."""
-from attn.attention import block_sparse, dsa, full, gated_deltanet, gla, linear, moba, nsa, quest, retention, sliding_window  # noqa: F401  (imported to register them)
+from attn.attention import (  # noqa: F401  (imported to register them)
+    block_sparse,
+    dsa,
+    full,
+    gated_deltanet,
+    gla,
+    linear,
+    mamba2,
+    mla,  # noqa: F401  (imported to register them)
+    moba,
+    nsa,
+    quest,
+    retention,
+    sliding_window,
+)
 from attn.attention.base import Attention, Backend, UnsupportedBackend
 from attn.attention.state import KVCache
 

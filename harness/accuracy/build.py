@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import attn
+from attn.patterns import LAYERS, parse_pattern
 from attn.registry import POSITIONS
 
 ORIGINAL_LEN = "original_max_position_embeddings"
@@ -36,6 +37,8 @@ class Spec:
 
     @property
     def label(self) -> str:
+        if self.name == LAYERS:  # a layer pattern: its unit
+            return str(self.params["pattern"])
         items = sorted(self.params.items()) + ([("backend", self.backend)] if self.backend != "auto" else [])
         return self.name + (":" + ",".join(f"{k}={v}" for k, v in items) if items else "")
 
@@ -51,6 +54,11 @@ def _typed(name: str, raw: dict[str, Any], fill: dict[str, Any]) -> dict[str, An
 def parse_variant(text: str) -> Spec:
     v = attn.resolve_variant(text)
     return Spec(v.name, v.given, v.backend)
+
+
+def parse_layers(text: str) -> Spec:
+    """A layer pattern (named or ``SPEC*N; SPEC``) as a variant of a job: ``layers`` with its unit written out."""
+    return Spec(LAYERS, {"pattern": parse_pattern(text).text})
 
 
 def position_fields(name: str) -> set[str]:
@@ -141,8 +149,10 @@ def make_model(preset: str, vocab_size: int, variant: Spec, position: Spec, posi
     128 goes from chance after 600 steps to 100 %).
     """
     torch.manual_seed(seed)
+    layers = variant.params["pattern"] if variant.name == LAYERS else None
     cfg = attn.TransformerConfig.preset(
-        preset, vocab_size=vocab_size, attention=variant.name, attention_params=dict(variant.params), backend=variant.backend,
+        preset, vocab_size=vocab_size, attention="full" if layers else variant.name,
+        attention_params={} if layers else dict(variant.params), backend=variant.backend, layers=layers,
         position=position.name, position_params=dict(position_params), max_seq_len=max_seq_len, **overrides,
     )
     model = attn.Transformer(cfg)
@@ -174,6 +184,8 @@ def set_position(model: attn.Transformer, name: str, params: dict[str, Any]) -> 
 def set_attention(model: attn.Transformer, variant: Spec) -> None:
     """Replace every layer's attention (which holds no trained weights) with ``variant``, with the parameters the
     model's position method sets on it (ALiBi's bias)."""
+    if variant.name == LAYERS or model.config.layers is not None:
+        raise ValueError("a layer pattern's layers hold their own trained weights: train each pattern itself")
     needs = {t.name for t in attn.registry.ATTENTION.get(variant.name).cls.token_inputs}
     have = set(model.blocks[0].attn.inputs)
     if needs - have:
@@ -206,7 +218,8 @@ def pin_backend(model: attn.Transformer) -> None:
 def state_size(model: attn.Transformer, length: int) -> dict[str, int | None]:
     """What one layer carries while decoding one sequence after ``length`` tokens: its decoding state's bytes and
     numbers (KV cache for full and block_sparse, the window for sliding_window, S and z for linear, the
-    matrix state of the gated family). Zoology's x axis for recall vs state size. None where a model cannot decode."""
+    matrix state of the gated family), the mean over layers (a layer pattern's differ). Zoology's x axis for recall
+    vs state size. None where a model cannot decode."""
     if not model.config.causal:
         return {"state_bytes": None, "state_numbers": None}
     was_training = model.training
@@ -214,7 +227,8 @@ def state_size(model: attn.Transformer, length: int) -> dict[str, int | None]:
     try:
         state = model.init_state(1, length)
         model(torch.zeros(1, length, dtype=torch.long, device=next(model.parameters()).device), state=state)
-        size = int(state.layers[0].nbytes()) + sum(c.nbytes() for c in state.convs[:1])  # the layer's short-conv inputs too
+        held = sum(int(s.nbytes()) for s in state.layers) + sum(c.nbytes() for c in state.convs)  # short-conv inputs too
+        size = held // len(state.layers)
     except (NotImplementedError, ValueError, AttributeError):
         return {"state_bytes": None, "state_numbers": None}
     finally:
@@ -233,6 +247,7 @@ def last_backends(model: attn.Transformer) -> str:
 
 
 __all__ = [
-    "Spec", "adapts_to_length", "eval_attention", "has_weights", "last_backends", "make_model", "parse_position",
+    "Spec", "adapts_to_length", "eval_attention", "has_weights", "last_backends", "make_model", "parse_layers",
+    "parse_position",
     "parse_variant", "pin_backend", "state_size", "scaled_params", "set_attention", "set_position", "training_spec",
 ]

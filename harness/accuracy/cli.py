@@ -79,6 +79,11 @@ def build_jobs(opts: dict[str, Any]) -> list[Job]:
             job.d_model = opts["d_model"]
         if opts["short_conv"] is not None:
             job.short_conv = opts["short_conv"]
+        if opts["n_layers"] is not None:
+            job.n_layers = opts["n_layers"]
+        if opts["patterns"]:
+            job.patterns = list(opts["patterns"])
+            job.variants = list(opts["variants"])  # only the variants asked for beside the patterns, none by default
         if opts["base_task"] is not None:
             job.base_task = opts["base_task"]
         for key in ("finetune_steps", "finetune_len", "finetune_lr"):
@@ -111,7 +116,7 @@ def hf_refused() -> tuple[str, ...]:
     from harness.accuracy.hf_eval import HF_TASKS
 
     only_trained = [dest for dest, (_, tasks, _) in TASK_OPTIONS.items() if not set(tasks) & set(HF_TASKS)]
-    return (*TRAINING_OPTIONS, *only_trained, "d_model", "short_conv")
+    return (*TRAINING_OPTIONS, *only_trained, "d_model", "short_conv", "n_layers", "patterns")
 
 
 def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
@@ -181,6 +186,11 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
 @click.option("--model", help="Backbone preset (attn.model.PRESETS): tiny, small, medium...")
 @click.option("--d-model", type=click.IntRange(min=1), help="Width overriding the preset's d_model (recall vs width).")
+@click.option("--n-layers", type=click.IntRange(min=1), help="Depth overriding the preset's n_layers (a layer pattern "
+              "repeats its unit to it).")
+@click.option("--pattern", "patterns", multiple=True,
+              help="A layer pattern (attn-bench list): named (qwen3-next, gemma3) or 'SPEC*N; SPEC', repeated to the "
+                   "depth; each is one more variant of the job (repeatable).")
 @click.option("--short-conv", type=click.IntRange(min=0),
               help="Taps of a short causal convolution on q/k/v (Zoology's hybrid, fla's layers use 4); 0 = none.")
 @click.option("--base-task", type=click.Choice(trained_task_names()),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import attn
+from attn.patterns import LAYERS
 from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.common import Task
@@ -30,6 +31,8 @@ class Job:
     model: str = "tiny"  # attn.model.PRESETS name
     d_model: int | None = None  # the preset's width, overridden (MQAR's recall vs width); heads stay the preset's
     short_conv: int = 0  # taps of the backbone's short convolution (Zoology's conv + attention hybrid); 0 = none
+    n_layers: int | None = None  # the preset's depth, overridden (a layer pattern's ratio needs the layers)
+    patterns: list[str] = field(default_factory=list)  # layer patterns (attn/patterns.py), each one more variant
     init_std: float | None = None  # weight init; None -> d_model^-1/2 (see build.make_model)
     train: TrainConfig = field(default_factory=TrainConfig)
     task_params: dict[str, Any] = field(default_factory=dict)  # fields of the task's config dataclass
@@ -89,6 +92,8 @@ class Plan:
 
 def resolved(kind: str, spec: Spec, head_dim: int = 64) -> dict[str, Any]:
     """Every field of a spec's config (defaults included, shape fields left out), as rows carry them."""
+    if kind == "attention" and spec.name == LAYERS:
+        return dict(spec.params)  # the pattern's unit: each layer's spec says its own parameters
     registry = attn.registry.ATTENTION if kind == "attention" else attn.registry.POSITIONS
     fill = {"head_dim": head_dim} if kind == "position" and "head_dim" in build.position_fields(spec.name) else {}
     cfg = registry.make_config(spec.name, {**fill, **spec.params})

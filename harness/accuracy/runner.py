@@ -46,14 +46,15 @@ TOKEN_BYTES = 8  # int64 token ids
 CELL_FIELDS = cell_columns()
 # What tells two trained models of one task apart beyond the spec columns: width and learning rate (a grid over
 # them picks the best rate per point, as Zoology does).
-TRAIN_FIELDS = ("d_model", "short_conv", "lr")
+TRAIN_FIELDS = ("d_model", "short_conv", "n_layers", "lr")
 KEY_FIELDS = tuple(f for f in ACCURACY_FIELDS if f not in ("value", "ci_low", "ci_high", "n")) + CELL_FIELDS + TRAIN_FIELDS
 
 
 def width(job: Job) -> dict[str, Any]:
-    """The backbone overrides of a job: its width (MQAR's recall vs width) and short convolution, when it sets them
-    (left out otherwise, so the identity of runs made before they existed does not change)."""
-    return ({} if job.d_model is None else {"d_model": job.d_model}) | ({"short_conv": job.short_conv} if job.short_conv else {})
+    """The backbone overrides of a job: its width (MQAR's recall vs width), short convolution and depth, when it sets
+    them (left out otherwise, so the identity of runs made before they existed does not change)."""
+    return (({} if job.d_model is None else {"d_model": job.d_model}) | ({"short_conv": job.short_conv} if job.short_conv else {})
+            | ({} if job.n_layers is None else {"n_layers": job.n_layers}))
 
 
 def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, budget: int | None = None) -> None:
@@ -67,7 +68,7 @@ def check_lengths_fit(job: Job, eval_lens: list[int], finetune_len: int | None, 
     """
     budget = available_budget() if budget is None else budget
     preset = attn.PRESETS[job.model]
-    d, layers = job.d_model or preset["d_model"], preset.get("n_layers", 1)
+    d, layers = job.d_model or preset["d_model"], job.n_layers or preset.get("n_layers", 1)
     per_train_token = job.train.batch_size * (FLOAT_BYTES * d * (layers + 1) + 2 * TOKEN_BYTES)
     per_eval_token = get_task(job.task).eval_bytes_per_token(job, FLOAT_BYTES * d + TOKEN_BYTES)
     checks = [("train length", job.train_len, per_train_token,
@@ -117,8 +118,10 @@ def plan(job: Job) -> Plan:
         raise ValueError("no seeds given")
     if any(s < 0 for s in job.seeds):
         raise ValueError(f"seeds must be >= 0, got {job.seeds}")
-    if not job.variants or not job.positions:
-        raise ValueError("at least one --variant and one --position are needed")
+    if not (job.variants or job.patterns) or not job.positions:
+        raise ValueError("at least one --variant (or --pattern) and one --position are needed")
+    if job.n_layers is not None and job.n_layers < 1:
+        raise ValueError(f"n_layers must be >= 1, got {job.n_layers}")
     if job.model not in attn.PRESETS:
         raise ValueError(f"unknown model preset {job.model!r}; valid: {', '.join(attn.PRESETS)}")
     eval_lens = sorted(set(job.eval_lens or spec.default_eval_lens(job.train_len)))
@@ -128,7 +131,7 @@ def plan(job: Job) -> Plan:
     if job.d_model is not None and (job.d_model < 1 or job.d_model % preset["n_heads"]):
         raise ValueError(f"d_model {job.d_model} must be a positive multiple of the {preset['n_heads']} heads of {job.model}")
     head_dim = (job.d_model or preset["d_model"]) // preset["n_heads"]
-    variants = [build.parse_variant(v) for v in job.variants]
+    variants = [build.parse_variant(v) for v in job.variants] + [build.parse_layers(p) for p in job.patterns]
     positions = [build.parse_position(p, head_dim) for p in job.positions]
     variants = spec.evaluated_variants(variants)
     trained_variants = spec.trained_variants(variants)
@@ -250,7 +253,7 @@ class Runner:
             "position": run.position.name,
             "variant_spec": run.variant.label, "position_spec": run.position.label,
             "train_len": job.train_len, "stage": stage, "model": job.model, "d_model": job.d_model,
-            "short_conv": job.short_conv or None, "steps": job.train.steps,
+            "short_conv": job.short_conv or None, "n_layers": job.n_layers, "steps": job.train.steps,
             "batch_size": job.train.batch_size, "lr": job.train.lr, "trained_as": run.trained_as.label,
             "task_params": p.task.train_params(), "eval_id": short_hash(p.task.eval_params()), "status": "ok", "error": None,
         } | ({"finetune_steps": job.finetune_steps, "finetune_len": p.finetune_len,

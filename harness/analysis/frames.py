@@ -132,6 +132,17 @@ def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
     return f"{name}({inner})" if inner else str(name)
 
 
+def variant_labels(df: pd.DataFrame) -> list[str]:
+    """Each row's variant label (:func:`spec_label`); a layer pattern's (variant ``layers``) is the pattern as the row
+    names it (``qwen3-next``, ``gated_deltanet*3; full``)."""
+    from attn.patterns import LAYERS
+
+    specs = df["variant_spec"] if "variant_spec" in df else pd.Series([None] * len(df), index=df.index)
+    return [str(spec) if v == LAYERS and isinstance(spec, str) and spec else
+            (f"layers({p.get('pattern')})" if v == LAYERS else spec_label(v, p))
+            for v, p, spec in zip(df["variant"], df["variant_params"], specs, strict=True)]
+
+
 def _spec_text_label(spec: Any) -> str | None:
     """``"rope_yarn:beta_fast=16"`` -> ``"rope_yarn(beta_fast=16)"``; None for a missing spec."""
     if not isinstance(spec, str) or not spec:
@@ -206,7 +217,7 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     # A row without a status is taken at its word: ok when it has a latency, an error otherwise.
     df["status"] = [s if isinstance(s, str) else ("ok" if pd.notna(lat) else "error")
                     for s, lat in zip(status, df["latency_ms"], strict=True)]
-    df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
+    df["variant_label"] = variant_labels(df)
     if "press_spec" in df:  # a KV press (scope hf): its own series
         df["variant_label"] = [lab if not isinstance(p, str) else f"{lab} + {p}"
                                for lab, p in zip(df["variant_label"], df["press_spec"], strict=True)]
@@ -243,7 +254,7 @@ def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
     if "position" not in df:
         df["position"] = "none"
     df["position"] = df["position"].fillna("none")
-    df["variant_label"] = [spec_label(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
+    df["variant_label"] = variant_labels(df)
     if "press_spec" in df:  # a KV press (scope hf): its own series
         df["variant_label"] = [lab if not isinstance(p, str) else f"{lab} + {p}"
                                for lab, p in zip(df["variant_label"], df["press_spec"], strict=True)]

@@ -251,9 +251,21 @@ def check_supported(cls: type, cell: Cell) -> None:
         raise UnsupportedBackend("no CUDA device")
 
 
+def cell_classes(cell: Cell) -> list[type]:
+    """The attention classes a cell runs: its variant's, or every layer's of a layer pattern."""
+    from attn.patterns import LAYERS, parse_pattern
+    from attn.registry import resolve_variant
+
+    if cell.variant != LAYERS:
+        return [ATTENTION.get(cell.variant).cls]
+    unit = parse_pattern(cell.variant_params["pattern"]).unit
+    return [ATTENTION.get(resolve_variant(s).name).cls for s in dict.fromkeys(unit)]
+
+
 def build(cell: Cell) -> Measured:
     """Inputs, module and the measured callable of ``cell``, by its scope (seed the RNG before calling)."""
-    check_supported(ATTENTION.get(cell.variant).cls, cell)
+    for cls in cell_classes(cell):
+        check_supported(cls, cell)
     return SCOPES[cell.scope].build(cell)
 
 

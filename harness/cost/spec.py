@@ -84,6 +84,10 @@ class Grid:
     causal: bool = option(True, parse=boolean, flags=("--causal/--bidirectional",),
                           help="Causal (default) or bidirectional attention.")
     layers: int = option(2, parse=integer, type=int, help="Backbone depth for --scope model (default 2).")
+    pattern: tuple[str, ...] = option((), parse=strs(split=False), multiple=True,  # ';' separates layers: no split
+                                      help="--scope model: a layer pattern (attn-bench list), named (gemma3, qwen3-next) "
+                                           "or 'SPEC*N; SPEC', repeated to --layers; each is one more series beside "
+                                           "the --variant ones. Repeatable.")
 
 
 @dataclass(frozen=True)
@@ -212,8 +216,8 @@ def build_spec(layers: Sequence[tuple[str, dict[str, Any]]]) -> SweepSpec:
     out = []
     for g in grids or [{}]:
         values = {**shared, **g}
-        if "variant" not in values:
-            raise ValueError("nothing to sweep: give --variant NAME[:key=value,...], --preset or --config")
+        if "variant" not in values and not values.get("pattern"):
+            raise ValueError("nothing to sweep: give --variant NAME[:key=value,...], --pattern, --preset or --config")
         out.append(Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}))
     run = {k: tuple(v) if isinstance(v, list) else v for k, v in top.items() if k in RUN_KEYS and k not in EXECUTOR_KEYS}
     return SweepSpec(tuple(out), RunSettings(**run, executor=config_from(top)), preset)
@@ -273,6 +277,23 @@ def _press_axis(grid: Grid, scopes: dict[str, Any]) -> list[dict[str, Any]]:
     return [press_fields(p) for p in grid.press]
 
 
+def _patterns(grid: Grid, scopes: dict[str, Any]) -> list[tuple[tuple[str, dict[str, Any], str], str]]:
+    """Each ``--pattern`` as a variant of the grid: ("layers", {"pattern": its unit}, "auto") and its label."""
+    from attn.patterns import LAYERS, parse_pattern
+
+    if not grid.pattern:
+        return []
+    other = [name for name in scopes if name != "model"]
+    if other:
+        raise ValueError(f"--pattern sets the layers of our backbone: it needs --scope model, not {other[0]}")
+    out = []
+    for written in grid.pattern:
+        p = parse_pattern(written)
+        p.layers(grid.layers)  # the depth holds a whole unit
+        out.append(((LAYERS, {"pattern": p.text}, "auto"), p.label))
+    return out
+
+
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     """Every cell of every grid, validated, deduplicated; within a configuration, lengths ascend."""
     if check_device_available:
@@ -291,7 +312,7 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
             scope.check(grid)
         if grid.layers < 1:
             raise ValueError(f"layers must be >= 1, got {grid.layers}")
-        variants = [(resolved_variant(v), v.strip()) for v in grid.variant]
+        variants = [(resolved_variant(v), v.strip()) for v in grid.variant] + _patterns(grid, scopes)
         for position in grid.position:  # validated even when only op-scope cells use none
             if not all(scope.positions_from_config for scope in scopes.values()):
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))

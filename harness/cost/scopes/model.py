@@ -1,8 +1,14 @@
 """Scope ``model``: the shared backbone (``attn.Transformer``: embeddings, projections, positions, FFN) on random
 tokens, ``--layers`` blocks deep. ``train`` takes the gradients of every weight.
 
+Decode rows add ``state_bytes``: what the decoding states of all layers hold at L tokens (``nbytes()`` of each,
+summed; ``peak_mem_bytes`` is measured, and also holds the weights and the step's temporaries).
+
+A layer pattern (``--pattern``, attn/patterns.py) is a cell of variant ``layers`` whose ``variant_params`` say the
+pattern's unit; every layer runs its own spec, keeps its own state and counts its own attention FLOPs.
+
 FLOPs: ``2 * tokens * (weights of every nn.Linear, LM head included)`` (x 3 for train; tokens = B * L, or B for one
-decoding step) + ``n_layers`` x the attention's own count in the same mode.
+decoding step) + each layer's attention count in the same mode.
 
 Positions are resolved against the backbone's shapes (:func:`resolve_position`; the spec validates every grid's
 positions with it, even where only op cells run)."""
@@ -14,6 +20,7 @@ from typing import Any
 import torch
 
 import attn
+from attn.patterns import LAYERS
 from harness.cost.cells import (
     DTYPES,
     Cell,
@@ -50,16 +57,19 @@ def model_flops(model: Any, cell: Cell) -> int:
     """Every nn.Linear once per token processed (B, or B * L), plus each layer's attention in the same mode."""
     tokens = cell.batch_size * (1 if cell.mode == "decode" else cell.seq_len)
     weights = train_factor(cell.mode) * 2 * tokens * linear_weights(model)
-    return weights + model.config.n_layers * attention_flops(model.blocks[0].attn.attn, cell)
+    return weights + sum(attention_flops(b.attn.attn, cell) for b in model.blocks)
 
 
 def model_config(cell: Cell) -> attn.TransformerConfig:
-    """The backbone for a model-scope cell: d_model = heads x head_dim, ``layers`` blocks, byte vocabulary."""
+    """The backbone for a model-scope cell: d_model = heads x head_dim, ``layers`` blocks, byte vocabulary; a layer
+    pattern's cell (variant ``layers``) gives each layer its spec."""
+    pattern = cell.variant == LAYERS
     return attn.TransformerConfig(
         vocab_size=VOCAB_SIZE, d_model=cell.num_heads * cell.head_dim, n_heads=cell.num_heads, num_kv_heads=cell.kv_heads,
-        n_layers=cell.layers or 1, attention=cell.variant, attention_params=dict(cell.variant_params),
-        backend=cell.backend_requested, position=cell.position, position_params=dict(cell.position_params),
-        max_seq_len=cell.seq_len + 1, causal=cell.causal,
+        n_layers=cell.layers or 1, attention="full" if pattern else cell.variant,
+        attention_params={} if pattern else dict(cell.variant_params), backend=cell.backend_requested,
+        layers=cell.variant_params["pattern"] if pattern else None, position=cell.position,
+        position_params=dict(cell.position_params), max_seq_len=cell.seq_len + 1, causal=cell.causal,
     )
 
 
@@ -88,7 +98,10 @@ def build_model(cell: Cell) -> Measured:
             state.start = L  # positions always restart at L, even when a rolling cache advances
             return out
 
-        return Measured(decode_step, flops, B, backend, state)
+        def held() -> dict[str, Any]:  # what every layer's decoding state holds at L tokens (short-conv inputs too)
+            return {"state_bytes": sum(int(s.nbytes()) for s in state.layers) + sum(c.nbytes() for c in state.convs)}
+
+        return Measured(decode_step, flops, B, backend, state, held)
 
     idx = torch.randint(0, VOCAB_SIZE, (B, L), device=dev)  # (B, L)
     documents = cell.documents(dev)

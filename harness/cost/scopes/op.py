@@ -31,6 +31,9 @@ def build_op(cell: Cell) -> Measured:
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     B, H, Hkv, L, D = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim
     module = attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params).to(dev, dtype)
+    if getattr(module, "layer", None) is not None:  # MLA: the op on expanded heads is full attention
+        raise attn.UnsupportedBackend(f"{cell.variant} owns its projections (a layer-level variant): time it with "
+                                      "--scope model")
     flops = op_flops(module, cell)
     chosen = selection_flops(module, cell)
     columns = (lambda: {"selection_flops": chosen}) if chosen else None  # its part of `flops`
