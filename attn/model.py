@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attn.attention.short_conv import ConvCache, causal_conv
 from attn.patterns import parse_pattern
 from attn.registry import ATTENTION, POSITIONS, build_attention, build_position, check, resolve_variant
 
@@ -106,16 +108,6 @@ def position_params_for(config: TransformerConfig) -> dict[str, Any]:
     return {**{k: v for k, v in shape.items() if k in names}, **config.position_params}
 
 
-@dataclass
-class ConvCache:
-    """The last (taps - 1) q/k/v projections of a generation, for the short convolution (None before the first)."""
-
-    inputs: torch.Tensor | None = None  # (B, C, taps - 1)
-
-    def nbytes(self) -> int:
-        return 0 if self.inputs is None else self.inputs.numel() * self.inputs.element_size()
-
-
 def attention_params_for(config: TransformerConfig, name: str | None = None,
                          params: dict[str, Any] | None = None) -> dict[str, Any]:
     """A layer's attention params (``config.attention``'s unless ``name`` and ``params`` are given): the position
@@ -151,16 +143,6 @@ class SelfAttention(nn.Module):
         self.position = position  # shared with the model; rotary methods act here
         self.dropout = nn.Dropout(config.dropout)
 
-    def short_conv(self, h: torch.Tensor, cache: ConvCache | None) -> torch.Tensor:
-        """Causal depthwise convolution + SiLU over (B, T, C) projections; ``cache`` holds the last taps - 1 inputs of a
-        generation (zeros before the first token)."""
-        taps = self.conv.kernel_size[0]
-        past = h.new_zeros(h.shape[0], h.shape[2], taps - 1) if cache is None or cache.inputs is None else cache.inputs
-        seq = torch.cat([past, h.transpose(1, 2)], 2)  # (B, C, taps - 1 + T)
-        if cache is not None:
-            cache.inputs = seq[:, :, seq.shape[2] - (taps - 1):]
-        return F.silu(F.conv1d(seq, self.conv.weight, groups=h.shape[2])).transpose(1, 2)
-
     def forward(self, x: torch.Tensor, start: int, seq_len: int, state: Any = None,
                 documents: torch.Tensor | None = None, conv: ConvCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
@@ -168,7 +150,7 @@ class SelfAttention(nn.Module):
         h = self.qkv(x)
         if self.conv is not None:
             check(documents is None, "short_conv would mix packed documents: run them without short_conv")
-            h = self.short_conv(h, conv)
+            h = causal_conv(self.conv.weight, h, conv)
         qkv = h.view(B, T, self.n_heads + 2 * self.n_kv_heads, hs).transpose(1, 2)  # (B, nh + 2 n_kv, T, hs)
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)  # k, v: (B, n_kv, T, hs)
         q = self.position.rotate(q, start, seq_len)
@@ -184,6 +166,14 @@ class SelfAttention(nn.Module):
             y = F.rms_norm(y, (hs,))
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.dropout(self.proj(y))
+
+
+def rotary_at(config: TransformerConfig, position: nn.Module) -> Callable[[int], nn.Module]:
+    """head dim -> the model's position method at that head dim, for a layer that ropes only some channels (MLA's
+    RoPE key); a method without rotation (it acts at the input) is the model's own module at any head dim."""
+    if not callable(getattr(position, "inv_freq", None)):
+        return lambda head_dim: position
+    return lambda head_dim: build_position(config.position, **{**position_params_for(config), "head_dim": head_dim})
 
 
 class FeedForward(nn.Module):
@@ -213,7 +203,8 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(config.d_model, bias=config.bias)
         name, params, backend = spec
         layer = getattr(ATTENTION.get(name).cls, "layer", None)  # a layer-level variant (MLA) owns its projections
-        self.attn = (layer(config, position, name, attention_params_for(config, name, params), backend) if layer
+        self.attn = (layer(config, position, name, attention_params_for(config, name, params), backend,
+                           rotary_at(config, position)) if layer
                      else SelfAttention(config, position, name, params, backend))
         self.ffn = FeedForward(config)
 

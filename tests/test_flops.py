@@ -81,10 +81,11 @@ def masks(monkeypatch) -> list[tuple[int, int, int]]:
 
 def test_every_builtin_variant_is_covered():
     builtin = {s["name"] for s in attn.list_attention() if s["source"] == "builtin"}
-    # the gated linear family's counts are checked against explicit counts in test_retention/gla/gated_deltanet.py,
-    # the selecting variants' against their kept keys and a hand count in test_moba/quest/dsa/nsa.py
-    assert builtin == set(SOFTMAX) | {"linear", "retention", "gla", "gated_deltanet", "moba", "quest", "dsa",
-                                        "nsa"}, \
+    # the gated linear family's counts are checked against explicit counts in test_retention/gla/gated_deltanet/
+    # mamba2.py, the selecting variants' against their kept keys and a hand count in test_moba/quest/dsa/nsa.py, mla's
+    # in test_mla.py
+    assert builtin == set(SOFTMAX) | {"linear", "retention", "gla", "gated_deltanet", "mamba2", "moba", "quest", "dsa",
+                                        "nsa", "mla"}, \
         "a new built-in variant needs its FLOPs checked here"
 
 

@@ -19,6 +19,7 @@ directly, as DeepSeek-V2-Lite). The projections have no bias, as DeepSeek's.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch import nn
 from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Attention, Backend
 from attn.attention.masks import causal_mask
+from attn.attention.short_conv import causal_conv
 from attn.attention.state import KVCache
 from attn.registry import check, register_attention
 
@@ -69,12 +71,13 @@ class MLALayer(nn.Module):
     """The MLA layer of one backbone block: (B, T, d_model) -> (B, T, d_model), expanded in a forward, absorbed when
     decoding (``state``: a :class:`LatentCache`)."""
 
-    def __init__(self, config: Any, position: nn.Module, name: str, params: dict[str, Any], backend: str):
-        from attn.model import position_params_for
-        from attn.registry import build_attention, build_position
+    def __init__(self, config: Any, position: nn.Module, name: str, params: dict[str, Any], backend: str,
+                 rotary: Callable[[int], nn.Module]):
+        """``config``: the backbone's; ``rotary(head_dim)``: its position method at a head dim (RoPE acts on the rope
+        channels only)."""
+        from attn.registry import build_attention
 
         super().__init__()
-        check(config.short_conv == 0, "mla owns its projections: run it without short_conv")
         self.attn = build_attention(name, backend=backend, **params)
         self.n_heads, self.causal = config.n_heads, config.causal
         r, rope, nope, dv = self.attn.config.dims(config.head_dim)
@@ -88,10 +91,11 @@ class MLALayer(nn.Module):
         self.kv_norm = nn.RMSNorm(r)
         self.kv_up = nn.Linear(r, H * (nope + dv), bias=False)  # W_UK and W_UV, per head
         self.proj = nn.Linear(H * dv, d, bias=False)
-        # RoPE acts on the rope channels only: the backbone's method at that head dim (other methods act at the input)
-        rotary = callable(getattr(position, "inv_freq", None))
-        self.position = (build_position(config.position, **{**position_params_for(config), "head_dim": rope})
-                         if rotary else position)
+        # the backbone's short convolution (Zoology's, on q/k/v) on the query and latent projections, where it has one
+        width = H * qk + r + rope
+        self.conv = nn.Conv1d(width, width, config.short_conv, groups=width, bias=False) if config.short_conv else None
+        self.rotary = rotary
+        self.position = rotary(rope)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, start: int, seq_len: int, state: LatentCache | None = None,
@@ -99,9 +103,13 @@ class MLALayer(nn.Module):
         B, T, _ = x.shape
         H = self.n_heads
         q = self.q_proj(self.q_norm(self.q_down(x)) if self.q_down is not None else x)
-        q_nope, q_rope = q.view(B, T, H, -1).transpose(1, 2).split([self.nope, self.rope_dim], -1)
+        kv = self.kv_down(x)
+        if self.conv is not None:
+            check(documents is None, "short_conv would mix packed documents: run them without short_conv")
+            q, kv = causal_conv(self.conv.weight, torch.cat([q, kv], -1), conv).split([q.shape[-1], kv.shape[-1]], -1)
+        q_nope, q_rope = q.reshape(B, T, H, -1).transpose(1, 2).split([self.nope, self.rope_dim], -1)
         q_rope = self.position.rotate(q_rope, start, seq_len)
-        c, k_rope = self.kv_down(x).split([self.rank, self.rope_dim], -1)
+        c, k_rope = kv.split([self.rank, self.rope_dim], -1)
         c = self.kv_norm(c)[:, None]  # (B, 1, T, r)
         k_rope = self.position.rotate(k_rope[:, None], start, seq_len)  # (B, 1, T, rope)
         if state is None:
@@ -137,6 +145,10 @@ class MLALayer(nn.Module):
         self.attn.last_backend = "absorbed"
         return torch.einsum("bhtr,hvr->bhtv", scores.softmax(-1) @ c, w_uv)
 
+    def use_position(self, position: nn.Module) -> None:
+        """Take the backbone's new position method (a rescaled RoPE at evaluation), at this layer's rope dim."""
+        self.position = self.rotary(self.rope_dim) if callable(getattr(position, "inv_freq", None)) else position
+
     def cache_numbers_per_token(self) -> int:
         """Numbers a decoding state holds per token per layer: the latent and the shared RoPE key."""
         return self.rank + self.rope_dim
@@ -162,9 +174,17 @@ class MultiHeadLatentAttention(Attention):
 
     def backend_sdpa(self, q, k, v, causal):
         k, v = gqa.repeat_kv(k, gqa.kv_groups(q, k)), gqa.repeat_kv(v, gqa.kv_groups(q, k))
+        # SDPA's fused CPU kernel wants one head dim for q, k and v, and otherwise falls back to the math path that
+        # holds every (L, L) score matrix (17 GB at 32K, 4 heads): pad v with zeros to q's dim and cut the output, as
+        # DeepSeek-V3's transformers code pads values for FlashAttention-2
+        dv = v.shape[-1]
+        if dv < q.shape[-1]:
+            v = F.pad(v, (0, q.shape[-1] - dv))
         if causal and q.shape[2] != k.shape[2]:  # SDPA's is_causal is top-left: give the bottom-right mask
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], k.shape[2], q.device))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[2], k.shape[2], q.device))
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return out[..., :dv]
 
     def new_state(self, max_len: int = 0) -> LatentCache:
         return LatentCache(capacity_hint=max_len)

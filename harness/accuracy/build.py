@@ -178,7 +178,11 @@ def set_position(model: attn.Transformer, name: str, params: dict[str, Any]) -> 
                 p.copy_(olds[n])
     model.position = new
     for block in model.blocks:
-        block.attn.position = new
+        if hasattr(block.attn, "use_position"):  # a layer-level variant ropes its own channels (MLA)
+            block.attn.rotary = attn.model.rotary_at(model.config, new)
+            block.attn.use_position(new)
+        else:
+            block.attn.position = new
 
 
 def set_attention(model: attn.Transformer, variant: Spec) -> None:

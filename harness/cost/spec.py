@@ -50,7 +50,7 @@ else:  # pragma: no cover
 class Grid:
     """One product of values; a sweep is one or more of them. Grid keys may appear at the top level or in a [[grid]]."""
 
-    variant: tuple[str, ...] = option(parse=strs(split=False),  # commas belong to the spec: name:key=v,key=v
+    variant: tuple[str, ...] = option((), parse=strs(split=False),  # commas belong to the spec: name:key=v,key=v
                                       help="NAME[:key=value,...]; backend=NAME picks a backend. Repeatable.", multiple=True)
     position: tuple[str, ...] = option(("none",), parse=strs(split=False), multiple=True,
                                        help="Position method spec (scope=model only). Repeatable.")

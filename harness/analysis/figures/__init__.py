@@ -31,6 +31,7 @@ import harness.analysis.figures.ruler
 import harness.analysis.figures.checkpoint
 import harness.analysis.figures.kvpress
 import harness.analysis.figures.tradeoff
+import harness.analysis.figures.patterns
 import harness.analysis.figures.layout  # noqa: F401
 # isort: on
 from harness.analysis.figures.accuracy import plot_accuracy

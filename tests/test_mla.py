@@ -1,0 +1,73 @@
+"""`mla` (multi-head latent attention): the absorbed decode equals the expanded form and one forward, its cache holds
+the latent and the RoPE key only (576 numbers a token at DeepSeek-V3's sizes), its FLOPs match a hand count, a broken
+absorbed form is caught by `attn-bench check`'s layer check, and op-scope sweeps refuse it."""
+import pytest
+import torch
+
+import attn
+from attn.attention.mla import MLALayer
+from attn.checks import check_layer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def model(**params):
+    torch.manual_seed(0)
+    config = attn.TransformerConfig(d_model=64, n_heads=4, n_layers=2, position="rope", attention="mla",
+                                    attention_params=params)
+    return attn.Transformer(config).double().eval()
+
+
+@pytest.mark.parametrize("params", [{}, {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_rope_head_dim": 4,
+                                         "qk_nope_head_dim": 8, "v_head_dim": 12}], ids=["defaults", "v3-like"])
+def test_absorbed_decode_equals_expanded_forward(params):
+    m = model(**params)
+    idx = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(idx)
+        state = m.init_state(2, 19)
+        outs = [m(idx[:, :7], state=state)] + [m(idx[:, t:t + 1], state=state) for t in range(7, 19)]
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-10, rtol=1e-10)
+    assert {b.attn.attn.last_backend for b in m.blocks} == {"absorbed"}  # the single tokens took the absorbed form
+    assert all(isinstance(b.attn, MLALayer) for b in m.blocks)
+
+
+def test_the_cache_holds_the_latent_and_the_rope_key_only():
+    """DeepSeek-V3's sizes (128 heads of 128, latent 512, RoPE key 64): 576 numbers a token and layer, against
+    2 H_kv D for a KV cache."""
+    v3 = attn.build_attention("mla", kv_lora_rank=512, qk_rope_head_dim=64).config.dims(128)
+    assert v3[0] + v3[1] == 576
+    m = model()
+    with torch.no_grad():
+        state = m.init_state(3, 40)
+        m(torch.zeros(3, 40, dtype=torch.long), state=state)
+    r, rope, _, _ = m.blocks[0].attn.attn.config.dims(16)  # head dim 64 / 4
+    assert [s.nbytes() for s in state.layers] == [3 * 40 * (r + rope) * 8] * 2  # fp64
+    assert m.blocks[0].attn.cache_numbers_per_token() == r + rope == 64 + 8
+
+
+def test_flops_by_hand():
+    m = attn.build_attention("mla", kv_lora_rank=20, qk_rope_head_dim=6, qk_nope_head_dim=10, v_head_dim=12)
+    L, H = 9, 3
+    pairs = L * (L + 1) // 2
+    assert m.mode_flops("forward", 2, H, L, 16) == 2 * 2 * H * pairs * (10 + 6 + 12)
+    assert m.mode_flops("train", 2, H, L, 16) == 3 * m.mode_flops("forward", 2, H, L, 16)
+    assert m.mode_flops("decode", 2, H, L, 16) == 2 * 2 * H * (L + 1) * (20 + 6 + 20)  # q.c, q.k_rope; p.c
+
+
+def test_the_layer_check_catches_a_broken_absorbed_form(monkeypatch):
+    assert [f.status for f in check_layer("mla", {})] == ["ok"]
+    original = MLALayer.absorbed
+    monkeypatch.setattr(MLALayer, "absorbed", lambda self, qn, qr, c, kr: original(self, qn, torch.zeros_like(qr), c, kr))
+    (finding,) = check_layer("mla", {})
+    assert finding.status == "mismatch" and "off from one forward" in finding.detail
+
+
+def test_op_scope_refuses_a_layer_level_variant():
+    from harness.cost.cells import Cell
+    from harness.cost.scopes.op import build_op
+
+    cell = Cell(variant="mla", variant_params={}, backend_requested="auto", position="none", position_params={},
+                scope="op", mode="forward", device="cpu", dtype="float32", batch_size=1, num_heads=2, head_dim=8, seq_len=16)
+    with pytest.raises(attn.UnsupportedBackend, match="--scope model"):
+        build_op(cell)
