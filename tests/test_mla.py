@@ -71,3 +71,17 @@ def test_op_scope_refuses_a_layer_level_variant():
                 scope="op", mode="forward", device="cpu", dtype="float32", batch_size=1, num_heads=2, head_dim=8, seq_len=16)
     with pytest.raises(attn.UnsupportedBackend, match="--scope model"):
         build_op(cell)
+
+
+def test_the_absorbed_form_of_a_chunk_equals_the_expanded_one():
+    """Several queries at once against the cached latents (the causal mask bottom-right): both forms agree."""
+    layer = model(kv_lora_rank=16, qk_rope_head_dim=4).blocks[0].attn
+    g = torch.Generator().manual_seed(2)
+    B, H, T, L = 2, 4, 3, 11
+    q_nope, q_rope = torch.randn(B, H, T, layer.nope, generator=g, dtype=torch.float64), \
+        torch.randn(B, H, T, layer.rope_dim, generator=g, dtype=torch.float64)
+    c, k_rope = torch.randn(B, 1, L, 16, generator=g, dtype=torch.float64), \
+        torch.randn(B, 1, L, 4, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer.absorbed(q_nope, q_rope, c, k_rope),
+                                   layer.expanded(q_nope, q_rope, c, k_rope), atol=1e-12, rtol=1e-12)

@@ -134,16 +134,22 @@ class MLALayer(nn.Module):
 
     def absorbed(self, q_nope, q_rope, c, k_rope):
         """Scores against the cached latents with W_UK folded into the queries, W_UV after the softmax: no per-head
-        key or value is made. q: (B, H, T, .), c: (B, 1, L, r), k_rope: (B, 1, L, rope) -> (B, H, T, v_head_dim)."""
-        w = self.kv_up.weight.view(self.n_heads, self.nope + self.v_dim, self.rank)
+        key or value is made. q: (B, H, T, .), c: (B, 1, L, r), k_rope: (B, 1, L, rope) -> (B, H, T, v_head_dim).
+        Every head reads the same latents, so the heads are rows of one product against the cache (FlashMLA's view:
+        absorbed MLA is multi-query attention); a per-head product would copy the cache H times a step."""
+        B, H, T = q_nope.shape[:3]
+        L = c.shape[2]
+        w = self.kv_up.weight.view(H, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w[:, :self.nope], w[:, self.nope:]  # (H, nope, r), (H, v, r)
-        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)
-        scores = (q_latent @ c.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)) * (self.nope + self.rope_dim) ** -0.5
-        T, L = q_nope.shape[2], c.shape[2]
+        c, k_rope = c[:, 0], k_rope[:, 0]  # (B, L, r), (B, L, rope)
+        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk).reshape(B, H * T, self.rank)
+        scores = (q_latent @ c.transpose(1, 2) + q_rope.reshape(B, H * T, self.rope_dim) @ k_rope.transpose(1, 2))
+        scores = (scores * (self.nope + self.rope_dim) ** -0.5).view(B, H, T, L)
         if T > 1:  # a prefill chunk: its queries are the last T positions
             scores = scores.masked_fill(~causal_mask(T, L, scores.device), -torch.inf)
         self.attn.last_backend = "absorbed"
-        return torch.einsum("bhtr,hvr->bhtv", scores.softmax(-1) @ c, w_uv)
+        latent = (scores.softmax(-1).view(B, H * T, L) @ c).view(B, H, T, self.rank)
+        return torch.einsum("bhtr,hvr->bhtv", latent, w_uv)
 
     def use_position(self, position: nn.Module) -> None:
         """Take the backbone's new position method (a rescaled RoPE at evaluation), at this layer's rope dim."""
