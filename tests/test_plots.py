@@ -798,3 +798,32 @@ def test_loading_keeps_a_rows_own_source_column(tmp_path):
     a, b = write_jsonl(tmp_path / "a.jsonl", rows[:1]), write_jsonl(tmp_path / "b.jsonl", rows[1:])
     acc = F.load_results([str(a), str(b)]).accuracy
     assert sorted(acc["source"]) == ["swap", "trained"] and sorted(acc["results_file"]) == sorted([str(a), str(b)])
+
+
+def test_patterns_figure_places_each_model_at_its_fraction_of_full_layers(tmp_path):
+    """Decode state, decode and prefill latency at the longest length and MQAR recall (mean over seeds) per width, each
+    point at the share of its layers that run full attention; a family's line runs from its uniform model through its
+    hybrids to all-full, and a GQA row (num_kv_heads) is not a pattern point."""
+    models = [("full", {}, None, 1.0), ("gated_deltanet", {}, None, 0.0),
+              ("layers", {"pattern": "gated_deltanet*3; full"}, "qwen3-next", 0.25)]
+    cost = []
+    for (variant, params, spec, frac), kv in [(m, None) for m in models] + [(models[0], 2)]:
+        for L in (1024, 2048):
+            for mode in ("decode", "forward"):
+                lat = (1 + 10 * frac) * L / 1024 * (1 if mode == "decode" else 100) * (0.5 if kv else 1)
+                cost.append(dict(ENV, scope="model", run_id="h", variant=variant, variant_params=params, variant_spec=spec,
+                                 backend="sdpa", mode=mode, seq_len=L, status="ok", latency_ms=lat, num_kv_heads=kv,
+                                 state_bytes=(2**20 * (1 + 100 * frac) * L / 1024) if mode == "decode" else None))
+    acc = [dict(run_id="m", task="mqar", variant=variant, variant_params=params, variant_spec=spec, position="rope",
+                position_params={}, train_len=128, eval_len=128, metric="accuracy", value=0.2 + 0.7 * frac + 0.01 * seed,
+                n=100, seed=seed, d_model=d) for variant, params, spec, frac in models for seed in (0, 1) for d in (32, 64)]
+    fig = P.plot_patterns(F.prepare_cost(pd.DataFrame(cost)), F.prepare_accuracy(pd.DataFrame(acc)), tmp_path)
+    assert (tmp_path / "patterns.png").stat().st_size > 0
+    for label, _, _, frac in [(F.spec_label(v, p) if spec is None else spec, v, p, f) for v, p, spec, f in models]:
+        for panel, want in (("state", 2 * (1 + 100 * frac)), ("decode", 2 * (1 + 10 * frac)),
+                            ("prefill", 200 * (1 + 10 * frac)), ("mqar32", 0.205 + 0.7 * frac), ("mqar64", 0.205 + 0.7 * frac)):
+            np.testing.assert_allclose(by_gid(fig, f"patterns:{panel}:{label}", "collections").get_offsets(),
+                                       [[frac, want]], rtol=1e-12)
+    line = by_gid(fig, "patterns:state:family:gated_deltanet")
+    np.testing.assert_array_equal(line.get_xdata(), [0.0, 0.25, 1.0])
+    assert not [a for ax in fig.axes for a in ax.lines if a.get_gid() == "patterns:state:family:full"]

@@ -41,6 +41,7 @@ from harness.analysis.figures.fidelity import plot_fidelity
 from harness.analysis.figures.layout import plot_block_sparse_layout
 from harness.analysis.figures.mqar import plot_mqar, plot_mqar_width
 from harness.analysis.figures.passkey import plot_passkey
+from harness.analysis.figures.patterns import plot_patterns
 from harness.analysis.figures.positions import plot_position_heatmap, position_table
 from harness.analysis.figures.registry import FigureSpec, figure_specs, own_figures, register_figure
 from harness.analysis.figures.ruler import plot_ruler
@@ -139,6 +140,6 @@ __all__ = [
     "FIGURES", "FORMATS", "FigureSpec", "Skip", "check_plottable", "draw", "figure_specs", "figures", "mem_unit",
     "own_figures", "palette", "palette_for", "plot_accuracy", "plot_block_sparse_layout", "plot_checkpoints",
     "plot_command", "plot_fidelity", "plot_flops_fraction", "plot_latency", "plot_memory", "plot_mqar", "plot_mqar_width",
-    "plot_passkey", "plot_position_heatmap", "plot_ruler", "plot_speedup", "plot_throughput", "plot_tradeoff",
+    "plot_passkey", "plot_patterns", "plot_position_heatmap", "plot_ruler", "plot_speedup", "plot_throughput", "plot_tradeoff",
     "position_table", "register_figure", "save", "tradeoff_points",
 ]

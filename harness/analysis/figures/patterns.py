@@ -36,17 +36,18 @@ def _placed(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(full_fraction=[f for f, _ in placed], family=[fam for _, fam in placed])
 
 
-def _family_lines(ax, pts: pd.DataFrame, y: str, pal: dict, label_points: bool = True) -> None:
+def _family_lines(ax, pts: pd.DataFrame, y: str, pal: dict, panel: str) -> None:
+    """One point per variant label (gid ``patterns:<panel>:<label>``) and, per family with a hybrid, a line from its
+    uniform model through its hybrids to all-full (gid ``patterns:<panel>:family:<family>``)."""
     for label, g in pts.groupby("variant_label"):
-        ax.scatter(g["full_fraction"], g[y], color=pal[label], s=28, zorder=3, label=label)
-        if label_points:
-            for x, v in zip(g["full_fraction"], g[y], strict=True):
-                ax.annotate(label, (x, v), fontsize=6, xytext=(3, 3), textcoords="offset points", color="0.3")
+        ax.scatter(g["full_fraction"], g[y], color=pal[label], s=28, zorder=3, label=label, gid=f"patterns:{panel}:{label}")
+        for x, v in zip(g["full_fraction"], g[y], strict=True):
+            ax.annotate(label, (x, v), fontsize=6, xytext=(3, 3), textcoords="offset points", color="0.3")
     for fam, g in pts.groupby("family"):
-        g = pd.concat([g, pts[pts["family"] == "full"]]) if fam != "full" else g
-        g = g.sort_values("full_fraction")
-        if g["full_fraction"].nunique() > 1:
-            ax.plot(g["full_fraction"], g[y], color="0.6", lw=0.8, zorder=1)
+        if fam == "full" or not g["full_fraction"].between(0, 1, inclusive="neither").any():
+            continue  # a line only through a family's hybrids, from its uniform model (0) to all-full (1)
+        g = pd.concat([g, pts[pts["family"] == "full"]]).sort_values("full_fraction")
+        ax.plot(g["full_fraction"], g[y], color="0.6", lw=0.8, zorder=1, gid=f"patterns:{panel}:family:{fam}")
     ax.set_xlabel("fraction of full-attention layers")
 
 
@@ -65,23 +66,24 @@ def plot_patterns(cost: pd.DataFrame, acc: pd.DataFrame, out: str | Path | None 
     widths = sorted(mq["d_model"].dropna().unique()) if len(mq) and "d_model" in mq else []
     with figure_style():
         fig, axes = new_figure(3 + len(widths), ncols=min(3 + len(widths), 3))
-        for ax, mode, y, what, scale in ((axes[0], "decode", "state_bytes", "decoding state, all layers (MiB)", 2**20),
-                                         (axes[1], "decode", "latency_ms", "one decoded token (ms)", 1),
-                                         (axes[2], "forward", "latency_ms", "prefill (ms)", 1)):
+        for ax, panel, mode, y, what, scale in (
+                (axes[0], "state", "decode", "state_bytes", "decoding state, all layers (MiB)", 2**20),
+                (axes[1], "decode", "decode", "latency_ms", "one decoded token (ms)", 1),
+                (axes[2], "prefill", "forward", "latency_ms", "prefill (ms)", 1)):
             rows = model[model["mode"] == mode]
             if not len(rows) or y not in rows or rows[y].isna().all():
                 ax.set_visible(False)
                 continue
             L = int(rows["seq_len"].max())
             pts = rows[rows["seq_len"] == L].assign(value=lambda r, y=y, s=scale: r[y] / s)
-            _family_lines(ax, pts, "value", pal)
+            _family_lines(ax, pts, "value", pal, panel)
             ax.set_ylabel(what)
             ax.set_title(f"{mode} at {L // 1024}K" if L >= 1024 else f"{mode} at {L}")
             ax.set_yscale("log")
         for ax, d in zip(axes[3:], widths, strict=False):
             sub = mq[mq["d_model"] == d]
             pts = sub.groupby(["variant_label", "family", "full_fraction"], as_index=False)["value"].mean()
-            _family_lines(ax, pts, "value", pal)
+            _family_lines(ax, pts, "value", pal, f"mqar{int(d)}")
             ax.set_ylim(0, 1.02)
             ax.set_ylabel("MQAR accuracy (mean over seeds)")
             ax.set_title(f"MQAR, width {int(d)}, length {int(sub['train_len'].max())}")
