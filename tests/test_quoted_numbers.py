@@ -524,6 +524,44 @@ for label, spec in (("`none`", "none"), ("`snapkv` 0.5", "snapkv:compression_rat
           V(KD, {"press_spec": spec, "mode": "decode", "seq_len": 16384}, "kv_cache_bytes", scale=2**-20, spec=".0f"),
           V(KD, {"press_spec": spec, "mode": "forward", "seq_len": 16384}, "latency_ms"))
 
+HY = "hybrid-cpu.jsonl"
+for label, spec, kv, full_layers in (
+        ("`full`", "full", None, 12), ("`full`, 2 key/value heads (GQA)", "full", 2, 12),
+        ("`full`, 1 key/value head (MQA)", "full", 1, 12), ("`mla`", "mla", None, 12),
+        ("`gpt-oss` (128-window with sinks; full)", "gpt-oss", None, 6),
+        ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", None, 6),
+        ("`qwen3-next` (`gated_deltanet*3; full`, 3 : 1)", "qwen3-next", None, 3),
+        ("`gemma3` (`sliding_window:window=512*5; full`)", "gemma3", None, 2),
+        ("`sliding_window:window=512`", "sliding_window:window=512", None, 0),
+        ("`gated_deltanet`", "gated_deltanet", None, 0), ("`mamba2`", "mamba2", None, 0)):
+    at = {"variant_spec": spec, "num_kv_heads": kv, "num_heads": 4}
+    quote(RESULTS, f"| {label} | {full_layers} | {{}} ms | {{}} ms | {{}} ms | {{}} MiB |",
+          ms(HY, ".1f", **at, **FWD, seq_len=16384), ms(HY, ".2f", **at, **DEC, seq_len=1024),
+          ms(HY, ".2f", **at, **DEC, seq_len=65536), V(HY, {**at, **DEC, "seq_len": 65536}, "state_bytes", spec=".2f", scale=MIB))
+H4, H16 = {"num_heads": 4, "num_kv_heads": None}, {"num_heads": 16}
+quote(RESULTS, "holds {} MiB at 64K against all-full's {}, a quarter",
+      *(V(HY, {**H4, **DEC, "seq_len": 65536, "variant_spec": v}, "state_bytes", spec=".2f", scale=MIB)
+        for v in ("qwen3-next", "full")))
+quote(RESULTS, "decodes a token in {} ms against {} and prefills 16K in {} s against {} s",
+      *(ms(HY, ".2f", **H4, **DEC, seq_len=65536, variant_spec=v) for v in ("qwen3-next", "full")),
+      *(V(HY, {**H4, **FWD, "seq_len": 16384, "variant_spec": v}, "latency_ms", spec=".2f", scale=1e-3)
+        for v in ("qwen3-next", "full")))
+quote(RESULTS, "Gemma 3's 5 : 1 holds {} MiB",
+      V(HY, {**H4, **DEC, "seq_len": 65536, "variant_spec": "gemma3"}, "state_bytes", spec=".2f", scale=MIB))
+quote(RESULTS, "`gpt-oss`'s at 64K ({} ms, 8x its 32K step of {} ms)",
+      *(ms(HY, ".2f", **H4, **DEC, seq_len=L, variant_spec="gpt-oss") for L in (65536, 32768)))
+quote(RESULTS, "between MHA and GQA ({} MiB at 64K)",
+      V(HY, {**H4, **DEC, "seq_len": 65536, "variant_spec": "mla"}, "state_bytes", spec=".2f", scale=MIB))
+quote(RESULTS, "at 16 heads of 32 it holds {} MiB at 16K against {} (MHA), {} (4 key/value heads) and {} (MQA)",
+      *(V(HY, {**H16, **DEC, "seq_len": 16384, "variant_spec": v, "num_kv_heads": kv}, "state_bytes", spec=".2f", scale=MIB)
+        for v, kv in (("mla", None), ("full", None), ("full", 4), ("full", 1))))
+quote(RESULTS, "the slowest step ({} ms at 64K), with 16 heads it matches MHA ({} ms against {} at 16K) and takes 1.9x "
+      "GQA's {} ms", ms(HY, ".2f", **H4, **DEC, seq_len=65536, variant_spec="mla"),
+      *(ms(HY, ".2f", **H16, **DEC, seq_len=16384, variant_spec=v, num_kv_heads=kv)
+        for v, kv in (("mla", None), ("full", None), ("full", 4))))
+quote(RESULTS, "MQA's decode at 64K ({} ms, no faster than MHA while GQA takes {})",
+      *(ms(HY, ".2f", num_heads=4, **DEC, seq_len=65536, variant_spec="full", num_kv_heads=kv) for kv in (1, 2)))
+
 
 # -- the tests -----------------------------------------------------------------------------------------------------
 
