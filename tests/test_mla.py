@@ -85,3 +85,16 @@ def test_the_absorbed_form_of_a_chunk_equals_the_expanded_one():
     with torch.no_grad():
         torch.testing.assert_close(layer.absorbed(q_nope, q_rope, c, k_rope),
                                    layer.expanded(q_nope, q_rope, c, k_rope), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("lq, lk, causal", [(13, 13, True), (5, 13, True), (13, 13, False), (1, 7, True)])
+def test_sdpa_with_values_narrower_than_the_keys_equals_the_reference(lq, lk, causal):
+    """The expanded heads' values (v_head_dim) are narrower than their queries and keys (nope + rope): SDPA runs them
+    padded to the key width, and the cut output equals the dense reference."""
+    g = torch.Generator().manual_seed(lq + lk)
+    q, k = torch.randn(2, 4, lq, 12, generator=g), torch.randn(2, 4, lk, 12, generator=g)
+    v = torch.randn(2, 4, lk, 8, generator=g)
+    sdpa = attn.build_attention("mla", backend="sdpa")(q, k, v, causal=causal)
+    assert sdpa.shape == (2, 4, lq, 8)
+    torch.testing.assert_close(sdpa, attn.build_attention("mla", backend="reference")(q, k, v, causal=causal),
+                               atol=1e-5, rtol=1e-5)
