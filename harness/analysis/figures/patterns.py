@@ -33,7 +33,9 @@ def composition(variant: str, params: dict) -> tuple[float, str]:
 
 def _placed(df: pd.DataFrame) -> pd.DataFrame:
     placed = [composition(v, p) for v, p in zip(df["variant"], df["variant_params"], strict=True)]
-    return df.assign(full_fraction=[f for f, _ in placed], family=[fam for _, fam in placed])
+    specs = df["variant_spec"] if "variant_spec" in df else df["variant_label"]
+    names = [s if isinstance(s, str) and s else lab for s, lab in zip(specs, df["variant_label"], strict=True)]
+    return df.assign(full_fraction=[f for f, _ in placed], family=[fam for _, fam in placed], name=names)
 
 
 def _family_lines(ax, pts: pd.DataFrame, y: str, pal: dict, panel: str) -> None:
@@ -41,8 +43,8 @@ def _family_lines(ax, pts: pd.DataFrame, y: str, pal: dict, panel: str) -> None:
     uniform model through its hybrids to all-full (gid ``patterns:<panel>:family:<family>``)."""
     for label, g in pts.groupby("variant_label"):
         ax.scatter(g["full_fraction"], g[y], color=pal[label], s=28, zorder=3, label=label, gid=f"patterns:{panel}:{label}")
-        for x, v in zip(g["full_fraction"], g[y], strict=True):
-            ax.annotate(label, (x, v), fontsize=6, xytext=(3, 3), textcoords="offset points", color="0.3")
+        for x, v, name in zip(g["full_fraction"], g[y], g["name"], strict=True):
+            ax.annotate(name, (x, v), fontsize=6, xytext=(3, 3), textcoords="offset points", color="0.3")
     for fam, g in pts.groupby("family"):
         if fam == "full" or not g["full_fraction"].between(0, 1, inclusive="neither").any():
             continue  # a line only through a family's hybrids, from its uniform model (0) to all-full (1)
@@ -82,7 +84,7 @@ def plot_patterns(cost: pd.DataFrame, acc: pd.DataFrame, out: str | Path | None 
             ax.set_yscale("log")
         for ax, d in zip(axes[3:], widths, strict=False):
             sub = mq[mq["d_model"] == d]
-            pts = sub.groupby(["variant_label", "family", "full_fraction"], as_index=False)["value"].mean()
+            pts = sub.groupby(["variant_label", "name", "family", "full_fraction"], as_index=False)["value"].mean()
             _family_lines(ax, pts, "value", pal, f"mqar{int(d)}")
             ax.set_ylim(0, 1.02)
             ax.set_ylabel("MQAR accuracy (mean over seeds)")
