@@ -566,6 +566,30 @@ quote(RESULTS, "the slowest step ({} ms at 64K), with 16 heads it matches MHA ({
 quote(RESULTS, "MQA's decode at 64K ({} ms, no faster than MHA while GQA takes {})",
       *(ms(HY, ".2f", num_heads=4, **DEC, seq_len=65536, variant_spec="full", num_kv_heads=kv) for kv in (1, 2)))
 
+HM = {32: "accuracy-hybrid-mqar-w32-cpu.jsonl", 64: "accuracy-hybrid-mqar-w64-cpu.jsonl"}
+MQ = {"metric": "accuracy"}
+for label, spec, full_layers, seeds in (
+        ("`full`", "full", 8, (2, 1)), ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", 4, (1, 0)),
+        ("`gated_deltanet*3; full` (3 : 1)", "gated_deltanet*3; full", 2, (1, 0)),
+        ("`gated_deltanet*7; full` (7 : 1)", "gated_deltanet*7; full", 1, (1, 1)),
+        ("`gated_deltanet`", "gated_deltanet", 0, (1, 1)), ("`mamba2; full` (1 : 1)", "mamba2; full", 4, (2, 1)),
+        ("`mamba2*3; full` (3 : 1)", "mamba2*3; full", 2, (2, 1)), ("`mamba2*7; full` (7 : 1)", "mamba2*7; full", 1, (2, 1)),
+        ("`mamba2`", "mamba2", 0, (2, 1)), ("`mla`", "mla", 8, (1, 1))):
+    widths = [w for w, n in zip((32, 64), seeds, strict=True) if n]
+    cells = " | ".join(f"{{}} ({n})" if n else "not run" for n in seeds)
+    state = " / ".join("{}" if n else "--" for n in seeds)
+    quote(RESULTS, f"| {label} | {full_layers} | {cells} | {state} |",
+          *(val(HM[w], ".3f", "mean", **MQ, variant_spec=spec) for w in widths),
+          *(V(HM[w], {**MQ, "variant_spec": spec}, "state_numbers", "max", "n0") for w in widths))
+quote(RESULTS, "`full` ({} at width 32, {} at 64) and `mla` ({} and {})",
+      val(HM[32], ".3f", "mean", **MQ, variant_spec="full"), val(HM[64], ".3f", **MQ, variant_spec="full"),
+      *(val(HM[w], ".3f", **MQ, variant_spec="mla") for w in (32, 64)))
+GDN_ROWS = {**MQ, "variant_spec": lambda v: "gated_deltanet" in v}
+quote(RESULTS, "over the 256 values ({}–{} at width 32, {}–{} at 64)",
+      *(V(HM[w], GDN_ROWS, "train_loss", agg, ".3f") for w in (32, 64) for agg in ("min", "max")))
+quote(RESULTS, "(width 32: `mamba2` {} and {}, `mamba2*3; full` {} and {})",
+      *(val(HM[32], ".3f", **MQ, variant_spec=v, seed=seed) for v in ("mamba2", "mamba2*3; full") for seed in (0, 1)))
+
 
 # -- the tests -----------------------------------------------------------------------------------------------------
 
