@@ -94,7 +94,6 @@ class MLALayer(nn.Module):
         # the backbone's short convolution (Zoology's, on q/k/v) on the query and latent projections, where it has one
         width = H * qk + r + rope
         self.conv = nn.Conv1d(width, width, config.short_conv, groups=width, bias=False) if config.short_conv else None
-        self.rotary = rotary
         self.position = rotary(rope)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -151,9 +150,9 @@ class MLALayer(nn.Module):
         latent = (scores.softmax(-1).view(B, H * T, L) @ c).view(B, H, T, self.rank)
         return torch.einsum("bhtr,hvr->bhtv", latent, w_uv)
 
-    def use_position(self, position: nn.Module) -> None:
-        """Take the backbone's new position method (a rescaled RoPE at evaluation), at this layer's rope dim."""
-        self.position = self.rotary(self.rope_dim) if callable(getattr(position, "inv_freq", None)) else position
+    def use_position(self, rotary: Callable[[int], nn.Module]) -> None:
+        """Take the backbone's new position method (a rescaled RoPE at evaluation): ``rotary`` as at build."""
+        self.position = rotary(self.rope_dim)
 
     def cache_numbers_per_token(self) -> int:
         """Numbers a decoding state holds per token per layer: the latent and the shared RoPE key."""

@@ -179,8 +179,7 @@ def set_position(model: attn.Transformer, name: str, params: dict[str, Any]) -> 
     model.position = new
     for block in model.blocks:
         if hasattr(block.attn, "use_position"):  # a layer-level variant ropes its own channels (MLA)
-            block.attn.rotary = attn.model.rotary_at(model.config, new)
-            block.attn.use_position(new)
+            block.attn.use_position(attn.model.rotary_at(model.config, new))
         else:
             block.attn.position = new
 
