@@ -74,6 +74,18 @@ def fla_naive(relative: str) -> Any:
     return module
 
 
+def prefill_then_steps(model: Any, length: int = 17, prefill: int = 6) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """(logits decoded as a ``prefill``-token prompt then one token at a time, logits of one forward over the same
+    ``length`` seeded tokens, the decoding state after the last step) of an eval-mode backbone."""
+    idx = torch.randint(0, 256, (2, length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        state = model.init_state(2, max_len=length)
+        outs = [model(idx[:, :prefill], state=state)] + [model(idx[:, t:t + 1], state=state)
+                                                          for t in range(prefill, length)]
+    return torch.cat(outs, 1), full, state
+
+
 def backbone_steps_and_forward(attention: str, params: dict[str, Any]) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """A seeded ``tiny`` backbone with ``attention``: (model, logits decoded as a 6-token prefill then one token at a
     time, logits of one forward over the same 17 tokens)."""
@@ -81,9 +93,5 @@ def backbone_steps_and_forward(attention: str, params: dict[str, Any]) -> tuple[
 
     torch.manual_seed(0)
     model = attn.Transformer(attn.TransformerConfig.preset("tiny", attention=attention, attention_params=params)).eval()
-    idx = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(idx)
-        state = model.init_state(2, max_len=17)
-        outs = [model(idx[:, :6], state=state)] + [model(idx[:, t:t + 1], state=state) for t in range(6, 17)]
-    return model, torch.cat(outs, 1), full
+    steps, full, _ = prefill_then_steps(model)
+    return model, steps, full

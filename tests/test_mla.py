@@ -3,6 +3,7 @@ the latent and the RoPE key only (576 numbers a token at DeepSeek-V3's sizes), i
 absorbed form is caught by `attn-bench check`'s layer check, and op-scope sweeps refuse it."""
 import pytest
 import torch
+from definitions import prefill_then_steps
 
 import attn
 from attn.attention.mla import MLALayer
@@ -22,12 +23,8 @@ def model(**params):
                                          "qk_nope_head_dim": 8, "v_head_dim": 12}], ids=["defaults", "v3-like"])
 def test_absorbed_decode_equals_expanded_forward(params):
     m = model(**params)
-    idx = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = m(idx)
-        state = m.init_state(2, 19)
-        outs = [m(idx[:, :7], state=state)] + [m(idx[:, t:t + 1], state=state) for t in range(7, 19)]
-    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-10, rtol=1e-10)
+    steps, full, _ = prefill_then_steps(m, length=19, prefill=7)
+    torch.testing.assert_close(steps, full, atol=1e-10, rtol=1e-10)
     assert {b.attn.attn.last_backend for b in m.blocks} == {"absorbed"}  # the single tokens took the absorbed form
     assert all(isinstance(b.attn, MLALayer) for b in m.blocks)
 

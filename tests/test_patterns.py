@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from definitions import prefill_then_steps
 
 import attn
 from attn.patterns import PATTERNS, parse_pattern
@@ -47,12 +48,8 @@ def test_each_layer_runs_its_spec_and_a_hybrid_decodes_as_one_forward():
     assert [b.attn.attn.name for b in model.blocks] == ["gated_deltanet", "sliding_window", "mla", "full"]
     assert model.blocks[1].attn.attn.backend == "blocked" and model.blocks[1].attn.attn.config.window == 4
     assert "gk" not in model.blocks[3].attn.inputs and set(model.blocks[0].attn.inputs) == {"g", "beta"}
-    idx = torch.randint(0, 256, (2, 13), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(idx)
-        state = model.init_state(2, 13)
-        outs = [model(idx[:, :5], state=state)] + [model(idx[:, t:t + 1], state=state) for t in range(5, 13)]
-    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+    steps, full, state = prefill_then_steps(model, length=13, prefill=5)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
     kinds = [type(s).__name__ for s in state.layers]
     assert kinds[0] == "MatrixState" and kinds[2] == "LatentCache" and kinds[3] == "KVCache" and kinds[1] != "KVCache"
 
