@@ -140,6 +140,9 @@ class SelfAttention(nn.Module):
         # the variant's per-token inputs (gates, decays): one projection each, per key head (token_inputs.py)
         self.inputs = nn.ModuleDict({t.name: nn.Linear(config.d_model, config.num_kv_heads * t.channels(config.head_dim),
                                                        bias=True) for t in self.attn.token_inputs})
+        # ... and the inputs' own learned weights after the projection (Gated DeltaNet's decay rate per key head)
+        self.input_maps = nn.ModuleDict({t.name: t.mapping(config.num_kv_heads) for t in self.attn.token_inputs
+                                         if t.layer is not None})
         self.position = position  # shared with the model; rotary methods act here
         self.dropout = nn.Dropout(config.dropout)
 
@@ -155,8 +158,9 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)  # k, v: (B, n_kv, T, hs)
         q = self.position.rotate(q, start, seq_len)
         k = self.position.rotate(k, start, seq_len)
-        extra = {t.name: t.activation(self.inputs[t.name](x).view(B, T, self.n_kv_heads, -1).transpose(1, 2))
-                 for t in self.attn.token_inputs}  # each (B, n_kv, T, width)
+        extra = {t.name: self.input_maps[t.name](raw) if t.name in self.input_maps else t.activation(raw)
+                 for t in self.attn.token_inputs  # each (B, n_kv, T, width)
+                 for raw in [self.inputs[t.name](x).view(B, T, self.n_kv_heads, -1).transpose(1, 2)]}
         if state is None:
             y = self.attn(q, k, v, causal=self.causal, documents=documents, **extra)
         else:

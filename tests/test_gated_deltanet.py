@@ -179,9 +179,23 @@ def test_state_can_rewind_its_last_step_only():
         state.truncate(2)
 
 
-def test_backbone_decoding_equals_forward():
-    _, steps, full = backbone_steps_and_forward("gated_deltanet", {"chunk_size": 3})
+def test_backbone_decoding_equals_forward_and_a_fresh_layer_remembers_with_a_learned_rate_per_key_head():
+    model, steps, full = backbone_steps_and_forward("gated_deltanet", {"chunk_size": 3})
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+    # the decay is Mamba-2's, exp(A_h dt_t) with A_h learned per key head and layer (fla's layer): a fresh layer keeps
+    # a quarter of what it wrote 128 tokens back in its slowest head; a sigmoid gate of a zero-mean projection
+    # (alpha ~ 1/2, this variant's first form) kept 2^-128 of it and never learned MQAR at 128 tokens
+    block = model.blocks[0].attn
+    rate = block.input_maps["g"]
+    assert rate.A_log.shape == (model.config.num_kv_heads,) and rate is not model.blocks[1].attn.input_maps["g"]
+    x = torch.randint(0, model.config.vocab_size, (4, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        raw = block.inputs["g"](model.blocks[0].ln1(model.tok_emb(x))).view(4, 128, -1, 1).transpose(1, 2)
+    kept = rate(raw).sum(2).exp()  # (B, H_kv, 1): the fraction of a first token's write left after 128 tokens
+    assert kept.max(1).values.min() > 0.25 and kept.min() < 0.2  # heads span memories, the slowest holds 128 tokens
+    model.train()
+    model.loss(x[:, :17], x[:, :17]).backward()
+    assert rate.A_log.grad is not None and rate.A_log.grad.abs().min() > 0
 
 
 def test_equals_fla_naive_implementations():
@@ -303,5 +317,7 @@ def test_listed_with_its_parameters_backends_and_inputs():
     m = gdn()
     assert m.output_norm and all(t.width == 1 for t in m.token_inputs)
     raw = torch.linspace(-5, 5, 11)
-    g, beta = (t.activation(raw) for t in m.token_inputs)
+    g, beta = (t.mapping(2)(raw[None, None, :, None].expand(1, 2, 11, 1)) for t in m.token_inputs)
     assert (g < 0).all() and ((beta > 0) & (beta < 1)).all()
+    # Mamba-2's (and fla's) decay at init: dt = 0.01 at a zero projection, A spread over [1, 16] across key heads
+    torch.testing.assert_close(g[0, :, 5, 0].detach(), -0.01 * torch.tensor([1.0, 16.0]))

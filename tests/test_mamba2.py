@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attn
-from attn.attention.mamba2 import mamba2_dt
+from attn.attention.decay_rate import step_size
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,7 +43,7 @@ def inputs(B, H, Hkv, lq, lk, D, seed, dtype=torch.float64, scale=0.0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, lq, D, generator=g, dtype=torch.float64).to(dtype)
     k, v = (torch.randn(B, Hkv, lk, D, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
-    dt = mamba2_dt(torch.randn(B, Hkv, lk, 1, generator=g, dtype=torch.float64) + scale).to(dtype)
+    dt = step_size(torch.randn(B, Hkv, lk, 1, generator=g, dtype=torch.float64) + scale).to(dtype)
     return q, k, v, dt
 
 

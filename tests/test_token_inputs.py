@@ -139,3 +139,37 @@ def test_draw_is_the_activation_of_a_standard_normal():
     expected = F.logsigmoid(torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)) / 16
     torch.testing.assert_close(got, expected)
     assert spec.channels(8) == 8 and TokenInput("b", width=1).channels(8) == 1
+
+
+class HeadScale(torch.nn.Module):
+    """sigmoid(raw) times a learned scale per key head: an input with weights of its own after the projection."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.arange(1.0, heads + 1) / (heads + 1))
+
+    def forward(self, raw):
+        return torch.sigmoid(raw) * self.scale[:, None, None]
+
+
+def test_an_input_with_its_own_weights_gets_them_per_layer_and_trains_them(gated, monkeypatch):
+    spec = TokenInput("gate", width=1, layer=HeadScale)
+    monkeypatch.setattr(GatedValues, "token_inputs", (spec,))
+    torch.manual_seed(0)
+    model = attn.Transformer(attn.TransformerConfig(d_model=32, n_heads=4, num_kv_heads=2, n_layers=2,
+                                                    attention="test_gated_values"))
+    maps = [b.attn.input_maps["gate"] for b in model.blocks]
+    assert maps[0] is not maps[1] and maps[0].scale.shape == (2,)  # one module per layer, sized by the key heads
+    x = torch.randint(0, 256, (2, 7))
+    model.loss(x, x).backward()
+    assert all(m.scale.grad is not None and m.scale.grad.abs().sum() > 0 for m in maps)
+    with torch.no_grad():
+        h = model.blocks[0].ln1(model.tok_emb(x))
+        raw = model.blocks[0].attn.inputs["gate"](h).view(2, 7, 2, 1).transpose(1, 2)
+        model.eval()(x)
+    got = GatedValues.seen[-2]  # layer 0's gate of the eval forward, repeated to the query heads
+    torch.testing.assert_close(got, (torch.sigmoid(raw) * torch.tensor([1 / 3, 2 / 3])[:, None, None]).repeat_interleave(2, 1))
+    # an op sweep draws what a fresh layer's module makes of a standard normal
+    drawn = spec.draw(1, 2, 5, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    raw = torch.randn(1, 2, 5, 1, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    torch.testing.assert_close(drawn, torch.sigmoid(raw) * torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)[:, None, None])

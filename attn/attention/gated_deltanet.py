@@ -7,7 +7,9 @@ Per key head a state S (D_k x D_v); per token t, with alpha_t = exp(g_t) in (0, 
 
 i.e. decay the memory, then overwrite what it holds under k_t by v_t with strength beta_t: the write is
 beta_t (v_t - alpha_t S_{t-1}^T k_t), the error of the memory's own read-out (the delta rule). q and k are
-L2-normalised per head first (``qk_norm``), which keeps I - beta k k^T a contraction. Conventions are fla's
+L2-normalised per head first (``qk_norm``), which keeps I - beta k k^T a contraction. In the backbone g_t = A_h dt_t,
+Mamba-2's decay as the paper and fla's layer have it (decay_rate.py: A_h learned per key head, dt_t from the token),
+and beta_t = sigmoid of a projection. Conventions are fla's
 (``fla/ops/gated_delta_rule``: ``naive_recurrent_gated_delta_rule`` and ``chunk_gated_delta_rule`` with
 ``use_qk_l2norm_in_kernel=True``): the state in the (K, V) layout, the decay applied before the write, the scale
 D^-1/2 on q, and l2norm(x) = x / sqrt(|x|^2 + 1e-6). With GQA a key head's state is read by its group of query heads.
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 
 from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Backend, have_module, modes
+from attn.attention.decay_rate import LogDecay
 from attn.attention.linear import limit_fla_autotune
 from attn.attention.matrix_state import MatrixState, MatrixStateAttention, compute_dtype
 from attn.attention.token_inputs import TokenInput
@@ -126,7 +129,8 @@ class GatedDeltaNetAttention(MatrixStateAttention):
     exact = False  # not softmax attention
     output_norm = True  # the layer RMS-normalises each head's output (the paper's output norm)
     token_inputs = (
-        TokenInput("g", width=1, activation=F.logsigmoid, doc="log decay per key head: alpha = exp(g) in (0, 1)"),
+        TokenInput("g", width=1, layer=LogDecay,
+                   doc="log decay per key head, g = A dt <= 0 (Mamba-2's, as fla's layer; A learned per key head)"),
         TokenInput("beta", width=1, activation=torch.sigmoid, doc="write strength per key head, in (0, 1)"),
     )
     backends = (

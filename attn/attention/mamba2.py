@@ -7,11 +7,11 @@ In the q/k/v contract (Mamba-2's C, B and x): per key head h, a step size dt_t >
 
 i.e. o_t = sum_{s<=t} (prod_{r=s+1..t} a_r) (q_t . k_s) dt_s v_s + D_h v_t: GLA's recurrence with one scalar decay
 per head instead of one per channel, no 1/sqrt(D) scale, the input scaled by dt and the skip D. A and D are the
-variant's own weights, one per key head (``A_log`` at Mamba-2's init, A uniform over [1, 16]; D = 1).
+variant's own weights, one per key head (``A_log`` at Mamba-2's init, A spread over [1, 16]; D = 1).
 ``dt`` is a token input: softplus(x + DT_SHIFT), the shift putting a fresh layer's step at 0.01 as Mamba-2's
-dt_bias init (dt in [0.001, 0.1]) does, so decays start near 1. The layer RMS-normalises each head
-(``output_norm``), as Mamba-2's gated RMSNorm does; its z gate and its short convolution belong to the layer
-(``short_conv`` is the backbone's), not here.
+dt_bias init (dt in [0.001, 0.1]) does, so decays start near 1 (decay_rate.py, shared with Gated DeltaNet).
+The layer RMS-normalises each head (``output_norm``), as Mamba-2's gated RMSNorm does; its z gate and its short
+convolution belong to the layer (``short_conv`` is the backbone's), not here.
 
 Forms: the quadratic "attention" form with the explicit (L, L) decay matrix (``reference``), SSD's chunked block
 decomposition (``chunked``: GLA's chunk form, the scalar decay broadcast over channels), the recurrence
@@ -19,27 +19,18 @@ decomposition (``chunked``: GLA's chunk form, the scalar decay broadcast over ch
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attn.attention import gqa
 from attn.attention.base import ALL_MODES, Backend, have_module, modes
+from attn.attention.decay_rate import initial_a_log, step_size
 from attn.attention.gla import GatedLinearAttention, _absorb
 from attn.attention.matrix_state import MatrixState, compute_dtype
 from attn.attention.token_inputs import TokenInput
 from attn.registry import check, register_attention
-
-DT_SHIFT = math.log(math.expm1(0.01))  # softplus(0 + DT_SHIFT) = 0.01: a fresh layer's step size
-A_RANGE = (1.0, 16.0)  # Mamba-2's A_init_range
-
-
-def mamba2_dt(x: torch.Tensor) -> torch.Tensor:
-    """A raw dt projection -> the step size, softplus(x + DT_SHIFT) > 0."""
-    return F.softplus(x + DT_SHIFT)
 
 
 @dataclass(frozen=True)
@@ -54,8 +45,7 @@ class Mamba2Config:
 
 def initial_weights(heads: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(A_log, D) for ``heads`` key heads: A spread evenly over Mamba-2's init range (deterministic), D = 1."""
-    a = torch.linspace(*A_RANGE, heads, device=device) if heads > 1 else torch.full((1,), A_RANGE[0], device=device)
-    return a.log(), torch.ones(heads, device=device)
+    return initial_a_log(heads, device), torch.ones(heads, device=device)
 
 
 @register_attention("mamba2", config=Mamba2Config)
@@ -63,7 +53,7 @@ class Mamba2Attention(GatedLinearAttention):
     """Mamba-2 (SSD): a per-head scalar, data-dependent decay and a skip term; O(1) decoding state."""
 
     learned_per_head = "key"  # A and D: one per key head (the backbone sets ``heads``)
-    token_inputs = (TokenInput("dt", width=1, activation=mamba2_dt,
+    token_inputs = (TokenInput("dt", width=1, activation=step_size,
                                doc="step size dt_t > 0 per key head (softplus(dt_proj(x) + dt_bias))"),)
     backends = (
         Backend("reference", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="quadratic SSD form, explicit (L, L) decays"),
@@ -185,4 +175,4 @@ class Mamba2Attention(GatedLinearAttention):
         return self._skip(out, q, v, D).to(dtype)
 
 
-__all__ = ["DT_SHIFT", "Mamba2Attention", "Mamba2Config", "mamba2_dt"]
+__all__ = ["Mamba2Attention", "Mamba2Config"]

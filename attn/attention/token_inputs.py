@@ -5,7 +5,9 @@ read quantities that a layer computes from its input with small projections of i
 declares them as :class:`TokenInput` s; then
 
 - the backbone gives each layer one extra ``nn.Linear(d_model, H_kv x width)`` per input, applies the
-  input's ``activation`` and passes the result to the variant by name (``m(q, k, v, gate=...)``);
+  input's ``activation`` and passes the result to the variant by name (``m(q, k, v, gate=...)``); an input
+  with learned weights of its own after the projection (Gated DeltaNet's decay rate A per key head, as fla's
+  layer has it) names a ``layer`` instead: a module built per layer with the key-head count;
 - an op-scope sweep and the property checks draw them with :meth:`TokenInput.draw` (the activation of a
   standard normal: the values a freshly initialised layer produces).
 
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
@@ -28,12 +31,18 @@ def identity(x: torch.Tensor) -> torch.Tensor:
 class TokenInput:
     """One per-token input of a variant: its keyword ``name``, ``width`` channels per key head (None = the
     head dim) and the ``activation`` that maps a raw projection into the input's domain (a log decay <= 0,
-    a strength in (0, 1))."""
+    a strength in (0, 1)). ``layer``, when given, replaces ``activation``: key heads -> a module mapping the raw
+    projection (B, H_kv, L, width) to the input with weights of its own, made freshly initialised per layer."""
 
     name: str
     width: int | None = None
     activation: Callable[[torch.Tensor], torch.Tensor] = identity
     doc: str = ""
+    layer: Callable[[int], nn.Module] | None = None
+
+    def mapping(self, kv_heads: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Raw projection -> input, for a layer with ``kv_heads`` key heads (a fresh ``layer`` module, or ``activation``)."""
+        return self.activation if self.layer is None else self.layer(kv_heads)
 
     def channels(self, head_dim: int) -> int:
         return head_dim if self.width is None else self.width
@@ -43,10 +52,14 @@ class TokenInput:
 
     def draw(self, batch: int, kv_heads: int, length: int, head_dim: int, *, device: torch.device | str = "cpu",
              dtype: torch.dtype = torch.float32, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Random values as a fresh layer would produce them: ``activation`` of a standard normal."""
+        """Random values as a fresh layer would produce them: its mapping of a standard normal."""
         raw = torch.randn(self.shape(batch, kv_heads, length, head_dim), device=device, dtype=torch.float64,
                           generator=generator)
-        return self.activation(raw).to(dtype)
+        f = self.mapping(kv_heads)
+        if isinstance(f, nn.Module):
+            f = f.to(device)
+        with torch.no_grad():
+            return f(raw).to(dtype)
 
 
 def draw_inputs(specs: tuple[TokenInput, ...], batch: int, kv_heads: int, length: int, head_dim: int, *,
