@@ -175,7 +175,7 @@ CS, BS, LONG, TG, BT, QK, DC = ("cpu-speed.jsonl", "cpu-speed-block-sparse-decod
                                 "targets-cpu.jsonl", "blocked-train-cpu.jsonl", "quick-cpu.jsonl", "decode-cpu.jsonl")
 SS, VR, HL, GQ = "sinks-softcap-cpu.jsonl", "variants-cpu.jsonl", "hf-llama-cpu.jsonl", "gqa-cpu.jsonl"
 SM, GM = "accuracy-smollm2-cpu.jsonl", "accuracy-gemma3-cpu.jsonl"
-MA, MR = "accuracy-mqar-attention-cpu.jsonl", "accuracy-mqar-recurrent-cpu.jsonl"
+MA, MR, MG = "accuracy-mqar-attention-cpu.jsonl", "accuracy-mqar-recurrent-cpu.jsonl", "accuracy-mqar-gdn-cpu.jsonl"
 MS, SEL = "accuracy-mqar-selective-cpu.jsonl", "accuracy-selection-cpu.jsonl"
 FL, LG = "accuracy-full-lm-cpu.jsonl", "accuracy-lengthgen-cpu.jsonl"
 WP, FP = "accuracy-passkey-window-probe-cpu.jsonl", "accuracy-passkey-finetune-probe-cpu.jsonl"
@@ -369,7 +369,8 @@ for label, spec in (("own 5 sliding (512) : 1 global", GM_OWN), ("`full` (all-gl
     table_row(RESULTS, label, [gemma_cell(spec, L) for L in (4096, 8192, 16384)])
 
 MQAR = (("`full`", MA, "full"), ("`block_sparse:block_size=16`", MA, "block_sparse:block_size=16"), ("`gla`", MR, "gla"),
-        ("`retention`", MR, "retention"), ("`gated_deltanet`", MR, "gated_deltanet"), ("`linear`", MA, "linear"),
+        ("`retention`", MR, "retention"), ("`gated_deltanet`, Mamba-2's decay", MG, "gated_deltanet"),
+        ("`gated_deltanet`, first decay (sigmoid gate)", MR, "gated_deltanet"), ("`linear`", MA, "linear"),
         ("`sliding_window:window=16`", MA, "sliding_window:window=16"),
         ("`moba:block_size=16,topk=3`", MS, "moba:block_size=16,topk=3"))
 for label, file, spec in MQAR:
@@ -589,6 +590,18 @@ quote(RESULTS, "over the 256 values ({}–{} at width 32, {}–{} at 64)",
       *(V(HM[w], GDN_ROWS, "train_loss", agg, ".3f") for w in (32, 64) for agg in ("min", "max")))
 quote(RESULTS, "(width 32: `mamba2` {} and {}, `mamba2*3; full` {} and {})",
       *(val(HM[32], ".3f", **MQ, variant_spec=v, seed=seed) for v in ("mamba2", "mamba2*3; full") for seed in (0, 1)))
+
+HG = {32: "accuracy-hybrid-gdn-mqar-w32-cpu.jsonl", 64: "accuracy-hybrid-gdn-mqar-w64-cpu.jsonl"}
+HG_SEEDS = {32: (0, 1, 2), 64: (0, 1)}
+for label, spec, full_layers in (
+        ("`full`", "full", 8), ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", 4),
+        ("`gated_deltanet*3; full` (3 : 1)", "gated_deltanet*3; full", 2),
+        ("`gated_deltanet*7; full` (7 : 1)", "gated_deltanet*7; full", 1), ("`gated_deltanet`", "gated_deltanet", 0)):
+    cells = " | ".join("{} (" + ", ".join("{}" for _ in HG_SEEDS[w]) + ")" for w in (32, 64))
+    quote(RESULTS, f"| {label} | {full_layers} | {cells} | {{}} / {{}} |",
+          *(v for w in (32, 64) for v in (val(HG[w], ".3f", "mean", **MQ, variant_spec=spec),
+                                          *(val(HG[w], ".3f", **MQ, variant_spec=spec, seed=s) for s in HG_SEEDS[w]))),
+          *(V(HG[w], {**MQ, "variant_spec": spec}, "state_numbers", "max", "n0") for w in (32, 64)))
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ def _family_lines(ax, pts: pd.DataFrame, y: str, pal: dict, panel: str) -> None:
         g = pd.concat([g, pts[pts["family"] == "full"]]).sort_values("full_fraction")
         ax.plot(g["full_fraction"], g[y], color="0.6", lw=0.8, zorder=1, gid=f"patterns:{panel}:family:{fam}")
     ax.set_xlabel("fraction of full-attention layers")
+    ax.set_xlim(-0.05, 1.1)  # the whole axis on every panel, so panels with a few models read alike
 
 
 @register_figure("patterns", "both", description="Hybrid layer patterns: decode state, latency and MQAR recall against "
