@@ -592,7 +592,7 @@ quote(RESULTS, "(width 32: `mamba2` {} and {}, `mamba2*3; full` {} and {})",
       *(val(HM[32], ".3f", **MQ, variant_spec=v, seed=seed) for v in ("mamba2", "mamba2*3; full") for seed in (0, 1)))
 
 HG = {32: "accuracy-hybrid-gdn-mqar-w32-cpu.jsonl", 64: "accuracy-hybrid-gdn-mqar-w64-cpu.jsonl"}
-HG_SEEDS = {32: (0, 1, 2), 64: (0, 1)}
+HG_SEEDS = {32: (0, 1, 2), 64: (0, 1, 2)}
 for label, spec, full_layers in (
         ("`full`", "full", 8), ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", 4),
         ("`gated_deltanet*3; full` (3 : 1)", "gated_deltanet*3; full", 2),
@@ -602,6 +602,32 @@ for label, spec, full_layers in (
           *(v for w in (32, 64) for v in (val(HG[w], ".3f", "mean", **MQ, variant_spec=spec),
                                           *(val(HG[w], ".3f", **MQ, variant_spec=spec, seed=s) for s in HG_SEEDS[w]))),
           *(V(HG[w], {**MQ, "variant_spec": spec}, "state_numbers", "max", "n0") for w in (32, 64)))
+
+HLM = "accuracy-hybrid-gdn-lm-cpu.jsonl"
+for label, spec, full_layers in (
+        ("`full`", "full", 8), ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", 4),
+        ("`gated_deltanet*3; full` (3 : 1)", "gated_deltanet*3; full", 2),
+        ("`gated_deltanet*7; full` (7 : 1)", "gated_deltanet*7; full", 1), ("`gated_deltanet`", "gated_deltanet", 0)):
+    quote(RESULTS, f"| {label} | {full_layers} | {{}} | {{}} | {{}} |",
+          *(val(HLM, ".3f", "mean", metric="bpb", variant_spec=spec, eval_len=L) for L in (128, 512)),
+          val(HLM, ".3f", "mean", metric="bpb_tail", variant_spec=spec, eval_len=512))
+
+quote(RESULTS, "({} for 3 : 1 against {})",
+      *(val(HLM, ".3f", "mean", metric="bpb", variant_spec=v, eval_len=128) for v in ("gated_deltanet*3; full", "full")))
+quote(RESULTS, "all-full breaks ({}; {} past 128", val(HLM, ".3f", "mean", metric="bpb", variant_spec="full", eval_len=512),
+      val(HLM, ".3f", "mean", metric="bpb_tail", variant_spec="full", eval_len=512))
+quote(RESULTS, "the 1 : 1 hybrid included ({})", val(HLM, ".3f", "mean", metric="bpb", variant_spec="gated_deltanet; full",
+                                                     eval_len=512))
+GDN64 = {**MQ, "variant_spec": lambda v: "gated_deltanet" in v}
+quote(RESULTS, "only all-full does ({} and {})", *(val(HG[w], ".3f", "mean", **MQ, variant_spec="full") for w in (32, 64)))
+quote(RESULTS, "two seeds of three ({} and {}, the best mean, {})",
+      *(val(HG[64], ".3f", **MQ, variant_spec="gated_deltanet*3; full", seed=s) for s in (0, 1)),
+      V(HG[64], GDN64, "value", "max", ".3f", by=("variant_spec",)))
+quote(RESULTS, "pure Gated DeltaNet in none (best {})", val(HG[64], ".3f", "max", **MQ, variant_spec="gated_deltanet"))
+quote(RESULTS, "reaches it (best {})", V(HG[32], GDN64, "value", "max", ".3f"))
+quote(RESULTS, "strongest recurrence at width 64 ({} at 128,", val(MG, ".3f", "mean", metric="accuracy", d_model=64,
+                                                                  eval_len=128))
+quote(RESULTS, "two seeds of three ({} above)", val(MG, ".3f", "mean", metric="accuracy", d_model=32, eval_len=128))
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------
