@@ -158,9 +158,10 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)  # k, v: (B, n_kv, T, hs)
         q = self.position.rotate(q, start, seq_len)
         k = self.position.rotate(k, start, seq_len)
-        extra = {t.name: self.input_maps[t.name](raw) if t.name in self.input_maps else t.activation(raw)
-                 for t in self.attn.token_inputs  # each (B, n_kv, T, width)
-                 for raw in [self.inputs[t.name](x).view(B, T, self.n_kv_heads, -1).transpose(1, 2)]}
+        extra = {}  # each (B, n_kv, T, width)
+        for t in self.attn.token_inputs:
+            raw = self.inputs[t.name](x).view(B, T, self.n_kv_heads, -1).transpose(1, 2)
+            extra[t.name] = self.input_maps[t.name](raw) if t.name in self.input_maps else t.activation(raw)
         if state is None:
             y = self.attn(q, k, v, causal=self.causal, documents=documents, **extra)
         else:

@@ -593,10 +593,12 @@ quote(RESULTS, "(width 32: `mamba2` {} and {}, `mamba2*3; full` {} and {})",
 
 HG = {32: "accuracy-hybrid-gdn-mqar-w32-cpu.jsonl", 64: "accuracy-hybrid-gdn-mqar-w64-cpu.jsonl"}
 HG_SEEDS = {32: (0, 1, 2), 64: (0, 1, 2)}
-for label, spec, full_layers in (
+# the gated_deltanet : full ratios of the re-run (label, spec, full-attention layers of 8)
+GDN_RATIOS = (
         ("`full`", "full", 8), ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", 4),
         ("`gated_deltanet*3; full` (3 : 1)", "gated_deltanet*3; full", 2),
-        ("`gated_deltanet*7; full` (7 : 1)", "gated_deltanet*7; full", 1), ("`gated_deltanet`", "gated_deltanet", 0)):
+        ("`gated_deltanet*7; full` (7 : 1)", "gated_deltanet*7; full", 1), ("`gated_deltanet`", "gated_deltanet", 0))
+for label, spec, full_layers in GDN_RATIOS:
     cells = " | ".join("{} (" + ", ".join("{}" for _ in HG_SEEDS[w]) + ")" for w in (32, 64))
     quote(RESULTS, f"| {label} | {full_layers} | {cells} | {{}} / {{}} |",
           *(v for w in (32, 64) for v in (val(HG[w], ".3f", "mean", **MQ, variant_spec=spec),
@@ -604,10 +606,7 @@ for label, spec, full_layers in (
           *(V(HG[w], {**MQ, "variant_spec": spec}, "state_numbers", "max", "n0") for w in (32, 64)))
 
 HLM = "accuracy-hybrid-gdn-lm-cpu.jsonl"
-for label, spec, full_layers in (
-        ("`full`", "full", 8), ("`gated_deltanet; full` (1 : 1)", "gated_deltanet; full", 4),
-        ("`gated_deltanet*3; full` (3 : 1)", "gated_deltanet*3; full", 2),
-        ("`gated_deltanet*7; full` (7 : 1)", "gated_deltanet*7; full", 1), ("`gated_deltanet`", "gated_deltanet", 0)):
+for label, spec, full_layers in GDN_RATIOS:
     quote(RESULTS, f"| {label} | {full_layers} | {{}} | {{}} | {{}} |",
           *(val(HLM, ".3f", "mean", metric="bpb", variant_spec=spec, eval_len=L) for L in (128, 512)),
           val(HLM, ".3f", "mean", metric="bpb_tail", variant_spec=spec, eval_len=512))
@@ -618,13 +617,12 @@ quote(RESULTS, "all-full breaks ({}; {} past 128", val(HLM, ".3f", "mean", metri
       val(HLM, ".3f", "mean", metric="bpb_tail", variant_spec="full", eval_len=512))
 quote(RESULTS, "the 1 : 1 hybrid included ({})", val(HLM, ".3f", "mean", metric="bpb", variant_spec="gated_deltanet; full",
                                                      eval_len=512))
-GDN64 = {**MQ, "variant_spec": lambda v: "gated_deltanet" in v}
 quote(RESULTS, "only all-full does ({} and {})", *(val(HG[w], ".3f", "mean", **MQ, variant_spec="full") for w in (32, 64)))
 quote(RESULTS, "two seeds of three ({} and {}, the best mean, {})",
       *(val(HG[64], ".3f", **MQ, variant_spec="gated_deltanet*3; full", seed=s) for s in (0, 1)),
-      V(HG[64], GDN64, "value", "max", ".3f", by=("variant_spec",)))
+      V(HG[64], GDN_ROWS, "value", "max", ".3f", by=("variant_spec",)))
 quote(RESULTS, "pure Gated DeltaNet in none (best {})", val(HG[64], ".3f", "max", **MQ, variant_spec="gated_deltanet"))
-quote(RESULTS, "reaches it (best {})", V(HG[32], GDN64, "value", "max", ".3f"))
+quote(RESULTS, "reaches it (best {})", V(HG[32], GDN_ROWS, "value", "max", ".3f"))
 quote(RESULTS, "strongest recurrence at width 64 ({} at 128,", val(MG, ".3f", "mean", metric="accuracy", d_model=64,
                                                                   eval_len=128))
 quote(RESULTS, "two seeds of three ({} above)", val(MG, ".3f", "mean", metric="accuracy", d_model=32, eval_len=128))
