@@ -28,6 +28,9 @@ COST_FIELDS = (
     # how far to trust it (harness.cost.noise): the matmul peak timed before and after the cell, the load
     "peak_before_flops_per_s", "peak_after_flops_per_s", "peak_flops_per_s", "peak_fraction", "other_cpu",
     "loadavg_1m", "noisy", "noisy_reason", "attempts",
+    # the bandwidth roofline: bytes the call must move, the memory bandwidth timed beside the matmul peak
+    "bytes", "achieved_bytes_per_s", "bandwidth_peak_bytes_per_s", "bandwidth_fraction", "arithmetic_intensity",
+    "roofline_fraction",
 )
 ACCURACY_FIELDS = (
     "run_id", "task", "variant", "variant_params", "position", "position_params", "train_len", "eval_len",

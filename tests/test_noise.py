@@ -53,6 +53,8 @@ def test_a_quiet_cell_carries_its_own_peaks_and_a_fraction_within_one(worker):
     assert row["other_cpu"] is not None and row["loadavg_1m"] is not None
     assert row["peak_dtype"] == "float32" and row["cpus"] >= 1 and row["num_threads"] >= 1
     assert row["timed_calls"] >= row["repeats"] >= 1
+    assert row["bandwidth_before_bytes_per_s"] > 1e9 and row["bandwidth_after_bytes_per_s"] > 1e9  # any DRAM
+    assert row["bytes"] == 4 * 4 * 512 * 8 * 64 and 0 < row["bandwidth_fraction"] < 1  # q, k, v, o of fp32
 
 
 @linux
@@ -91,6 +93,16 @@ def test_cpu_snapshot_reads_proc():
       "num_threads": 2}, True),
     # above the peak: suspect (plots and report), not noisy -- re-measuring does not fix a wrong count
     ({"peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "achieved_flops_per_s": 1.5e11}, False),
+    # the bandwidth changed across the cell
+    ({"bandwidth_before_bytes_per_s": 2e10, "bandwidth_after_bytes_per_s": 1.5e10}, True),
+    ({"bandwidth_before_bytes_per_s": 2e10, "bandwidth_after_bytes_per_s": 1.9e10}, False),
+    # slow for the whole cell: both peaks agree, but sit 38% below the run's median (variants-cpu, window at 64K)
+    ({"peak_before_flops_per_s": 1.46e11, "peak_after_flops_per_s": 1.54e11, "run_peak_flops_per_s": 2.41e11}, True),
+    ({"peak_before_flops_per_s": 2.2e11, "peak_after_flops_per_s": 2.3e11, "run_peak_flops_per_s": 2.41e11}, False),
+    # a wide spread, or none at all
+    ({"latency_ms": 10.0, "latency_iqr_ms": 2.5, "timing_samples": 8}, True),
+    ({"latency_ms": 10.0, "latency_iqr_ms": 1.5, "timing_samples": 8}, False),
+    ({"latency_ms": 900.0, "latency_iqr_ms": None, "timing_samples": 1}, True),
 ])
 def test_the_noisy_verdict(row, noisy):
     out = assess({"status": "ok", **row})
@@ -102,6 +114,31 @@ def test_the_fraction_uses_the_larger_peak():
     out = assess({"status": "ok", "peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1.1e11,
                   "achieved_flops_per_s": 5.5e10})
     assert out["peak_flops_per_s"] == 1.1e11 and out["peak_fraction"] == pytest.approx(0.5)
+
+
+def test_the_roofline_columns():
+    """A decoding step: 1 GFLOP/s of 100 GFLOP/s matmul peak, 8 GB/s of 10 GB/s bandwidth: memory-bound, 0.8 of its
+    roofline; intensity 1/8 FLOP per byte."""
+    out = assess({"status": "ok", "peak_before_flops_per_s": 1e11, "peak_after_flops_per_s": 1e11, "flops": 1e6,
+                  "achieved_flops_per_s": 1e9, "bytes": 8e6, "achieved_bytes_per_s": 8e9,
+                  "bandwidth_before_bytes_per_s": 9.5e9, "bandwidth_after_bytes_per_s": 1e10})
+    assert out["bandwidth_peak_bytes_per_s"] == 1e10 and out["bandwidth_fraction"] == pytest.approx(0.8)
+    assert out["arithmetic_intensity"] == pytest.approx(0.125) and out["roofline_fraction"] == pytest.approx(0.8)
+    assert out["peak_fraction"] == pytest.approx(0.01) and out["noisy"] is False
+
+
+def test_the_run_median_comes_from_the_earlier_cells_of_the_same_dtype():
+    from harness.cost.sweep import MIN_RUN_PEAKS, CellMeasurer
+
+    host = CellMeasurer.__new__(CellMeasurer)  # its bookkeeping only: no worker started
+    host.run_peaks = {}
+    c = cell()
+    medians = [host._with_run_median(c, {"peak_before_flops_per_s": p, "peak_after_flops_per_s": p},
+                                     ("before", "after"))["run_peak_flops_per_s"] for p in (3e11, 2e11, 2.4e11, 1e11)]
+    assert MIN_RUN_PEAKS == 3 and medians[:2] == [None, None]  # four earlier peaks by the third cell
+    assert medians[2] == 2.5e11 and medians[3] == pytest.approx(2.4e11)
+    half = Cell(**{**c.as_row(), "dtype": "bfloat16"})
+    assert host._with_run_median(half, {"peak_before_flops_per_s": 1e10}, ("before",))["run_peak_flops_per_s"] is None
 
 
 def test_of_several_attempts_the_quiet_one_is_kept():

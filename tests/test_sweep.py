@@ -233,7 +233,7 @@ head_dim = 8
 lengths = [32, 64]
 min_run_time = 0.02
 max_run_time = 0.1
-time_limit = 6  # the hang's cost; tiny cells take well under a second
+time_limit = 8  # the hang's cost; tiny cells take a few seconds with their peaks and bandwidths
 mem_limit = 1
 retries = 0  # what each failure records, not the noise retries
 
@@ -317,6 +317,11 @@ def test_rows_match_the_schema(failing_sweep):
         assert r["achieved_flops_per_s"] == pytest.approx(r["flops"] / seconds)
         assert r["peak_flops_per_s"] > 0
         assert r["peak_fraction"] == pytest.approx(r["achieved_flops_per_s"] / r["peak_flops_per_s"])
+        # forward: q, k, v read and the output written once, fp32
+        assert r["bytes"] == 4 * B * L * D * 4 * H and r["arithmetic_intensity"] == pytest.approx(r["flops"] / r["bytes"])
+        assert r["bandwidth_peak_bytes_per_s"] == max(r["bandwidth_before_bytes_per_s"], r["bandwidth_after_bytes_per_s"])
+        assert r["bandwidth_fraction"] == pytest.approx(r["bytes"] / seconds / r["bandwidth_peak_bytes_per_s"])
+        assert r["roofline_fraction"] == max(r["peak_fraction"], r["bandwidth_fraction"])
         assert r["peak_mem_bytes"] > 0
     full = [r for r in rows if r["variant_spec"] == "full"]
     assert all(r["backend"] == "sdpa" for r in full)  # auto never picks the dense reference when SDPA can run

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from harness.cost.timing import SLOW_CALL_S, TimingConfig, bare_loop, first_call, time_callable
+from harness.cost.timing import MIN_SLOW_SAMPLES, SLOW_CALL_S, TimingConfig, bare_loop, first_call, time_callable
 
 
 def sleeper(seconds):
@@ -56,10 +56,17 @@ def test_the_helper_makes_exactly_the_calls_it_reports(seconds):
     assert t.median_s >= seconds
 
 
-def test_a_slow_call_runs_once_when_it_alone_exceeds_the_budget():
-    fn = Counted(0.3)
-    t = time_callable(fn, TimingConfig(min_run_time=0.05, max_run_time=0.2))
+def test_a_slow_call_runs_once_when_a_second_call_would_pass_three_budgets():
+    fn = Counted(0.2)
+    t = time_callable(fn, TimingConfig(min_run_time=0.05, max_run_time=0.05))
     assert fn.calls == t.calls == t.samples == 1
+
+
+def test_a_slow_call_past_the_budget_is_still_timed_three_times_when_they_fit():
+    """Two 0.1 s calls pass a 0.12 s budget; a third still fits in 3x the budget, so the row gets a spread."""
+    fn = Counted(0.1)
+    t = time_callable(fn, TimingConfig(min_run_time=0.05, max_run_time=0.12, threshold=0.5))
+    assert fn.calls == t.calls == t.samples == MIN_SLOW_SAMPLES and t.iqr_s is not None
 
 
 def test_sub_millisecond_calls_are_repeated_within_each_sample():

@@ -299,6 +299,54 @@ class Attention(nn.Module):
         chosen keys); rows report both. 0 for a fixed pattern (a window, a block layout)."""
         return 0
 
+    def mode_bytes(self, mode: str, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = True,
+                   kv_heads: int | None = None, itemsize: int = 4) -> int:
+        """Bytes what the harness times in ``mode`` must move between memory and the cores at least (the compulsory
+        traffic a roofline divides by: each tensor read or written once, never the re-reads of a tiled kernel).
+
+        - ``forward``: read q, k, v and the token inputs of L tokens, write the output: :meth:`io_elements`.
+        - ``train``: 3 x forward, as for FLOPs: the backward reads q, k, v, o, dO and writes dq, dk, dv (and the
+          token inputs' gradients), twice the forward's traffic. The softmax statistics (one number per query and
+          head) are not counted.
+        - ``decode``: the new token's q, k, v and output, plus :meth:`decode_state_elements` (what the step reads from
+          its state and writes back) and :meth:`selection_elements` (what it reads to choose keys).
+
+        Elements of ``itemsize`` bytes, the inputs' dtype; a state kept in another precision says so in
+        :meth:`state_itemsize`. ``causal`` does not change the count: a masked key is still read once.
+        """
+        kvh = kv_heads or heads
+        if mode in ("forward", "train"):
+            factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
+            return factor * itemsize * self.io_elements(batch, heads, kvh, seq_len, head_dim)
+        if mode == "decode":
+            new = self.io_elements(batch, heads, kvh, 1, head_dim) + self.selection_elements(
+                batch, heads, seq_len, head_dim, kvh)
+            state = self.decode_state_elements(batch, heads, seq_len, head_dim, kvh)
+            return itemsize * new + self.state_itemsize(itemsize) * state
+        raise ValueError(f"unknown mode {mode!r}; valid: forward, train, decode")
+
+    def io_elements(self, batch: int, heads: int, kv_heads: int, length: int, head_dim: int) -> int:
+        """Elements of ``length`` tokens' q (``heads``), k and v (``kv_heads``) and token inputs read, and their output
+        (``heads``) written."""
+        inputs = sum(_numel(t.shape(batch, kv_heads, length, head_dim)) for t in self.token_inputs)
+        return batch * length * head_dim * (2 * heads + 2 * kv_heads) + inputs
+
+    def decode_state_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """Elements one decoding step at context ``seq_len`` reads from its state and writes to it. A KV cache reads
+        the keys and values of the cached tokens the new query sees (``pairs(1, L + 1) - 1``: its own key comes with
+        the call) and writes the new token's key and value, per key head."""
+        seen = self.pairs(1, seq_len + 1, True) - 1
+        return 2 * batch * kv_heads * head_dim * (seen + 1)
+
+    def selection_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """Elements a decoding step reads only to choose its keys (block summaries, index keys); 0 for a fixed
+        pattern. The chosen keys themselves are counted by :meth:`decode_state_elements` through :meth:`pairs`."""
+        return 0
+
+    def state_itemsize(self, itemsize: int) -> int:
+        """Bytes per element of the decoding state for inputs of ``itemsize`` bytes: the inputs' dtype (a KV cache)."""
+        return itemsize
+
     # -- selection --------------------------------------------------------------------------
     def kept_keys(self, q: torch.Tensor, k: torch.Tensor, causal: bool = True,
                   **inputs: torch.Tensor) -> torch.Tensor | None:
@@ -392,6 +440,25 @@ class RecurrentAttention(Attention):
             factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
             return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
         return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
+
+    def decode_state_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """A recurrent step reads its whole state and writes it back, whatever the context length."""
+        return 2 * self.state_elements(batch, kv_heads, head_dim)
+
+    def state_elements(self, batch: int, kv_heads: int, head_dim: int) -> int:
+        """Elements of the recurrent state: one (D_k x D_v) matrix per key head."""
+        return batch * kv_heads * head_dim * head_dim
+
+    def state_itemsize(self, itemsize: int) -> int:
+        """The state is kept in fp32 at least (fp64 stays fp64): a bf16 running sum drifts over long contexts."""
+        return max(itemsize, 4)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 __all__ = [

@@ -307,6 +307,10 @@ class DsaAttention(Attention):
             return 3 * indexer + 2 * batch * heads * head_dim * n
         return indexer
 
+    def selection_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """The indexer keys of the L cached tokens, per key head (the new token's come with the call)."""
+        return batch * kv_heads * seq_len * self.config.index_dim
+
 
 __all__ = ["DsaAttention", "DsaConfig", "IndexedCache", "attend_chosen", "index_scores", "indexer_kl", "select",
            "selection_mask", "top_keys"]

@@ -91,6 +91,11 @@ def _ones_column(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
 
 
+# chunked backend: tokens per step, in whole chunks. Per (batch, key head) a step holds ~GROUP_TOKENS (g c + d D / c)
+# floats (intra-chunk weights, states): ~2 MB at c = d = D = 64, kept in cache.
+GROUP_TOKENS = 1024
+
+
 FLA_AUTOTUNE_ENV = "ATTN_BENCH_FLA_AUTOTUNE_CONFIGS"
 
 
@@ -223,9 +228,11 @@ class LinearAttention(RecurrentAttention):
     def _chunked(self, q, k, v, kv, r):
         """Chunkwise parallel: masked quadratic inside each chunk + the carried state of earlier chunks.
 
-        O(T c d + T d D) work, O(c^2 + d D) live memory per (batch, head); the last chunk may be short.
-        Features, the ones column and the division happen per chunk, while it is in cache, and batch
-        and heads are flattened so each step is a few bmm/baddbmm calls (the loop is op-bound).
+        O(T c d + T d D) work. Batch and heads are flattened, and each step takes many chunks at once (about
+        ``GROUP_TOKENS`` tokens): their intra-chunk weights, their state increments, and the state before each
+        chunk as a prefix sum of the increments, in a few large batched matmuls. One chunk per step was op-bound:
+        ~10 small ops per 64 tokens, 160K at 1M tokens, each an OpenMP fork and join that stalls whenever another
+        process holds one of the cores. The last chunk may be short; it is a step of its own.
         """
         B, H, T, D = q.shape
         Hkv = k.shape[1]
@@ -233,30 +240,63 @@ class LinearAttention(RecurrentAttention):
         q4 = q.reshape(bh, g, T, D)
         k3, v3, kv = k.flatten(0, 1), v.flatten(0, 1), kv.flatten(0, 1)  # (B H_kv, ., .)
         r = None if r is None else r.flatten(0, 1)  # (B H_kv,)
-        c, outs = self.config.chunk_size, []
+        c = self.config.chunk_size
+        step, whole = max(1, GROUP_TOKENS // c) * c, T - T % c
+        sizes = [step] * (whole // step) + [s for s in (whole % step, T - whole) if s]
+        # Without autograd the steps write into one output buffer (no list, no concatenation: a copy and
+        # L H D floats of fresh pages fewer). With it, a list and one cat: the backward of a slice write
+        # copies the whole gradient, O(steps x length).
+        out = None if torch.is_grad_enabled() else q4.new_empty(bh, g, T, D)
+        outs, t = [], 0
         # split, not slice: each slice's backward would write its chunk into a zeroed full-length gradient,
         # O(chunks x length) -- 8.6 s of the 8.7 s backward at 16K; split's backward is one concatenation
-        for qs, ks, vs in zip(q4.split(c, 2), k3.split(c, 1), v3.split(c, 1), strict=True):
+        for qs, ks, vs in zip(q4.split(sizes, 2), k3.split(sizes, 1), v3.split(sizes, 1), strict=True):
             n = ks.shape[1]
-            qc, (kc, lc), vc = self.phi_query(qs).reshape(bh, g * n, -1), self.phi_key(ks), _ones_column(vs)
-            a = torch.bmm(qc, kc.transpose(1, 2))  # (B H_kv, g n, n) intra-chunk weights
-            if lc is None:
-                a.view(bh, g, n, n).tril_()
-                out = torch.baddbmm(torch.bmm(a, vc), qc, kv)  # intra + inter
-                kv = torch.baddbmm(kv, kc.transpose(1, 2), vc)
-            else:  # favor: bring keys and state to each query's scale R_i (see module docstring)
-                R = torch.maximum(lc.cummax(-1).values, r[:, None])  # (B H_kv, n)
-                decay = torch.exp((lc[:, None, :] - R[:, :, None]).clamp(max=0.0))  # (B H_kv, n, n), exact where visible
-                inter = torch.bmm(qc, kv).view(bh, g, n, D + 1) * torch.exp(r[:, None] - R)[:, None, :, None]
-                weights = (a.view(bh, g, n, n) * decay[:, None]).tril_().view(bh, g * n, n)
-                out = torch.baddbmm(inter.view(bh, g * n, D + 1), weights, vc)
-                r_new = R[:, -1]
-                kc = kc * torch.exp(lc - r_new[:, None])[..., None]
-                kv = torch.baddbmm(kv * torch.exp(r - r_new)[:, None, None], kc.transpose(1, 2), vc)
-                r = r_new
-            outs.append(self._normalise(out).view(bh, g, n, D))
-        out = torch.cat(outs, 2).reshape(B, H, T, D)
-        return out, kv.unflatten(0, (B, Hkv)), None if r is None else r.unflatten(0, (B, Hkv))
+            o, kv, r = self._chunk_step(qs, ks, vs, kv, r, min(c, n))
+            if out is None:
+                outs.append(o)
+            else:
+                out[:, :, t:t + n] = o
+            t += n
+        out = torch.cat(outs, 2) if out is None else out
+        return out.reshape(B, H, T, D), kv.unflatten(0, (B, Hkv)), None if r is None else r.unflatten(0, (B, Hkv))
+
+    def _chunk_step(self, qs, ks, vs, kv, r, c):
+        """m = t / c whole chunks of c tokens at once: qs (bh, g, t, D), ks, vs (bh, t, D), the state kv (bh, d, D + 1)
+        at favor's scale r (bh,) (None for elu1/relu) -> (normalised out (bh, g, t, D), kv, r) after the last chunk."""
+        bh, g, t, D = qs.shape
+        m = t // c
+        qc = self.phi_query(qs)  # (bh, g, t, d)
+        d = qc.shape[-1]
+        qc = qc.view(bh, g, m, c, d).transpose(1, 2).reshape(bh * m, g * c, d)  # chunk i's g heads one after another
+        kc, lc = self.phi_key(ks)
+        kc, vc = kc.view(bh * m, c, d), _ones_column(vs).view(bh * m, c, D + 1)
+        a = torch.bmm(qc, kc.transpose(1, 2))  # (bh m, g c, c) intra-chunk weights
+        if lc is None:
+            a.view(bh * m, g, c, c).tril_()
+            inc = torch.bmm(kc.transpose(1, 2), vc).view(bh, m, d, D + 1)  # each chunk's [S | z] increment
+            states = torch.cat([kv[:, None], inc], 1).cumsum(1)  # (bh, m + 1, d, D + 1): before chunk i; the last after all
+            out = torch.baddbmm(torch.bmm(a, vc), qc, states[:, :m].reshape(bh * m, d, D + 1))  # intra + inter
+            kv = states[:, m]
+        else:  # favor: bring keys and states to each query's scale R_i (see module docstring)
+            lc = lc.view(bh, m, c)
+            R = torch.maximum(lc.flatten(1).cummax(-1).values, r[:, None]).view(bh, m, c)  # (bh, m, c)
+            s = torch.cat([r[:, None], R[:, :, -1]], 1)  # (bh, m + 1): the state's scale before chunk i; the last after all
+            decay = torch.exp((lc[:, :, None, :] - R[..., None]).clamp(max=0.0))  # (bh, m, c, c), exact where visible
+            a = (a.view(bh, m, g, c, c) * decay[:, :, None]).tril_().view(bh * m, g * c, c)
+            kc = kc * torch.exp(lc - s[:, 1:, None]).view(bh * m, c, 1)  # chunk i's keys at its closing scale
+            inc = torch.bmm(kc.transpose(1, 2), vc).view(bh, m, d * (D + 1))
+            # state i = sum_{p <= i} [kv, inc_0, ...]_p exp(s_p - s_i): every factor <= 1 as the scale only grows;
+            # the diagonal is 1 even where s is -inf (the empty state)
+            gap = (s[:, None, :] - s[:, :, None]).clamp(max=0.0)  # (bh, m + 1, m + 1) [i, p]
+            w = torch.exp(gap.diagonal_scatter(gap.new_zeros(bh, m + 1), dim1=1, dim2=2)).tril_()
+            states = torch.bmm(w, torch.cat([kv.view(bh, 1, -1), inc], 1)).view(bh, m + 1, d, D + 1)
+            inter = torch.bmm(qc, states[:, :m].reshape(bh * m, d, D + 1)).view(bh, m, g, c, D + 1)
+            inter = inter * torch.exp(s[:, :m, None] - R)[:, :, None, :, None]
+            out = torch.baddbmm(inter.view(bh * m, g * c, D + 1), a, vc)
+            kv, r = states[:, m], s[:, m]
+        out = (out[..., :-1] / out[..., -1:].clamp(min=self.config.eps)).view(bh, m, g, c, D)
+        return out.transpose(1, 2).reshape(bh, g, t, D), kv, r
 
     def _recurrent(self, q, k, v, kv, r):
         """The RNN view: per token a rank-1 update of [S | z], then read it with phi(q_t)."""
@@ -368,6 +408,11 @@ class LinearAttention(RecurrentAttention):
         per_key = feature + 2 * d * head_dim + d
         per_query = feature + 2 * d * head_dim + 2 * d + head_dim
         return batch * ((heads if kv_heads is None else kv_heads) * k_len * per_key + heads * q_len * per_query)
+
+    def state_elements(self, batch: int, kv_heads: int, head_dim: int) -> int:
+        """[S | z]: (d_phi x (D + 1)) per key head, and favor's running max key logit (one per key head)."""
+        scale = batch * kv_heads if self.config.feature_map == "favor" else 0
+        return batch * kv_heads * self.feature_dim(head_dim) * (head_dim + 1) + scale
 
     # -- incremental decoding -------------------------------------------------------------------
     def new_state(self, max_len: int = 0) -> LinearState:

@@ -207,5 +207,11 @@ class MultiHeadLatentAttention(Attention):
         forward = 2 * batch * heads * pairs * (nope + rope + dv)
         return 3 * forward if mode == "train" else forward
 
+    def decode_state_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """The latent cache, one "head": every cached token's latent and shared RoPE key read, the new token's
+        written."""
+        r, rope, _, _ = self.config.dims(head_dim)
+        return batch * (seq_len + 1) * (r + rope)
+
 
 __all__ = ["LatentCache", "MLAConfig", "MLALayer", "MultiHeadLatentAttention"]

@@ -67,5 +67,9 @@ class MobaAttention(bsel.BlockSelectingAttention):
         gate = 2 * batch * heads * head_dim * bsel.candidate_blocks(seq_len, seq_len, bs)
         return gate + batch * hkv * (seq_len // bs) * bs * head_dim
 
+    def selection_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """A decoding step reads the mean key of every complete block before its own, per key head."""
+        return batch * kv_heads * head_dim * bsel.candidate_blocks(1, seq_len + 1, self.config.block_size)
+
 
 __all__ = ["MobaAttention", "MobaConfig", "mean_keys"]

@@ -379,6 +379,19 @@ class NsaAttention(Attention):
         compression = factor * hkv * windows(seq_len, c) * per_window
         return batch * (compression + self.scoring_adds(seq_len, seq_len, heads, hkv))
 
+    def decode_state_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """The selected blocks' and the window's keys and values, counted as if they did not overlap (at most the
+        L cached tokens), and the new token's key and value written, per key head."""
+        c = self.config
+        seen = (bsel.selected_pairs(1, seq_len + 1, c.select_block, max(1, c.topk - 1))
+                + visible_pairs(1, seq_len + 1, True, window=c.window) - 2)
+        return 2 * batch * kv_heads * head_dim * (min(seen, seq_len) + 1)
+
+    def selection_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """The compressed keys and values of every complete window, per key head (the compressed branch reads them,
+        and block selection scores from its probabilities)."""
+        return 2 * batch * kv_heads * head_dim * windows(seq_len + 1, self.config)
+
 
 __all__ = ["CompressedCache", "NsaAttention", "NsaConfig", "band", "block_scores", "choose", "compress",
            "compressed_probs", "compressed_scan", "windows"]

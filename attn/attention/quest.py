@@ -90,5 +90,9 @@ class QuestAttention(bsel.BlockSelectingAttention):
             return 0
         return 4 * batch * heads * head_dim * bsel.candidate_blocks(1, seq_len + 1, self.config.page_size)
 
+    def selection_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
+        """A decoding step reads the min and max key of every complete page before its own, per key head."""
+        return 2 * batch * kv_heads * head_dim * bsel.candidate_blocks(1, seq_len + 1, self.config.page_size)
+
 
 __all__ = ["QuestAttention", "QuestConfig", "page_bounds", "score_bound"]

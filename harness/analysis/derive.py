@@ -27,7 +27,7 @@ from harness.results import PROPORTIONS, best_lr
 
 # -- trust: noisy and suspect cells -----------------------------------------------------------------
 
-SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "results_file")
+SUSPECT_COLUMNS = ("variant", "backend", "mode", "seq_len", "peak_fraction", "bandwidth_fraction", "results_file")
 NOISY_COLUMNS = ("variant", "backend", "mode", "seq_len", "status", "noisy_reason", "attempts", "other_cpu",
                  "loadavg_1m", "peak_before_flops_per_s", "peak_after_flops_per_s", "results_file")
 
@@ -55,6 +55,25 @@ def peak_fraction(cost: pd.DataFrame) -> pd.Series:
     return frac
 
 
+# A call moving less than this may be served from the caches on every timed repeat: its bytes/s can beat the
+# memory's bandwidth honestly, so only larger ones are suspect above it (the STREAM arrays are this size on CPU).
+CACHE_RESIDENT_BYTES = 64 << 20
+
+
+def bandwidth_fraction(cost: pd.DataFrame) -> pd.Series:
+    """Achieved / measured memory bandwidth per row (``bandwidth_fraction``); NaN for rows without it."""
+    if "bandwidth_fraction" not in cost:
+        return pd.Series(np.nan, index=cost.index)
+    return pd.to_numeric(cost["bandwidth_fraction"], errors="coerce").astype(float)
+
+
+def roof_fraction(cost: pd.DataFrame) -> pd.Series:
+    """Each row against the roof its mode is bound by: a decoding step (a few FLOPs per byte of state) against the
+    memory bandwidth, a forward or a training step against the matmul peak."""
+    decode = cost["mode"] == "decode" if "mode" in cost else pd.Series(False, index=cost.index)
+    return bandwidth_fraction(cost).where(decode, peak_fraction(cost))
+
+
 def noisy_mask(cost: pd.DataFrame) -> pd.Series:
     """Rows the worker flagged noisy (peaks before/after disagreed, or other processes took CPU).
 
@@ -65,13 +84,17 @@ def noisy_mask(cost: pd.DataFrame) -> pd.Series:
 
 
 def suspect_mask(cost: pd.DataFrame) -> pd.Series:
-    """Ok rows faster than the hardware allows (``peak_fraction`` > 1).
+    """Ok rows faster than the hardware allows: ``peak_fraction`` > 1, or ``bandwidth_fraction`` > 1 for a call
+    moving at least ``CACHE_RESIDENT_BYTES``.
 
-    Either the timing is wrong or the peak was measured under a different load; such a number
+    Either a count or the timing is wrong or the peak was measured under a different load; such a number
     must never be drawn or summarised as if it were fine."""
     if len(cost) == 0:
         return pd.Series(False, index=cost.index, dtype=bool)
-    return ((cost["status"] == "ok") & (peak_fraction(cost) > 1.0)).astype(bool)
+    moved = (pd.to_numeric(cost["bytes"], errors="coerce").astype(float) if "bytes" in cost
+             else pd.Series(np.nan, index=cost.index))
+    memory = (bandwidth_fraction(cost) > 1.0) & (moved >= CACHE_RESIDENT_BYTES)
+    return ((cost["status"] == "ok") & ((peak_fraction(cost) > 1.0) | memory)).astype(bool)
 
 
 def untrusted(cost: pd.DataFrame) -> pd.Series:
@@ -358,8 +381,9 @@ def mem_limit(cost: pd.DataFrame) -> float | None:
 
 
 __all__ = [
-    "AVERAGED_DIMS", "MIN_FIT_POINTS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS", "accuracy_points",
-    "best_lr_rows", "best_positions", "crossovers", "dim_text", "fit_exponents", "longest_reached", "mem_limit", "noisy_mask",
-    "noisy_rows", "peak_fraction", "plausible_exponent", "scaling_exponent", "scaling_fit", "short_reason", "speedups",
+    "AVERAGED_DIMS", "CACHE_RESIDENT_BYTES", "MIN_FIT_POINTS", "NOISY_COLUMNS", "SERIES_DIMS", "SUSPECT_COLUMNS",
+    "accuracy_points", "bandwidth_fraction", "best_lr_rows", "best_positions", "crossovers", "dim_text",
+    "fit_exponents", "longest_reached", "mem_limit", "noisy_mask", "noisy_rows", "peak_fraction",
+    "plausible_exponent", "roof_fraction", "scaling_exponent", "scaling_fit", "short_reason", "speedups",
     "suspect_mask", "suspect_rows", "untrusted", "without_suspect",
 ]

@@ -57,8 +57,8 @@ def findings(cost: pd.DataFrame, acc: pd.DataFrame, limit: int = MAX_FINDINGS) -
                                    "fixed per-call costs or noise dominate (see the scaling table)."))
     lines = [text for _, _, text in sorted(ranked, key=lambda t: (t[0], t[1]))]
     if len(cost) and (n := len(D.suspect_rows(cost))):
-        lines.insert(0, f"{n} suspect cell(s) (achieved FLOP/s above the measured peak) are left out of the "
-                        "exponents and crossovers; see Suspect and noisy cells.")
+        lines.insert(0, f"{n} suspect cell(s) (achieved FLOP/s above the measured matmul peak, or bytes/s above the "
+                        "memory bandwidth) are left out of the exponents and crossovers; see Suspect and noisy cells.")
     if len(acc):
         for _, r in D.best_positions(acc).iterrows():
             best = r["best_position"]

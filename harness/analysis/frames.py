@@ -32,6 +32,9 @@ COST_NUMERIC = (
     "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
     # trust columns (newer rows): the peak timed either side of the cell, the load while it was timed
     "peak_before_flops_per_s", "peak_after_flops_per_s", "loadavg_1m", "other_cpu", "attempts",
+    # the bandwidth roofline (newer rows)
+    "bytes", "achieved_bytes_per_s", "bandwidth_peak_bytes_per_s", "bandwidth_fraction", "arithmetic_intensity",
+    "roofline_fraction",
 )
 ACCURACY_NUMERIC = ("train_len", "eval_len", "seq_len", "value", "ci_low", "ci_high", "n", "depth")
 # Columns the cost harness may use for the device's memory capacity; the first one present wins.

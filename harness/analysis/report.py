@@ -86,7 +86,8 @@ def environment_table(results: F.Results) -> pd.DataFrame:
 
 
 def suspect_section(cost: pd.DataFrame) -> str:
-    """HTML listing the suspect cells (peak_fraction > 1) and the noisy ones, or saying there are none.
+    """HTML listing the suspect cells (peak_fraction > 1, or bandwidth_fraction > 1 past the caches) and the noisy ones,
+    or saying there are none.
 
     A number faster than the hardware, or taken while something else ran, must be seen next to the
     findings it could distort, not discovered later in a figure."""
@@ -94,14 +95,18 @@ def suspect_section(cost: pd.DataFrame) -> str:
         return '<p class="muted">no cost rows</p>'
     suspect, noisy = D.suspect_rows(cost), D.noisy_rows(cost)
     parts = ['<p class="muted">Suspect: an ok cell whose achieved FLOP/s exceeds the peak measured around it '
-             "(peak_fraction &gt; 1), so its timing or its peak is wrong. Noisy: the peak timed before and after the cell "
-             "disagreed, or other processes used the CPU while it was timed, on every attempt. Both are drawn with hollow "
+             "(peak_fraction &gt; 1), or which moved at least 64 MiB faster than the memory bandwidth measured around it "
+             "(bandwidth_fraction &gt; 1), so a count, its timing or its peak is wrong. Noisy: the peaks timed before "
+             "and after the cell disagreed or sat below the run's median, other processes used the CPU while it was "
+             "timed, or its latency spread was wide or unmeasured, on every attempt. Both are drawn with hollow "
              "markers; suspect cells are left out of the fitted exponents and crossovers.</p>"]
     if len(suspect):
-        shown = suspect.assign(seq_len=suspect["seq_len"].map(F.fmt_len), peak_fraction=suspect["peak_fraction"].map(fmt_num))
-        parts.append(f"<h3>Suspect cells: {len(suspect)} with peak_fraction &gt; 1</h3>" + _table(shown, "suspect-table"))
+        shown = suspect.assign(seq_len=suspect["seq_len"].map(F.fmt_len),
+                               **{c: suspect[c].map(fmt_num) for c in ("peak_fraction", "bandwidth_fraction") if c in suspect})
+        parts.append(f"<h3>Suspect cells: {len(suspect)} faster than the hardware</h3>" + _table(shown, "suspect-table"))
     else:
-        parts.append('<p id="no-suspect">No suspect cells: no ok cell has peak_fraction &gt; 1.</p>')
+        parts.append('<p id="no-suspect">No suspect cells: no ok cell has peak_fraction &gt; 1 or, past the caches, '
+                     "bandwidth_fraction &gt; 1.</p>")
     if len(noisy):
         shown = noisy.assign(seq_len=noisy["seq_len"].map(F.fmt_len),
                              **{c: noisy[c].map(fmt_num) for c in ("other_cpu", "loadavg_1m", "peak_before_flops_per_s",

@@ -41,6 +41,7 @@ KEY_FIELDS = (
     "variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device",
     "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config", "docs",
     "press", "press_params",  # None in cells without a press: rows written before presses keep their keys
+    "queries", "budget_bytes",  # None in plain decode cells (one token a step, the grid's batch)
 )
 
 
@@ -73,6 +74,15 @@ class Cell:
     press_spec: str | None = None
     press_params: dict[str, Any] | None = field(default=None, hash=False)
     compression_ratio: float | None = None
+    # decode only (op scope): new tokens per step (None = 1), and a memory budget the cell's batch is the largest
+    # decoding state to fit in (None = batch_size sequences)
+    queries: int | None = None
+    budget_bytes: int | None = None
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens each sequence takes per decoding step."""
+        return self.queries or 1
 
     def documents(self, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """The document id of each position (``--docs``), or None for one document."""
@@ -101,6 +111,8 @@ class Cell:
     def label(self) -> str:
         parts = [self.variant_spec or self.variant, *SCOPES[self.scope].label(self)]
         parts += [self.mode, f"L={self.seq_len}"] + ([f"docs={self.docs}"] if self.docs else [])
+        parts += ([f"T={self.queries}"] if self.queries else []) + (
+            [f"budget={self.budget_bytes / 2**20:g}MiB"] if self.budget_bytes else [])
         return " ".join(parts)
 
 
@@ -119,6 +131,7 @@ class Measured:
     backend: Callable[[], str | None]
     state: Any = None  # decoding state (inspected by tests)
     columns: Callable[[], dict[str, Any]] | None = None  # row columns read after the timed calls (a press's kept tokens)
+    bytes: int | None = None  # what one call must move to and from memory at least (the bandwidth roofline's count)
 
 
 # -- FLOPs ---------------------------------------------------------------------------------------
@@ -128,13 +141,21 @@ def train_factor(mode: str) -> int:
     return TRAIN_FLOPS_FACTOR if mode == "train" else 1
 
 
+def _contexts(cell: Cell) -> list[int]:
+    """The lengths a call's count sums over: each packed document (forward, train), or the context each of a
+    decoding step's new tokens sees before it (``queries`` tokens: L, L + 1, ...; a step equals one token at a time,
+    call by call, for every built-in variant)."""
+    if cell.mode == "decode":
+        return [cell.seq_len + i for i in range(cell.step_tokens)]
+    return document_lengths(cell.documents(), cell.seq_len) if cell.docs else [cell.seq_len]
+
+
 def attention_flops(module: Any, cell: Cell) -> int:
     """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
     decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention), plus what it
     spends choosing its keys (:func:`selection_flops`): the work the call does."""
-    packed = cell.mode != "decode" and cell.docs  # only within-document pairs (a decode step is in its last document)
     total = 0
-    for length in document_lengths(cell.documents(), cell.seq_len) if packed else [cell.seq_len]:
+    for length in _contexts(cell):
         args = (cell.mode, cell.batch_size, cell.num_heads, length, cell.head_dim, cell.causal)
         if cell.num_kv_heads and "kv_heads" in inspect.signature(module.mode_flops).parameters:
             total += int(module.mode_flops(*args, kv_heads=cell.num_kv_heads))
@@ -149,10 +170,32 @@ def selection_flops(module: Any, cell: Cell) -> int:
     count = getattr(module, "selection_flops", None)
     if count is None:
         return 0
-    packed = cell.mode != "decode" and cell.docs
-    lengths = document_lengths(cell.documents(), cell.seq_len) if packed else [cell.seq_len]
     return sum(int(count(cell.mode, cell.batch_size, cell.num_heads, n, cell.head_dim, cell.num_kv_heads))
-               for n in lengths)
+               for n in _contexts(cell))
+
+
+def attention_bytes(module: Any, cell: Cell) -> int | None:
+    """Bytes one timed attention call of ``cell`` must move at least, from the variant's ``mode_bytes``
+    (attn.Attention.mode_bytes: inputs and outputs once, a decoding step's state and what it reads to choose keys);
+    None for a plugin that is not an attn.Attention and does not count them. A step of T tokens reads the state
+    once: the last token's count (its context holds the other T - 1) plus the other tokens' own q, k, v and outputs."""
+    count = getattr(module, "mode_bytes", None)
+    if count is None:
+        return None
+    itemsize = DTYPES[cell.dtype].itemsize
+    lengths = [cell.seq_len + cell.step_tokens - 1] if cell.mode == "decode" else _contexts(cell)
+    total = sum(int(count(cell.mode, cell.batch_size, cell.num_heads, n, cell.head_dim, cell.causal,
+                          kv_heads=cell.num_kv_heads, itemsize=itemsize)) for n in lengths)
+    if cell.step_tokens > 1 and hasattr(module, "io_elements"):
+        total += (cell.step_tokens - 1) * itemsize * module.io_elements(cell.batch_size, cell.num_heads, cell.kv_heads,
+                                                                       1, cell.head_dim)
+    return total
+
+
+def weight_bytes(weights: int, cell: Cell) -> int:
+    """Bytes of ``weights`` parameters one call moves: read once forward; to train, read again for the backward and
+    their gradients written (3x, as FLOPs)."""
+    return train_factor(cell.mode) * weights * DTYPES[cell.dtype].itemsize
 
 
 def linear_weights(model: nn.Module) -> int:
@@ -270,7 +313,8 @@ def build(cell: Cell) -> Measured:
 
 
 __all__ = [
-    "Cell", "DTYPES", "KEY_FIELDS", "MODES", "Measured", "Rewind", "SCOPES", "Scope", "attention_flops", "build",
+    "Cell", "DTYPES", "KEY_FIELDS", "MODES", "Measured", "Rewind", "SCOPES", "Scope", "attention_bytes", "attention_flops",
+    "build", "weight_bytes",
     "selection_flops",
     "check_supported", "json_normal", "kv_heads_field", "linear_weights", "register_scope", "train_factor",
 ]

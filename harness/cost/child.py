@@ -37,21 +37,24 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
     Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
     the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
     buffers are then handed back to the OS), the timed calls with the CPU snapshots around them,
-    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype). ``peaks`` names which of
-    the two to time (the sweep times one per chain on CUDA: harness.cost.sweep.CellMeasurer.peaks_for).
+    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype), each with the memory bandwidth
+    (``time_bandwidth``). ``peaks`` names which of the two to time (the sweep times one per chain on CUDA:
+    harness.cost.sweep.CellMeasurer.peaks_for).
     """
     import torch
 
     from attn.attention.base import UnsupportedBackend
     from harness.cost.cells import DTYPES, Cell, build
-    from harness.cost.noise import cpu_snapshot, load_average, other_cpu, time_peak, usable_cpus
+    from harness.cost.noise import cpu_snapshot, load_average, other_cpu, time_bandwidth, time_peak, usable_cpus
     from harness.cost.timing import first_call, time_callable
     from harness.memory import PeakMemory, release_freed_memory
 
     cell = Cell.from_row(cell_row)
     mem = PeakMemory(cell.device)
-    def peak(when: str) -> float | None:
-        return time_peak(cell.device, DTYPES[cell.dtype]) if when in peaks else None
+    def peak(when: str) -> tuple[float | None, float | None]:  # (matmul FLOP/s, memory bytes/s)
+        if when not in peaks:
+            return None, None
+        return time_peak(cell.device, DTYPES[cell.dtype]), time_bandwidth(cell.device)
 
     try:
         # Warm-up on a throwaway instance: compilation, autotuning and lazy initialisation
@@ -70,7 +73,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         t = time_callable(measured.fn, timing)
         end = cpu_snapshot()
         peak_mem = mem.peak()
-        backend, flops, tokens = measured.backend(), measured.flops, measured.tokens
+        backend, flops, tokens, moved = measured.backend(), measured.flops, measured.tokens, measured.bytes
         columns = measured.columns() if measured.columns is not None else {}
         del measured
         peak_after = peak("after")
@@ -94,7 +97,10 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         "flops": flops,
         "achieved_flops_per_s": None if flops is None else flops / median,
         "peak_mem_bytes": peak_mem, "mem_method": mem.method,
-        "peak_before_flops_per_s": peak_before, "peak_after_flops_per_s": peak_after,
+        "bytes": moved,
+        "achieved_bytes_per_s": None if moved is None else moved / median,
+        "peak_before_flops_per_s": peak_before[0], "peak_after_flops_per_s": peak_after[0],
+        "bandwidth_before_bytes_per_s": peak_before[1], "bandwidth_after_bytes_per_s": peak_after[1],
         "peak_dtype": cell.dtype if peaks else None,
         "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
         "num_threads": torch.get_num_threads(), "cpus": usable_cpus(),

@@ -30,8 +30,10 @@ from typing import Any
 class NoiseConfig:
     """Thresholds of the ``noisy`` flag; the defaults are what a quiet 2-core machine stays within."""
 
-    peak_spread: float = 0.15  # |before - after| / max(before, after)
+    peak_spread: float = 0.15  # |before - after| / max(before, after), for the matmul peak and the bandwidth
     other_cpu: float = 0.25  # cores' worth of CPU other processes may use beyond the cores left free
+    run_drop: float = 0.15  # the cell's peak this far below the run's median peak: slow for the whole cell
+    iqr: float = 0.2  # latency IQR / median
 
 
 def _clock_ticks() -> int:
@@ -113,11 +115,24 @@ def peak_spread(before: float | None, after: float | None) -> float | None:
 
 
 def noisy_reason(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> str | None:
-    """Why a measured row should not be trusted as it stands, or None. Reads the row's own columns."""
+    """Why a measured row should not be trusted as it stands, or None. Reads the row's own columns (a column a row
+    lacks, such as those older rows were written without, judges nothing)."""
     reasons = []
     spread = peak_spread(row.get("peak_before_flops_per_s"), row.get("peak_after_flops_per_s"))
     if spread is not None and spread > config.peak_spread:
         reasons.append(f"matmul peak changed by {spread:.0%} across the cell (limit {config.peak_spread:.0%})")
+    spread = peak_spread(row.get("bandwidth_before_bytes_per_s"), row.get("bandwidth_after_bytes_per_s"))
+    if spread is not None and spread > config.peak_spread:
+        reasons.append(f"memory bandwidth changed by {spread:.0%} across the cell (limit {config.peak_spread:.0%})")
+    peak, median = row.get("peak_flops_per_s"), row.get("run_peak_flops_per_s")
+    if peak and median and peak < (1 - config.run_drop) * median:
+        reasons.append(f"matmul peak {1 - peak / median:.0%} below the run's median (limit {config.run_drop:.0%}): "
+                       "the machine was slow for the whole cell")
+    latency, iqr = row.get("latency_ms"), row.get("latency_iqr_ms")
+    if latency and iqr is not None and iqr > config.iqr * latency:
+        reasons.append(f"latency IQR {iqr / latency:.0%} of the median (limit {config.iqr:.0%})")
+    if row.get("timing_samples") == 1:
+        reasons.append("one timed sample: no spread to judge it by")
     other = row.get("other_cpu")
     spare = max(0, (row.get("cpus") or 0) - (row.get("num_threads") or 0))
     if other is not None and other > spare + config.other_cpu:
@@ -157,22 +172,51 @@ def peak_matmul(device: str, dtype: Any) -> tuple[Callable[[], Any], int]:
     return (lambda: torch.mm(a, b, out=out)), 2 * n**3
 
 
+# Bytes of each of STREAM's three arrays: far past any last-level cache (a few tens of MiB on CPUs, 50-60 MiB of L2
+# on an H100/H200), so the triad streams from memory, as STREAM's rule (4x the caches) asks.
+STREAM_ARRAY_BYTES = {"cpu": 64 << 20, "cuda": 512 << 20}
+
+
+def stream_triad(device: str) -> tuple[Callable[[], Any], int]:
+    """STREAM's triad ``a = b + s c`` over fp32 arrays on ``device`` and the bytes it moves (STREAM's count: two
+    arrays read, one written, 3 x the array; the write-allocate read is not counted, as STREAM does not)."""
+    import torch
+
+    n = STREAM_ARRAY_BYTES["cuda" if device.startswith("cuda") else "cpu"] // 4
+    a = torch.empty(n, device=device)
+    b, c = torch.full((n,), 1.0, device=device), torch.full((n,), 2.0, device=device)
+    return (lambda: torch.add(b, c, alpha=3.0, out=a)), 3 * n * 4
+
+
+def _rate(make: Callable[[], tuple[Callable[[], Any], int]], timing: Any) -> float | None:
+    """Work per second of the callable ``make`` returns (after one untimed call touches its pages); None if it
+    failed. Its buffers live only for this timing, so they never count as a cell's memory nor eat into a cap."""
+    from harness.cost.timing import first_call, time_callable
+
+    try:
+        fn, work = make()
+        first_call(fn)
+        return work / time_callable(fn, timing).median_s
+    except Exception:  # noqa: BLE001  (a failed peak leaves the cell's own measurement standing)
+        return None
+
+
 def time_peak(device: str, dtype: Any) -> float | None:
     """The device's matmul FLOP/s in the cell's dtype, with the threads the process uses; None if it failed.
 
-    The operands live only for this timing (freed before the cell's memory baseline and after its
-    peak is read), so they never count as a cell's memory nor eat into a device memory cap; one
-    untimed call first touches the output's pages. Timed short (0.3-1 s): it runs twice per cell on CPU
-    and once per chain on CUDA (harness.cost.sweep.CellMeasurer.peaks_for).
-    """
-    from harness.cost.timing import TimingConfig, first_call, time_callable
+    Timed short (0.3-1 s), freed before the cell's memory baseline and after its peak is read: it runs twice per cell
+    on CPU and once per chain on CUDA (harness.cost.sweep.CellMeasurer.peaks_for)."""
+    from harness.cost.timing import TimingConfig
 
-    try:
-        fn, flops = peak_matmul(device, dtype)
-        first_call(fn)
-        return flops / time_callable(fn, TimingConfig(min_run_time=0.3, max_run_time=1.0, threshold=0.05)).median_s
-    except Exception:  # noqa: BLE001  (a failed peak leaves the cell's own measurement standing)
-        return None
+    return _rate(lambda: peak_matmul(device, dtype), TimingConfig(min_run_time=0.3, max_run_time=1.0, threshold=0.05))
+
+
+def time_bandwidth(device: str) -> float | None:
+    """The device's memory bandwidth in bytes/s (:func:`stream_triad`, the threads the process uses), timed beside
+    the matmul peak: what a memory-bound call (a decoding step) is judged against. None if it failed."""
+    from harness.cost.timing import TimingConfig
+
+    return _rate(lambda: stream_triad(device), TimingConfig(min_run_time=0.1, max_run_time=0.25, threshold=0.05))
 
 
 
@@ -181,8 +225,11 @@ def assess(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> dict[str
     """Fill an ``ok`` row's trust columns from its own measurements (idempotent).
 
     ``peak_flops_per_s`` is the larger of the two peaks timed next to the cell (the conservative
-    denominator), ``peak_fraction`` = achieved / that, and ``noisy`` / ``noisy_reason`` by
-    :func:`noisy_reason`. Rows that measured nothing keep ``noisy`` None.
+    denominator), ``peak_fraction`` = achieved / that; likewise ``bandwidth_peak_bytes_per_s`` and
+    ``bandwidth_fraction`` for the bytes the call must move. ``arithmetic_intensity`` = FLOPs / bytes, and
+    ``roofline_fraction`` = the larger fraction = achieved / the roofline's bound min(peak, intensity x bandwidth):
+    how close the call came to what this machine allows it, compute- or memory-bound. ``noisy`` / ``noisy_reason``
+    by :func:`noisy_reason`. Rows that measured nothing keep ``noisy`` None.
     """
     if row.get("status") != "ok":
         row.setdefault("noisy", None)
@@ -194,6 +241,14 @@ def assess(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> dict[str
     peak, achieved = row.get("peak_flops_per_s"), row.get("achieved_flops_per_s")
     row["peak_fraction"] = achieved / peak if achieved and peak else None
     row["peak_spread"] = peak_spread(row.get("peak_before_flops_per_s"), row.get("peak_after_flops_per_s"))
+    bandwidths = [b for b in (row.get("bandwidth_before_bytes_per_s"), row.get("bandwidth_after_bytes_per_s")) if b]
+    row["bandwidth_peak_bytes_per_s"] = max(bandwidths) if bandwidths else None
+    bandwidth, moved = row["bandwidth_peak_bytes_per_s"], row.get("achieved_bytes_per_s")
+    row["bandwidth_fraction"] = moved / bandwidth if moved and bandwidth else None
+    flops, count = row.get("flops"), row.get("bytes")
+    row["arithmetic_intensity"] = flops / count if flops is not None and count else None
+    fractions = [f for f in (row["peak_fraction"], row["bandwidth_fraction"]) if f is not None]
+    row["roofline_fraction"] = max(fractions) if fractions else None
     reason = noisy_reason(row, config)
     row["noisy"], row["noisy_reason"] = reason is not None, reason
     return row
@@ -209,5 +264,5 @@ def least_noisy(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 __all__ = [
     "CpuSnapshot", "NoiseConfig", "PEAK_SIZE", "assess", "cpu_snapshot", "least_noisy", "load_average", "noisy_reason",
-    "other_cpu", "peak_matmul", "peak_spread", "time_peak", "usable_cpus",
+    "other_cpu", "peak_matmul", "peak_spread", "stream_triad", "time_bandwidth", "time_peak", "usable_cpus",
 ]

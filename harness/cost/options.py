@@ -68,6 +68,26 @@ def strs(split: bool) -> Callable[[Any, str], list[str]]:
     return parse
 
 
+SIZE_UNITS = {"": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6,
+              "GB": 10**9}
+
+
+def sizes(value: Any, where: str) -> list[int]:
+    """Byte sizes, a comma list: ``1GiB,512MiB``, ``1.5GB`` or plain bytes."""
+    import re
+
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out = []
+    for v in items:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(v))
+        if not m or float(m.group(1)) * SIZE_UNITS[m.group(2) or ""] < 1:
+            raise ValueError(f"{where}: expected sizes such as 1GiB, 512MiB or bytes, got {v!r}")
+        out.append(int(float(m.group(1)) * SIZE_UNITS[m.group(2) or ""]))
+    if not out:
+        raise ValueError(f"{where}: empty list")
+    return out
+
+
 def ints(value: Any, where: str) -> list[int]:
     items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
     out = []
@@ -167,5 +187,5 @@ def cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "Parser", "boolean", "choice", "cli_layer", "cli_names", "click_options", "count", "integer", "ints", "of_kind",
-    "option", "parse_length", "parse_lengths", "positive", "spec_keys", "strs", "text",
+    "option", "parse_length", "parse_lengths", "positive", "sizes", "spec_keys", "strs", "text",
 ]

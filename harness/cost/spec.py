@@ -28,6 +28,7 @@ from harness.cost.options import (
     option,
     parse_lengths,
     positive,
+    sizes,
     spec_keys,
     strs,
     text,
@@ -64,6 +65,15 @@ class Grid:
     docs: tuple[int, ...] = option((1,), parse=ints,  # packed documents per sequence (decode cells take 1)
                                    help="Documents packed per sequence (equal lengths, no attention across them), "
                                         "comma list; forward and train cells (default 1).")
+    queries: tuple[int, ...] = option((1,), parse=ints, flags=("--queries-per-step",),
+                                      help="Decode cells: new tokens per step, comma list (default 1): several draft "
+                                           "tokens verified at once (speculative decoding, multi-token prediction), "
+                                           "or a prefill chunk against the cache (512: chunked prefill). Op scope.")
+    budget: tuple[int, ...] | None = option(None, parse=sizes,  # None: no capacity axis; batch from --batch
+                                            help="Decode cells: a memory budget (1GiB, 512MiB; comma list). Each cell "
+                                                 "decodes the largest batch whose decoding state fits it (measured on "
+                                                 "a one-sequence state, then built at that batch), in place of "
+                                                 "--batch. Op scope.")
     head_dim: tuple[int, ...] = option((64,), parse=ints, help="Head dimensions, comma list.")
     dtype: tuple[str, ...] = option(("float32",), parse=strs(split=True), multiple=True,
                                     help="float32, bfloat16, float16, float64 (repeatable or comma list).")
@@ -294,6 +304,19 @@ def _patterns(grid: Grid, scopes: dict[str, Any]) -> list[tuple[tuple[str, dict[
     return out
 
 
+def _check_serving(grid: Grid) -> None:
+    """--queries-per-step and --budget: decode cells of the op scope (the variant's own state, no model around it)."""
+    asked = [f for f, on in (("--queries-per-step", max(grid.queries) > 1), ("--budget", grid.budget)) if on]
+    if not asked:
+        return
+    if "decode" not in grid.mode:
+        raise ValueError(f"{' and '.join(asked)} shape decoding steps: add --mode decode")
+    if set(grid.scope) != {"op"}:
+        raise ValueError(f"{' and '.join(asked)} run in --scope op only (a decoding step on the variant's own state)")
+    if grid.budget and tuple(grid.batch) != (1,):
+        raise ValueError("--budget finds each cell's batch; leave --batch out")
+
+
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
     """Every cell of every grid, validated, deduplicated; within a configuration, lengths ascend."""
     if check_device_available:
@@ -318,19 +341,26 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
                 resolve_position(position, grid.heads[0], grid.head_dim[0], max(grid.lengths))
         presses = _press_axis(grid, scopes)
         prepared = {name: scope.prepare(grid) for name, scope in scopes.items()}
-        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs, press in (
+        _check_serving(grid)
+        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs, press, t, budget in (
             itertools.product(variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads,
-                              grid.head_dim, grid.kv_heads or (None,), grid.docs, presses)
+                              grid.head_dim, grid.kv_heads or (None,), grid.docs, presses, grid.queries,
+                              grid.budget or (None,))
         ):
             if docs > 1 and mode == "decode":
                 continue  # a decoding step of a packed row is a step of its last document: --docs is for forward/train
+            if mode != "decode" and (t > 1 or budget is not None):
+                continue  # queries per step and a memory budget shape decoding only
+            serving = dict(queries=t if t > 1 else None, budget_bytes=budget)
+            if budget is not None:
+                b = 1  # the cell finds its batch from the budget
             for length in grid.lengths:
                 if docs > length:
                     raise ValueError(f"docs {docs} exceeds length {length}: every document needs a token")
                 for fields in scopes[scope].shapes(grid, prepared[scope], position, h, d, kv_given, length):
                     cell = Cell(variant=name, variant_params=params, backend_requested=backend, scope=scope, mode=mode,
                                 device=spec.run.device, dtype=dtype, batch_size=b, seq_len=length, causal=grid.causal,
-                                variant_spec=label, docs=docs if docs > 1 else None, **fields, **press)
+                                variant_spec=label, docs=docs if docs > 1 else None, **fields, **press, **serving)
                     cells.setdefault(cell.key(), cell)
     return list(cells.values())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
+import statistics
 import sys
 import time
 import uuid
@@ -28,6 +29,8 @@ from harness.plugins import absolute_plugins
 from harness.results import COST_FIELDS, ResultsStore, cell_key, check_rows, check_writable, exclusive
 
 Failures = dict[str, tuple[str, int]]  # configuration key -> (status, shortest length) that skips its longer lengths
+
+MIN_RUN_PEAKS = 3  # peaks timed earlier in a run before its median judges a cell
 
 FAILURES_THAT_SKIP = ("oom", "timeout")  # a longer length of the same configuration would fail too
 
@@ -90,8 +93,9 @@ class CellMeasurer:
         self.env = environment(run.device, run.seed)
         self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes, "host_limit_bytes": host_bytes,
                                       "host_limit_rule": rule}
-        # CUDA: (configuration key, matmul peak) of the chain being measured -- see peaks_for
-        self._chain_peak: tuple[str, float] | None = None
+        self.run_peaks: dict[str, list[float]] = {}  # dtype -> every matmul peak this host timed in the run
+        # CUDA: (configuration key, matmul peak, memory bandwidth) of the chain being measured -- see peaks_for
+        self._chain_peak: tuple[str, float, float | None] | None = None
 
     def peaks_for(self, cell: Cell) -> tuple[str, ...]:
         """Which matmul peaks the worker times around ``cell``: before and after it on CPU, where the
@@ -111,7 +115,7 @@ class CellMeasurer:
             start, startup = time.monotonic(), self.worker.startup_s
             result = self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit, peaks=peaks)
             if result.get("status") == "ok":
-                result = self._with_peaks(cell, result, peaks)
+                result = self._with_run_median(cell, self._with_peaks(cell, result, peaks), peaks)
             result = assess(result)
             walls.append(time.monotonic() - start - (self.worker.startup_s - startup))  # a worker's start is not the cell's
             attempts.append(result)
@@ -123,18 +127,29 @@ class CellMeasurer:
         return {"result": result, "env": self.env, "run_id": self.run_id,
                 "extra": {**self.extra, "cell_wall_s": sum(walls), "worker_starts": self.worker.starts}}
 
+    def _with_run_median(self, cell: Cell, result: dict[str, Any], peaks: tuple[str, ...]) -> dict[str, Any]:
+        """Give the row the median of the matmul peaks this host timed earlier in the run, in the cell's dtype
+        (``run_peak_flops_per_s``, from the fourth cell on), and remember this cell's: a cell whose peaks
+        agree with each other but sit well below the run's was measured while the machine was slow throughout
+        (harness.cost.noise.noisy_reason). Per host: a Ray or Slurm run spans machines with peaks of their own."""
+        earlier = self.run_peaks.setdefault(cell.dtype, [])
+        median = statistics.median(earlier) if len(earlier) >= MIN_RUN_PEAKS else None
+        timed = [result.get(f"peak_{when}_flops_per_s") for when in peaks]  # not a chain's peak handed on
+        earlier.extend(p for p in timed if p)
+        return {**result, "run_peak_flops_per_s": median}
+
     def _with_peaks(self, cell: Cell, result: dict[str, Any], peaks: tuple[str, ...]) -> dict[str, Any]:
         """Say how the row's peaks were timed (``peak_timing``: per ``cell`` or per ``chain``); on CUDA keep
         the peak timed with a chain's first cell, and give it to the chain's later cells."""
         if "after" in peaks:
             return {**result, "peak_timing": "cell"}
         if "before" in peaks:
-            peak = result.get("peak_before_flops_per_s")
-            self._chain_peak = (cell.config_key(), peak) if peak else None
+            peak, bandwidth = result.get("peak_before_flops_per_s"), result.get("bandwidth_before_bytes_per_s")
+            self._chain_peak = (cell.config_key(), peak, bandwidth) if peak else None
             return {**result, "peak_timing": "chain"}
         assert self._chain_peak is not None  # peaks_for times none only once the chain has its peak
-        return {**result, "peak_before_flops_per_s": self._chain_peak[1], "peak_dtype": cell.dtype,
-                "peak_timing": "chain"}
+        return {**result, "peak_before_flops_per_s": self._chain_peak[1],
+                "bandwidth_before_bytes_per_s": self._chain_peak[2], "peak_dtype": cell.dtype, "peak_timing": "chain"}
 
     def close(self) -> None:
         self.worker.close()

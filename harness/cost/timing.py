@@ -23,6 +23,9 @@ from torch.utils.benchmark.utils.timer import timer as synced_clock  # syncs the
 SLOW_CALL_S = 0.05
 # The spread is only judged once this many samples exist: an IQR of two or three points means nothing.
 MIN_SAMPLES = 4
+# A slow call is timed at least this often while one more sample fits in 3x max_run_time: a row resting on one
+# sample has no spread at all (harness.cost.noise flags it).
+MIN_SLOW_SAMPLES = 3
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,9 @@ def _measurement(number: int, blocks: list[float]) -> Measurement:
 
 
 def _done(m: Measurement, config: TimingConfig) -> bool:
-    total = sum(m.raw_times)
+    total, n = sum(m.raw_times), len(m.raw_times)
     if total >= config.max_run_time:
-        return True
+        return n >= MIN_SLOW_SAMPLES or total + total / n > MIN_SLOW_SAMPLES * config.max_run_time
     return total >= config.min_run_time and len(m.raw_times) >= MIN_SAMPLES and m.iqr / m.median < config.threshold
 
 
@@ -89,7 +92,8 @@ def time_callable(fn: Callable[[], object], config: TimingConfig = TimingConfig(
     one scheduling hiccup must not shrink every block) and repeated ``block_time / probe`` times per sample, so a
     0.2 ms decoding step is timed in blocks of ~100 calls and timer and scheduling
     jitter average out. Samples are added until ``min_run_time`` of timed calls and IQR / median <
-    ``threshold`` (at least ``MIN_SAMPLES``), or ``max_run_time``.
+    ``threshold`` (at least ``MIN_SAMPLES``), or ``max_run_time`` (and ``MIN_SLOW_SAMPLES`` samples, while one more
+    fits in 3x ``max_run_time``).
     """
     probe = _block(fn, 1)
     calls = 1
@@ -118,4 +122,6 @@ def bare_loop(fn: Callable[[], object], calls: int) -> list[float]:
     return out
 
 
-__all__ = ["MIN_SAMPLES", "SLOW_CALL_S", "Timing", "TimingConfig", "bare_loop", "first_call", "time_callable"]
+__all__ = [
+    "MIN_SAMPLES", "MIN_SLOW_SAMPLES", "SLOW_CALL_S", "Timing", "TimingConfig", "bare_loop", "first_call", "time_callable",
+]

@@ -226,6 +226,27 @@ def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, pa
     return fig
 
 
+@register_figure('roofline', 'cost',
+                 description="Each cell against the roof its mode is bound by: decoding against the memory bandwidth "
+                             "(bytes moved / s over a STREAM triad timed next to it), forward and train against the "
+                             "matmul peak.")
+def plot_roofline(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
+                  formats: Sequence[str] = ("png",)) -> Figure:
+    """Decode rows as a fraction of the measured memory bandwidth, the others of the matmul peak (a decode step's
+    FLOP fraction is near zero whatever its kernel does). Above 1 is drawn at 1, hollow, with its value beside it: a
+    step whose state stays in the caches between timed repeats can beat the memory's bandwidth."""
+    df = cost if "series" in cost else F.prepare_cost(cost)
+    frac = D.roof_fraction(df)
+    if not frac.notna().any():
+        raise Skip("rows carry no measured roof (bandwidth_fraction for decode, peak_fraction otherwise)")
+    df = df.assign(roof_fraction=frac)
+    fig = _cost_lines(df, "roof_fraction", name="roofline", title="Achieved / roof (decode: memory bandwidth; "
+                      "forward, train: matmul peak)", ylabel="fraction of the roof", palette=palette,
+                      ref_line=(1.0, "measured roof"), clip_above=1.0)
+    save(fig, out, "roofline", formats)
+    return fig
+
+
 @register_figure('speedup', 'cost',
                  description='Speed-up over full attention at the same length and shape (log2 axis; 1× = parity).')
 def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,

@@ -27,12 +27,14 @@ from harness.cost.cells import (
     Measured,
     Rewind,
     Scope,
+    attention_bytes,
     attention_flops,
     json_normal,
     kv_heads_field,
     linear_weights,
     register_scope,
     train_factor,
+    weight_bytes,
 )
 
 VOCAB_SIZE = 256  # the backbone's byte-level default; the LM head is part of the model's cost
@@ -60,6 +62,16 @@ def model_flops(model: Any, cell: Cell) -> int:
     return weights + sum(attention_flops(b.attn.attn, cell) for b in model.blocks)
 
 
+def model_bytes(model: Any, cell: Cell) -> int | None:
+    """Every nn.Linear's weights (harness.cost.cells.weight_bytes) plus each layer's attention traffic; the other
+    activations (norms, MLP hidden states) are not counted, so this is a lower bound outside decoding, where weights
+    and the attention states dominate. None if a layer's variant does not count its bytes."""
+    layers = [attention_bytes(b.attn.attn, cell) for b in model.blocks]
+    if None in layers:
+        return None
+    return weight_bytes(linear_weights(model), cell) + sum(layers)
+
+
 def model_config(cell: Cell) -> attn.TransformerConfig:
     """The backbone for a model-scope cell: d_model = heads x head_dim, ``layers`` blocks, byte vocabulary; a layer
     pattern's cell (variant ``layers``) gives each layer its spec."""
@@ -77,7 +89,7 @@ def build_model(cell: Cell) -> Measured:
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     B, L = cell.batch_size, cell.seq_len
     model = attn.Transformer(model_config(cell)).to(dev, dtype)
-    flops = model_flops(model, cell)
+    flops, moved = model_flops(model, cell), model_bytes(model, cell)
 
     def backend() -> str | None:
         ran = sorted({b.attn.attn.last_backend for b in model.blocks if b.attn.attn.last_backend})
@@ -101,7 +113,7 @@ def build_model(cell: Cell) -> Measured:
         def held() -> dict[str, Any]:  # what every layer's decoding state holds at L tokens (short-conv inputs too)
             return {"state_bytes": sum(int(s.nbytes()) for s in state.layers) + sum(c.nbytes() for c in state.convs)}
 
-        return Measured(decode_step, flops, B, backend, state, held)
+        return Measured(decode_step, flops, B, backend, state, held, moved)
 
     idx = torch.randint(0, VOCAB_SIZE, (B, L), device=dev)  # (B, L)
     documents = cell.documents(dev)
@@ -113,7 +125,7 @@ def build_model(cell: Cell) -> Measured:
         def train_step() -> tuple[torch.Tensor, ...]:
             return torch.autograd.grad(model.loss(idx, targets, documents=documents), params)
 
-        return Measured(train_step, flops, B * L, backend)
+        return Measured(train_step, flops, B * L, backend, bytes=moved)
 
     model.eval()
 
@@ -121,7 +133,7 @@ def build_model(cell: Cell) -> Measured:
         with torch.no_grad():
             return model(idx, documents=documents)
 
-    return Measured(forward, flops, B * L, backend)
+    return Measured(forward, flops, B * L, backend, bytes=moved)
 
 
 @register_scope("model")
@@ -139,4 +151,5 @@ class ModelScope(Scope):
         return build_model(cell)
 
 
-__all__ = ["VOCAB_SIZE", "ModelScope", "build_model", "model_config", "model_flops", "resolve_position"]
+__all__ = ["VOCAB_SIZE", "ModelScope", "build_model", "model_config", "model_bytes", "model_flops",
+           "resolve_position"]

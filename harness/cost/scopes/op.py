@@ -3,18 +3,21 @@ no backbone. ``train`` takes the gradients of the inputs (and of a variant's own
 are the variant's own count in the cell's mode (harness.cost.cells)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 import attn
 from attn.attention.token_inputs import draw_inputs
+from harness.cost.capacity import batched_state, capacity_batch
 from harness.cost.cells import (
     DTYPES,
     Cell,
     Measured,
     Rewind,
     Scope,
+    attention_bytes,
     attention_flops,
     kv_heads_field,
     register_scope,
@@ -34,29 +37,13 @@ def build_op(cell: Cell) -> Measured:
     if getattr(module, "layer", None) is not None:  # MLA: the op on expanded heads is full attention
         raise attn.UnsupportedBackend(f"{cell.variant} owns its projections (a layer-level variant): time it with "
                                       "--scope model")
-    flops = op_flops(module, cell)
+    if cell.mode == "decode":
+        return build_decode(cell, module)
+    flops, moved = op_flops(module, cell), attention_bytes(module, cell)
     chosen = selection_flops(module, cell)
     columns = (lambda: {"selection_flops": chosen}) if chosen else None  # its part of `flops`
     backend = lambda: module.last_backend
     extra = lambda n: draw_inputs(module.token_inputs, B, Hkv, n, D, device=dev, dtype=dtype)  # gates, decays: (B, H_kv, n, .)
-
-    if cell.mode == "decode":
-        state = module.start_state(L + 1)
-        with torch.no_grad():
-            prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
-            module.run_step(*prompt, state, **extra(L))  # prefill: the cache now holds L tokens
-            del prompt
-        q1, k1, v1 = (torch.randn(B, h, 1, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, 1, D)
-        inputs1 = extra(1)
-        rewind = Rewind([state], L)
-
-        def decode_step() -> torch.Tensor:
-            with torch.no_grad():
-                out = module.run_step(q1, k1, v1, state, **inputs1)
-            rewind()
-            return out
-
-        return Measured(decode_step, flops, B, backend, state, columns)
 
     q, k, v = (torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, L, D)
     inputs, documents = extra(L), cell.documents(dev)
@@ -70,13 +57,51 @@ def build_op(cell: Cell) -> Measured:
             out = module(q, k, v, causal=cell.causal, documents=documents, **inputs)
             return torch.autograd.grad(out, leaves, grad_out)
 
-        return Measured(train_step, flops, B * L, backend, columns=columns)
+        return Measured(train_step, flops, B * L, backend, columns=columns, bytes=moved)
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return module(q, k, v, causal=cell.causal, documents=documents, **inputs)
 
-    return Measured(forward, flops, B * L, backend, columns=columns)
+    return Measured(forward, flops, B * L, backend, columns=columns, bytes=moved)
+
+
+def build_decode(cell: Cell, module: Any) -> Measured:
+    """One decoding step of ``cell.step_tokens`` new tokens per sequence on a state that holds L tokens (prefilled
+    once, untimed). With a memory budget the state is prefilled for one sequence, measured, and repeated to the
+    largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and ``state_bytes``."""
+    dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
+    B, H, Hkv, L, D, T = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim, cell.step_tokens
+    extra = lambda b, n: draw_inputs(module.token_inputs, b, Hkv, n, D, device=dev, dtype=dtype)  # noqa: E731
+    state = module.start_state(L + T)
+    with torch.no_grad():
+        prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
+        module.run_step(*prompt, state, **extra(B, L))  # prefill: the cache now holds L tokens
+        del prompt
+    held: dict[str, Any] = {}
+    if cell.budget_bytes:
+        one = int(state.nbytes())
+        B = capacity_batch(cell.budget_bytes, one)
+        if B == 0:
+            raise MemoryError(f"one sequence's decoding state at {L} tokens ({one / 2**20:.1f} MiB) exceeds the "
+                              f"budget of {cell.budget_bytes / 2**20:g} MiB")
+        state = batched_state(state, B)
+        cell = dataclasses.replace(cell, batch_size=B)  # what the counts describe
+        held = {"capacity_batch": B, "state_bytes": int(state.nbytes()), "state_bytes_per_sequence": one}
+    flops, moved, chosen = op_flops(module, cell), attention_bytes(module, cell), selection_flops(module, cell)
+    columns = {**held, **({"selection_flops": chosen} if chosen else {})}
+    q1, k1, v1 = (torch.randn(B, h, T, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, T, D)
+    inputs1 = extra(B, T)
+    rewind = Rewind([state], L)
+
+    def decode_step() -> torch.Tensor:
+        with torch.no_grad():
+            out = module.run_step(q1, k1, v1, state, **inputs1)
+        rewind()
+        return out
+
+    return Measured(decode_step, flops, B * T, lambda: module.last_backend, state, (lambda: columns) if columns else None,
+                    moved)
 
 
 @register_scope("op")
@@ -90,4 +115,4 @@ class OpScope(Scope):
         return build_op(cell)
 
 
-__all__ = ["OpScope", "build_op", "op_flops"]
+__all__ = ["OpScope", "build_decode", "build_op", "op_flops"]
