@@ -12,6 +12,10 @@ paged cache, and the substrings ``flash``, ``sdpa`` and ``flex_attention`` trigg
 So ``:``, ``,`` and any other character outside ``[A-Za-z0-9_.=+-]`` become ``.``, and those substrings
 are written in capitals (a plugin ``flash_linear`` is ``attn_bench.FLASH_linear``).
 
+Decoding: with transformers' caches every call gets all cached keys; with :class:`attn.hf.cache.VariantCache` the
+function gets only the new tokens, which it recognises (``claim``), and runs the variant's ``run_step`` on its own
+bounded state (a window, a recurrence, a band of blocks).
+
 Softcapping (Gemma 2 passes ``softcap``): honoured by variants with a ``softcap`` parameter (``full``,
 ``sliding_window``), with the model's value unless the spec sets a different one (refused); others refuse it.
 
@@ -33,6 +37,7 @@ from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
 from attn.attention.base import Attention
+from attn.hf.cache import claim
 from attn.hf.padding import padding_mask, run_padded
 from attn.registry import ATTENTION, build_attention, parse_spec, shorten
 
@@ -233,6 +238,12 @@ def attention_function(variant: Variant):
             _check_unpacked(position_ids)
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         q = query * scale if scale != 1.0 else query
+        layer = claim(key)  # the new tokens of a VariantCache: the variant's own step (attn.hf.cache)
+        if layer is not None:
+            if not causal or attention_mask is not None:
+                raise ValueError(f"{variant.name}: VariantCache decodes causal attention over rows without padding "
+                                 "(each row's state would absorb its padding): use DynamicCache, or unpadded rows")
+            return layer.step(ours, q, key, value).transpose(1, 2).contiguous(), None
         out = run_padded(lambda q_, k_, v_: ours(q_, k_, v_, causal=causal), q, key, value, attention_mask)
         return out.transpose(1, 2).contiguous(), None  # (B, Lq, H, D), as sdpa_attention_forward returns
 

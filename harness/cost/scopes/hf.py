@@ -5,9 +5,13 @@ What is timed, per mode:
 - ``forward``: the prefill of L tokens as ``generate`` runs it: every layer on every token, the LM head on the
   last token only (``logits_to_keep=1``), no cache kept.
 - ``train``: forward + backward of the next-token loss on L tokens (logits for every token), gradients of every weight.
-- ``decode``: one new token with transformers' own ``DynamicCache`` already holding L tokens; the cache is cut back
-  to L after each timed step. Note that this is transformers' cache, not the variant's: every step hands the
-  variant all L cached keys, and the cache concatenates each new key (a copy of the layer's cache per step).
+- ``decode``: one new token with a cache already holding L tokens, cut back to L after each timed step
+  (``crop(-1)``). A variant with a bounded decoding state of its own (a window, a recurrence, a band of blocks:
+  :func:`attn.hf.cache.bounded`) decodes through :class:`attn.hf.cache.VariantCache`, which holds that state and
+  runs the variant's step on the new token only, as the backbone does. The others (every key: ``full``, layouts
+  with random blocks) keep transformers' ``DynamicCache``, which hands the variant all L cached keys and
+  concatenates each new key (a copy of the layer's cache per step). Rows add ``hf_cache`` (which of the two) and
+  ``state_bytes`` (what it holds at L tokens, all layers).
 
 FLOPs: 2 per multiply-add of every ``nn.Linear`` weight per token it is applied to (the LM head on 1 token in
 ``forward``), x 3 for ``train``, plus ``num_hidden_layers`` x the variant's own count of the attention in that mode,
@@ -29,7 +33,18 @@ import torch
 from torch import nn
 
 import attn
-from harness.cost.cells import DTYPES, Cell, Measured, Scope, attention_flops, json_normal, register_scope, train_factor
+from harness.cost.cells import (
+    DTYPES,
+    Cell,
+    Measured,
+    Scope,
+    attention_bytes,
+    attention_flops,
+    json_normal,
+    register_scope,
+    train_factor,
+    weight_bytes,
+)
 from harness.cost.presses import build_press
 
 
@@ -105,11 +120,23 @@ def hf_flops(model: nn.Module, cell: Cell, module: Any, kept: list[int] | None =
     return weights + sum(attention_flops(module, dataclasses.replace(cell, seq_len=k)) for k in kept)
 
 
+def hf_bytes(model: nn.Module, cell: Cell, module: Any) -> int | None:
+    """Every nn.Linear's weights once (harness.cost.cells.weight_bytes) plus each layer's attention traffic; other
+    activations are not counted (a lower bound outside decoding)."""
+    attention = attention_bytes(module, cell)
+    if attention is None:
+        return None
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return weight_bytes(weights, cell) + cell.layers * attention
+
+
 def build_hf(cell: Cell) -> Measured:
     """Model, inputs and the measured callable of an ``hf`` cell."""
     from transformers import DynamicCache
 
     from attn.hf import attention_modules, build_model
+    from attn.hf.cache import VariantCache, bounded
+    from attn.hf.presses import cache_bytes
 
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     config = load(cell.hf_config, cell.kv_heads)  # num_kv_heads None = as many as the query heads, not the config's
@@ -124,9 +151,10 @@ def build_hf(cell: Cell) -> Measured:
     module = attn.build_attention(cell.variant, **cell.variant_params)
     if cell.press is not None:
         return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, module, kept))
-    flops = hf_flops(model, cell, module)
+    flops, moved = hf_flops(model, cell, module), hf_bytes(model, cell, module)
     if cell.mode == "decode":
-        cache = DynamicCache(config=model.config)
+        own = bounded(attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params))
+        cache = VariantCache(model.config) if own else DynamicCache(config=model.config)
         with torch.no_grad():
             model(idx, past_key_values=cache, use_cache=True, logits_to_keep=1)  # prefill: the cache holds L tokens
         token = torch.randint(0, V, (B, 1), device=dev)
@@ -137,7 +165,11 @@ def build_hf(cell: Cell) -> Measured:
             cache.crop(-1)  # back to L tokens: every timed step decodes at the same context
             return out
 
-        return Measured(decode_step, flops, B, backend, cache)
+        def held() -> dict[str, Any]:  # what the cache holds at L tokens, all layers
+            size = cache.nbytes() if own else cache_bytes(cache)
+            return {"hf_cache": type(cache).__name__, "state_bytes": size}
+
+        return Measured(decode_step, flops, B, backend, cache, held, bytes=moved)
     if cell.mode == "train":
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -145,13 +177,13 @@ def build_hf(cell: Cell) -> Measured:
         def train_step() -> tuple[torch.Tensor, ...]:
             return torch.autograd.grad(model(idx, labels=idx, use_cache=False).loss, params)
 
-        return Measured(train_step, flops, B * L, backend)
+        return Measured(train_step, flops, B * L, backend, bytes=moved)
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return model(idx, use_cache=False, logits_to_keep=1).logits
 
-    return Measured(forward, flops, B * L, backend)
+    return Measured(forward, flops, B * L, backend, bytes=moved)
 
 
 def hf_cell_fields(hf_config: str, kv_heads: int | None, position: str) -> dict[str, Any]:
@@ -199,4 +231,4 @@ class HfScope(Scope):
         return build_hf(cell)
 
 
-__all__ = ["HfScope", "build_hf", "hf_cell_fields", "hf_flops", "hf_grid_fields", "hf_position", "hf_shape", "load"]
+__all__ = ["HfScope", "build_hf", "hf_cell_fields", "hf_bytes", "hf_flops", "hf_grid_fields", "hf_position", "hf_shape", "load"]
