@@ -2,6 +2,7 @@
 paper's formula written out in float64, decoding with the constant-size state equals the full forward,
 and favor's random features approach softmax attention as their number grows."""
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attn
+from attn.attention import linear
 from attn.attention.base import UnsupportedBackend
 from attn.attention.linear import LinearConfig, LinearState
 
@@ -59,6 +61,37 @@ def test_chunked_and_recurrent_equal_reference_forward_and_chunked_grads(inputs,
     got = torch.autograd.grad(chunked, (q, k, v), grad)
     for name, a, b in zip("qkv", got, expected, strict=True):
         assert rel_err(a, b, floor=1.0) < (1e-4 if dtype == torch.float32 else 2e-2), name
+
+
+@given(st.data(), st.sampled_from(FEATURE_MAPS), st.booleans(), st.integers(1, 9), st.integers(1, 40))
+def test_chunked_in_steps_of_many_chunks_equals_reference(data, fmap, causal, chunk, group_tokens):
+    """The chunked form takes ~GROUP_TOKENS tokens of whole chunks per step (then a short last chunk): every
+    split into steps, with GQA, odd lengths, a prefix of keys, fp32 / bf16 / fp64, forward and gradients."""
+    H_kv, g = data.draw(st.integers(1, 2)), data.draw(st.sampled_from([1, 2, 3]))
+    B, D = data.draw(st.integers(1, 2)), data.draw(st.sampled_from([1, 4, 8]))
+    lk = data.draw(st.integers(1, 90))
+    lq = data.draw(st.integers(1, lk)) if data.draw(st.booleans()) else lk
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    q = torch.randn(B, H_kv * g, lq, D, generator=gen).to(dtype).requires_grad_()
+    k, v = (torch.randn(B, H_kv, lk, D, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+    params = dict(feature_map=fmap, chunk_size=chunk, num_features=16)
+    ref = lin("reference", **params)(q, k, v, causal=causal)
+    with mock.patch.object(linear, "GROUP_TOKENS", group_tokens):
+        chunked = lin("chunked", **params)(q, k, v, causal=causal)
+        with torch.no_grad():  # the no-grad path writes into one output buffer
+            no_grad = lin("chunked", **params)(q, k, v, causal=causal)
+    tol = TOL.get(dtype, dict(atol=1e-10, rtol=1e-10))
+    assert chunked.dtype == dtype and chunked.shape == q.shape
+    torch.testing.assert_close(chunked, ref, **tol)
+    torch.testing.assert_close(no_grad, chunked.detach(), atol=0.0, rtol=0.0)
+
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    expected = torch.autograd.grad(ref, (q, k, v), grad)
+    got = torch.autograd.grad(chunked, (q, k, v), grad)
+    bound = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float64: 1e-10}[dtype]
+    for name, a, b in zip("qkv", got, expected, strict=True):
+        assert rel_err(a, b, floor=1.0) < bound, name
 
 
 def paper_formula(q, k, v, causal, phi, eps=1e-6):
@@ -319,3 +352,12 @@ def test_listed_with_its_parameters_and_backends():
     assert set(spec["params"]) == {"feature_map", "num_features", "seed", "chunk_size", "eps"}
     assert [b["name"] for b in spec["backends"]] == ["reference", "chunked", "recurrent", "fla"]
     assert spec["exact"] is False and spec["causal"] and spec["bidirectional"] and spec["decode"]
+
+
+@pytest.mark.parametrize("fmap", ["elu1", "favor"])
+def test_a_prefill_of_transposed_views_equals_the_reference(fmap):
+    """transformers hands (B, L, H, D) tensors transposed to (B, H, L, D): strided, past one chunk, at batch 1."""
+    m = attn.build_attention("linear", feature_map=fmap, chunk_size=16)
+    q, k, v = (torch.randn(1, 70, 4, 8, dtype=torch.float64).transpose(1, 2) for _ in range(3))
+    got = m.run_step(q, k, v, m.start_state(70))
+    torch.testing.assert_close(got, m.backend_reference(q, k, v, True))

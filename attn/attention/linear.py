@@ -91,9 +91,10 @@ def _ones_column(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, torch.ones_like(v[..., :1])], -1)
 
 
-# chunked backend: tokens per step, in whole chunks. Per (batch, key head) a step holds ~GROUP_TOKENS (g c + d D / c)
-# floats (intra-chunk weights, states): ~2 MB at c = d = D = 64, kept in cache.
-GROUP_TOKENS = 1024
+# chunked backend: tokens per step, in whole chunks. A step's temporaries, ~GROUP_TOKENS (g c + d D / c) floats per
+# (batch, key head), 1 MB at c = d = D = 64 and 8 heads, stay in cache and in malloc's reused heap; at 4096 they
+# were fresh pages each step (8 MB) and 1.4x the CPU time. 256-1024 were within noise at 128K on one thread.
+GROUP_TOKENS = 512
 
 
 FLA_AUTOTUNE_ENV = "ATTN_BENCH_FLA_AUTOTUNE_CONFIGS"
@@ -230,9 +231,10 @@ class LinearAttention(RecurrentAttention):
 
         O(T c d + T d D) work. Batch and heads are flattened, and each step takes many chunks at once (about
         ``GROUP_TOKENS`` tokens): their intra-chunk weights, their state increments, and the state before each
-        chunk as a prefix sum of the increments, in a few large batched matmuls. One chunk per step was op-bound:
-        ~10 small ops per 64 tokens, 160K at 1M tokens, each an OpenMP fork and join that stalls whenever another
-        process holds one of the cores. The last chunk may be short; it is a step of its own.
+        chunk as a prefix sum of the increments, in a few large batched matmuls (one chunk per step was ~10 small
+        ops per 64 tokens). Outputs go into one buffer: a list of chunk outputs and their concatenation were twice
+        the output in fresh pages per call, and page faults (kernel time) grew faster than the length: at 1M tokens
+        on one thread 2.9 s of system time against 1.1 s now. The last chunk may be short; it is a step of its own.
         """
         B, H, T, D = q.shape
         Hkv = k.shape[1]
@@ -243,9 +245,8 @@ class LinearAttention(RecurrentAttention):
         c = self.config.chunk_size
         step, whole = max(1, GROUP_TOKENS // c) * c, T - T % c
         sizes = [step] * (whole // step) + [s for s in (whole % step, T - whole) if s]
-        # Without autograd the steps write into one output buffer (no list, no concatenation: a copy and
-        # L H D floats of fresh pages fewer). With it, a list and one cat: the backward of a slice write
-        # copies the whole gradient, O(steps x length).
+        # Without autograd the steps write into one output buffer. With it, a list and one cat: the backward
+        # of a slice write copies the whole gradient, O(steps x length).
         out = None if torch.is_grad_enabled() else q4.new_empty(bh, g, T, D)
         outs, t = [], 0
         # split, not slice: each slice's backward would write its chunk into a zeroed full-length gradient,
@@ -268,9 +269,10 @@ class LinearAttention(RecurrentAttention):
         m = t // c
         qc = self.phi_query(qs)  # (bh, g, t, d)
         d = qc.shape[-1]
-        qc = qc.view(bh, g, m, c, d).transpose(1, 2).reshape(bh * m, g * c, d)  # chunk i's g heads one after another
+        # reshape, not view: an elementwise feature map keeps its input's strides (transformers hands transposed keys)
+        qc = qc.reshape(bh, g, m, c, d).transpose(1, 2).reshape(bh * m, g * c, d)  # chunk i's g heads one after another
         kc, lc = self.phi_key(ks)
-        kc, vc = kc.view(bh * m, c, d), _ones_column(vs).view(bh * m, c, D + 1)
+        kc, vc = kc.reshape(bh * m, c, d), _ones_column(vs).view(bh * m, c, D + 1)
         a = torch.bmm(qc, kc.transpose(1, 2))  # (bh m, g c, c) intra-chunk weights
         if lc is None:
             a.view(bh * m, g, c, c).tril_()
