@@ -5,13 +5,17 @@ definition (score(i, j) += -m_h |i - j|, absolute positions, bottom-right), forw
 it combines with (softcap, prefix, sink tokens, dilation, sink logits); Flex on a few long inputs; decoding against one
 forward; a backbone with `position="alibi"` training a step and decoding; refusals."""
 
+import contextlib
 import math
+from unittest import mock
 
 import pytest
 import torch
+import torch.nn.functional as F
 from definitions import decode_in_chunks, float64_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend
 
 import attn
 from attn.attention import flex
@@ -192,6 +196,39 @@ def test_token_by_token_decoding_with_rewinds_keeps_positions():
             state.truncate(t)  # the harness's rewind of a timed step
             outs.append(m.run_step(*new, state))
     torch.testing.assert_close(torch.cat(outs, 2), definition(q, k, v, True, window=w, sinks=s), atol=1e-10, rtol=1e-9)
+
+
+@contextlib.contextmanager
+def sdpa_choices():
+    """The kernel SDPA's dispatch picks (``torch._fused_sdp_choice`` on the same arguments) for each call inside."""
+    real, chosen = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        chosen.append(SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
+                                                         enable_gqa=enable_gqa)))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    enable_gqa=enable_gqa)
+
+    with mock.patch.object(F, "scaled_dot_product_attention", spy):
+        yield chosen
+
+
+@settings(max_examples=30, deadline=None)
+@given(kv=st.integers(1, 2), g=st.sampled_from([1, 2, 3]), lk=st.integers(1, 300), lq=st.sampled_from([1, 1, 2, 5]),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]), prefix=st.sampled_from([0, 0, 4]),
+       causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_step_hands_sdpa_the_bias_as_a_mask_its_fused_cpu_kernel_takes(kv, g, lk, lq, dtype, prefix, causal, seed):
+    """One or a few queries over a cache (decoding; with GQA folded into their key head's rows): the per-head bias goes
+    to SDPA in 4-D, which its fused CPU kernel takes (a 3-D mask sent it to the math path: 5x a plain step at 64K
+    keys), and the output equals the fp64 definition within the reference's own error in fp64, fp32 and bf16."""
+    lq, prefix = min(lq, lk), prefix if causal else 0
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, kv * g, lq, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, kv, lk, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    fast, ref = (attn.build_attention("full", backend=b, alibi=True, prefix=prefix) for b in ("sdpa", "reference"))
+    with sdpa_choices() as chosen:
+        assert not mismatches(fast, ref, q.to(dtype), k.to(dtype), v.to(dtype), causal, grad=False)
+    assert chosen and set(chosen) == {SDPBackend.FLASH_ATTENTION}
 
 
 # -- the position method in the backbone --------------------------------------------------------------------------

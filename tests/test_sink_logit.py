@@ -7,6 +7,7 @@ own error, Flex on a few long inputs, decoding against one forward, transformers
 parameter's life (lazy or sized by ``heads``, zeros, per head count) and a backbone training one step."""
 
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from test_alibi import definition, definition_mask
 
 import attn
-from attn.attention import flex
+from attn.attention import flex, score_terms
 from attn.attention.base import UnsupportedBackend
 from attn.checks import mismatches
 
@@ -138,6 +139,41 @@ def test_decoding_equals_one_forward(L, chunks, seed, alibi, sw):
                                        **(sw or {})), sink)
     expected = definition(q, k, v, True, alibi=alibi, sink=sink, **(sw or {}))
     torch.testing.assert_close(decode_in_chunks(m, q, k, v, chunks), expected, atol=1e-10, rtol=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(kv=st.integers(1, 2), g=st.sampled_from([1, 2, 3]), lk=st.integers(1, 300), lq=st.sampled_from([1, 1, 2, 5]),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]), alibi=st.booleans(),
+       prefix=st.sampled_from([0, 0, 4]), causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_call_without_gradient_folds_the_sink_in_after_the_kernel(kv, g, lk, lq, dtype, alibi, prefix, causal, seed):
+    """No gradient on CPU (a decoding step): SDPA's fused kernel returns each row's log-sum-exp and the output is scaled
+    by sigmoid(lse - s_h) after it, so the sink key (a copy of every cached key and value, 16x a plain step at 64K) is
+    never built -- except for a causal prefill with GQA, whose grouped keys the kernel cannot take. Equal to the fp64
+    definition within the reference's own error in fp64, fp32 and bf16, with ALiBi and a prefix, at odd lengths."""
+    lq, prefix = min(lq, lk), prefix if causal else 0
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, kv * g, lq, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, kv, lk, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    sink = torch.randn(kv * g, generator=gen) * 3
+    fast, ref = (with_sink(attn.build_attention("full", backend=b, sink_logit=True, alibi=alibi, prefix=prefix), sink)
+                 for b in ("sdpa", "reference"))
+    with mock.patch.object(score_terms, "with_sink_key", wraps=score_terms.with_sink_key) as sink_key:
+        assert not mismatches(fast, ref, q.to(dtype), k.to(dtype), v.to(dtype), causal, grad=False)
+    fused_causal = causal and lq == lk and not prefix and not alibi
+    assert sink_key.call_count == (fused_causal and g > 1)
+
+
+def test_the_folded_sink_gives_a_query_that_sees_nothing_zero():
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 3, 8, generator=gen)
+    k, v = (torch.randn(1, 2, 5, 8, generator=gen) for _ in range(2))
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False
+    sink = torch.randn(4, generator=gen)
+    with torch.no_grad():
+        out = score_terms.sdpa(q, k, v, mask, sink=sink)
+    assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
+    torch.testing.assert_close(out, float64_attention(q, k, v, mask, sink=sink).float(), atol=1e-6, rtol=1e-5)
 
 
 # -- the parameter ------------------------------------------------------------------------------------------------

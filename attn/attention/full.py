@@ -249,7 +249,8 @@ class FullAttention(Attention):
         if cfg.alibi or cfg.sink_logit:
             Lq, Lk = q.shape[2], k.shape[2]
             fused_causal = causal and Lq == Lk and not cfg.prefix and not cfg.alibi
-            mask = None if fused_causal or (causal and Lq == 1 and not cfg.alibi) else self._mask(q, k, causal)
+            # one causal query sees every key: no mask (ALiBi's bias is then SDPA's whole float mask)
+            mask = None if fused_causal or (causal and Lq == 1) else self._mask(q, k, causal)
             pos = torch.arange(Lk, device=q.device)
             bias = score_terms.bias_for(self, q, pos[Lk - Lq:], pos)
             return score_terms.sdpa(q, k, v, mask, fused_causal, bias, score_terms.sink_for(self, q))

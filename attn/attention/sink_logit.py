@@ -8,15 +8,19 @@ Unlike StreamingLLM's sink *tokens* (``sliding_window``'s ``sinks``) there is no
 denominator's extra term. The sink logit is not softcapped and gets no ALiBi bias: it is a logit of its own, not a
 score. A query that sees no key returns 0 (all its weight on the sink), as the references return 0 for such rows.
 
-Backends carry it as one more key whose value is zero and whose score is exactly s_h:
+Backends carry it as one more key whose value is zero and whose score is exactly s_h, or fold it in after the softmax:
 
 - explicit softmax (references, softcap paths): an extra column of the scores;
-- SDPA: one extra channel -- queries of head h hold ``s_h / scale`` there, the sink key holds 1 and every real key 0 --
-  so the fused kernels, their causal path and their backward run unchanged, and s_h gets its gradient through q;
+- SDPA without a gradient on CPU (decoding): no sink key at all -- the fused kernel also returns each row's
+  log-sum-exp log Z, and the output is scaled by Z / (Z + e^{s_h}) after it (:func:`with_sink_share`), so no key
+  is copied;
+- SDPA otherwise: one extra channel -- queries of head h hold ``s_h / scale`` there, the sink key holds 1 and every
+  real key 0 -- so the fused kernels, their causal path and their backward run unchanged, and s_h gets its gradient
+  through q (a copy of the keys with the sink in front: fine for a prefill or training, 16x a decoding step at 64K);
 - Flex: a zero key after the last one, its score set to s_h by the ``score_mod`` (a captured tensor Flex
   differentiates), its column visible to every query block (see :func:`with_sink_column`).
 
-Cost: one more key per query; not counted in FLOPs.
+Cost: one more key per query (or one scale per row); not counted in FLOPs.
 """
 from __future__ import annotations
 
@@ -80,6 +84,14 @@ def with_sink_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_rows: 
     return q2, k2, v2
 
 
+def with_sink_share(out: torch.Tensor, lse: torch.Tensor, sink_rows: torch.Tensor) -> torch.Tensor:
+    """out (..., Lq, D) of a softmax without the sink and lse (..., Lq) its rows' log-sum-exp log Z -> the output with
+    the sink in the softmax (``sink_rows`` broadcastable to lse): every weight e^s / Z becomes e^s / (Z + e^{s_h}), and
+    the sink's value is zero, so out scales by Z / (Z + e^{s_h}) = sigmoid(lse - s_h). Exact, in lse's precision."""
+    share = torch.sigmoid(lse - sink_rows.to(lse.dtype))[..., None]  # (..., Lq, 1)
+    return (out.to(share.dtype) * share).to(out.dtype)
+
+
 def zero_key(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """k, v (B, H_kv, Lk, D) with one zero key and value appended (Flex's sink column, position Lk)."""
     return F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
@@ -110,4 +122,4 @@ def with_sink_column(partial: torch.Tensor, full: torch.Tensor | None, block: in
 
 
 __all__ = ["channel_pad", "check_heads", "init_sink_logits", "needs_grad", "sink_logits_for", "with_sink_column", "with_sink_key",
-           "zero_key"]
+           "with_sink_share", "zero_key"]
