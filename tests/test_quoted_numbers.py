@@ -148,8 +148,10 @@ def cost_conditions(file: str) -> str:
     again = sum((r.get("attempts") or 1) > 1 for r in rs)
     machine = "/".join(sorted({r["device_name"] for r in rs}))
     torch = "/".join(sorted({r["torch_version"] for r in rs}))
+    bandwidths = [r["bandwidth_peak_bytes_per_s"] for r in rs if r.get("bandwidth_peak_bytes_per_s")]
+    memory = f"; memory bandwidth {min(bandwidths) / 1e9:.0f}–{max(bandwidths) / 1e9:.0f} GB/s" if bandwidths else ""
     return (f"{machine}, torch {torch}: {ok}/{len(rs)} cells ok, {noisy} noisy, {again} re-measured; matmul peak "
-            f"{min(peaks) / 1e9:.0f}–{max(peaks) / 1e9:.0f} GFLOP/s; other processes took at most "
+            f"{min(peaks) / 1e9:.0f}–{max(peaks) / 1e9:.0f} GFLOP/s{memory}; other processes took at most "
             f"{max(r.get('other_cpu') or 0 for r in rs):.2f} cores")
 
 
@@ -626,6 +628,47 @@ quote(RESULTS, "reaches it (best {})", V(HG[32], GDN_ROWS, "value", "max", ".3f"
 quote(RESULTS, "strongest recurrence at width 64 ({} at 128,", val(MG, ".3f", "mean", metric="accuracy", d_model=64,
                                                                   eval_len=128))
 quote(RESULTS, "two seeds of three ({} above)", val(MG, ".3f", "mean", metric="accuracy", d_model=32, eval_len=128))
+
+DV = "decode-variants-cpu.jsonl"
+DV_SPECS = ("full", "full:alibi=true", "full:sink_logit=true", SW, SINKS, BSP, "linear", "retention", "gla",
+            "gated_deltanet", "mamba2", "moba", "quest", "nsa", "dsa")
+for spec in DV_SPECS:
+    at = {**K16, "variant_spec": spec}
+    quote(RESULTS, f"| `{spec}` | {{}} | {{}} | {{}} | {{}} |", ms(DV, "#.3g", **at), V(DV, at, "bytes", spec=".2f", scale=MIB),
+          V(DV, at, "bandwidth_fraction"), V(DV, at, "bandwidth_peak_bytes_per_s", spec=".0f", scale=1e-9))
+quote(RESULTS, "(`arithmetic_intensity` {}–{})", V(DV, {}, "arithmetic_intensity", "min"),
+      V(DV, {}, "arithmetic_intensity", "max", ".1f"))
+quote(RESULTS, "against the matmul peak every row is {}–{}%", V(DV, K16, "peak_fraction", "min", ".0f", 100),
+      V(DV, K16, "peak_fraction", "max", ".0f", 100))
+quote(RESULTS, "`full`'s 64 MiB cache streams at {} of the triad, the window's 1 MiB ring at {}",
+      V(DV, {**K16, "variant_spec": "full"}, "bandwidth_fraction"), V(DV, {**K16, "variant_spec": SW}, "bandwidth_fraction"))
+quote(RESULTS, "at 64K `full` {} ms, ALiBi {} ms, sink logits {} ms",
+      *(ms(DV, ".2f", **K64, variant_spec=v) for v in ("full", "full:alibi=true", "full:sink_logit=true")))
+quote(RESULTS, "(ALiBi {} ms against {}:", *(ms(DV, ".3f", seq_len=1024, variant_spec=v) for v in ("full:alibi=true", "full")))
+
+SV, GIB = "serving-cpu.jsonl", {"budget_bytes": 2**30}
+CAP_LENS = {"moba": 4, "quest": 4, "nsa": 4, "dsa": 2}  # lengths each ran to, of 8K..128K
+for spec in ("full", SW, BSP, "linear", "gla", "gated_deltanet", "mamba2", "moba", "quest", "nsa", "dsa"):
+    lens = [8192 * 2**i for i in range(CAP_LENS.get(spec, 5))]
+    cells = [v for L in lens for v in (V(SV, {**GIB, "variant_spec": spec, "seq_len": L}, "capacity_batch", spec=".0f"),
+                                       V(SV, {**GIB, "variant_spec": spec, "seq_len": L}, "tokens_per_s", spec=".0f"))]
+    quote(RESULTS, f"| `{spec}` | " + " | ".join(["{}, {}"] * len(lens) + ["–"] * (5 - len(lens))) + " |", *cells)
+ONE = {"budget_bytes": None, "seq_len": 16384}
+for spec in ("full", SW, "linear", "gated_deltanet"):
+    quote(RESULTS, f"| `{spec}` | {{}} | {{}} | {{}} | {{}} |", *(
+        V(SV, {**ONE, "variant_spec": spec, "batch_size": b, "queries": q}, "tokens_per_s", spec=".0f")
+        for b, q in ((1, None), (1, 4), (8, None), (8, 4))))
+AT = {**GIB, "seq_len": 131072}
+quote(RESULTS, "`full` holds {} sequences at 128K and decodes {} tokens/s; the 256-token window holds {} at every "
+      "context and decodes {} tokens/s at 128K",
+      V(SV, {**AT, "variant_spec": "full"}, "capacity_batch", spec=".0f"),
+      V(SV, {**AT, "variant_spec": "full"}, "tokens_per_s", spec=".0f"),
+      V(SV, {**AT, "variant_spec": SW}, "capacity_batch", spec=".0f"), V(SV, {**AT, "variant_spec": SW}, "tokens_per_s", spec=".0f"))
+quote(RESULTS, "its gathered step at that batch is slow ({} ms)", ms(SV, ".0f", **AT, variant_spec=BSP))
+quote(RESULTS, "`full`'s cells peaked at {} GiB", V(SV, {**GIB, "variant_spec": "full"}, "peak_mem_bytes", "min", ".1f", 2**-30))
+quote(RESULTS, "{} ms for one token and {} ms for four at 16K", *(ms(SV, ".2f", **ONE, variant_spec="full", batch_size=1, queries=q)
+                                                              for q in (None, 4)))
+quote(RESULTS, "eight sequences of one token take {} ms", ms(SV, ".1f", **ONE, variant_spec="full", batch_size=8, queries=None))
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------

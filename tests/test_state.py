@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attn
-from attn.attention.state import DecodingState, OneStepUndo, checked
+from attn.attention.state import DecodingState, KVCache, OneStepUndo, checked
 from attn.attention.token_inputs import draw_inputs, sliced
 from attn.registry import ATTENTION
 
@@ -89,3 +89,16 @@ def test_a_state_without_the_contract_is_refused_where_it_is_made():
     model.blocks[0].attn.attn = m  # the layer's attention module
     with pytest.raises(TypeError, match="without truncate"):
         model.init_state()
+
+
+def test_a_kv_cache_allocates_its_hint_and_doubles_only_past_it():
+    """A prefill of L tokens into a cache hinted for L + 1 allocates L + 1 slots, not 2L (a repeated state for a
+    memory budget copied the unused half); past the hint it grows by doubling."""
+    cache = KVCache(capacity_hint=11)
+    k = torch.randn(2, 3, 10, 4)
+    cache.append(k, k)
+    assert cache.k.shape[2] == 11
+    cache.append(k[:, :, :1], k[:, :, :1])
+    assert cache.k.shape[2] == 11 and cache.length == 11
+    keys, _ = cache.append(k[:, :, :2], k[:, :, :2])
+    assert cache.k.shape[2] == 26 and torch.equal(keys[:, :, :10], k)

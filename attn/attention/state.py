@@ -84,7 +84,8 @@ class KVCache:
         # k, v: (B, H, T, D) -> all cached keys/values (B, H, length, D)
         t = k.shape[2]
         if self.k is None or self.length + t > self.k.shape[2]:
-            cap = max(self.capacity_hint, 2 * (self.length + t))
+            need = self.length + t  # the hint when it holds them (a prefill of L for L + 1 tokens: no doubling)
+            cap = self.capacity_hint if self.capacity_hint >= need else 2 * need
             new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
             new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
             if self.k is not None:
