@@ -670,6 +670,48 @@ quote(RESULTS, "{} ms for one token and {} ms for four at 16K", *(ms(SV, ".2f", 
                                                               for q in (None, 4)))
 quote(RESULTS, "eight sequences of one token take {} ms", ms(SV, ".1f", **ONE, variant_spec="full", batch_size=8, queries=None))
 
+CR = "cpu-speed-roofline-cpu.jsonl"
+for label, spec, mode, fmt in (("`full` / sdpa, forward", "full:backend=sdpa", FWD, ".0f"),
+                               ("`sliding_window(256)` / flex, forward", f"{SW},backend=flex", FWD, ".1f"),
+                               ("`block_sparse` / flex, forward", f"{BSP},backend=flex", FWD, ".1f"),
+                               ("`linear` elu1 / chunked, forward", "linear:backend=chunked", FWD, ".1f"),
+                               ("`sliding_window` / blocked, train", SW, TRAIN, ".0f"),
+                               ("`block_sparse` / gathered, train", BSP, TRAIN, ".0f"),
+                               ("`linear` / chunked, train", "linear", TRAIN, ".0f")):
+    quote(RESULTS, f"| {label} | {{}} ms | {{}}% |", ms(CR, fmt, **mode, **K16, variant_spec=spec),
+          pct(CR, **mode, **K16, variant_spec=spec))
+quote(RESULTS, "`full` forward at 64K, {} s", sec(CR, ".1f", **FWD, **K64, variant_spec="full:backend=sdpa"))
+quote(RESULTS, "`linear`'s forward is at {}% (target 20%", pct(CR, **FWD, **K16, variant_spec="linear:backend=chunked"))
+quote(RESULTS, "`sliding_window` trains at {}% (target 30%", pct(CR, **TRAIN, **K16, variant_spec=SW))
+quote(RESULTS, "`block_sparse` trains at {}% (target 25%", pct(CR, **TRAIN, **K16, variant_spec=BSP))
+for spec in ("full", SW, BSP, "linear"):
+    at = {**DEC, **K16, "variant_spec": spec}
+    quote(RESULTS, f"| `{spec}` | {{}} | {{}} | {{}} |", ms(CR, "#.3g", **at), V(CR, at, "bytes", spec=".2f", scale=MIB),
+          V(CR, at, "bandwidth_fraction"))
+quote(RESULTS, "at {}, {} and {} of the measured bandwidth at 16K, 32K and 64K, and {} at 128K", *(
+    V(CR, {**DEC, "variant_spec": "full", "seq_len": L}, "bandwidth_fraction") for L in (16384, 32768, 65536, 131072)))
+quote(RESULTS, "the fraction passes 1 ({} at 4K)", V(CR, {**DEC, "variant_spec": "full", "seq_len": 4096}, "bandwidth_fraction"))
+LL = "linear-long-cpu.jsonl"
+quote(RESULTS, "| `linear` (s) | {} | {} | {} | {} | {} |", *(sec(LL, f, seq_len=L) for f, L in (
+    (".3f", 65536), (".3f", 131072), (".3f", 262144), (".2f", 524288), (".2f", 1048576))))
+quote(RESULTS, "The fitted slope over 64K–1M is {} (target ≤ 1.2; {} in `long-cpu.jsonl`",
+      V(LL, {}, "latency_ms", "slope"), V(LONG, {"variant_spec": "linear", "seq_len": lambda n: n >= 65536}, "latency_ms", "slope"))
+quote(RESULTS, "(the peak memory reaches {} GiB at 1M)", V(LL, {"seq_len": 2**20}, "peak_mem_bytes", spec=".1f", scale=2**-30))
+
+HD = "hf-decode-cpu.jsonl"
+LLAMA, SMOL = {"hf_config": "llama"}, {"hf_config": "smollm2-135m"}
+for label, spec in (("`full` (DynamicCache)", "full"), ("`sliding_window:window=1024`", "sliding_window:window=1024"),
+                    ("`block_sparse` (64 / 2 local / 1 global)", "block_sparse"), ("`linear`", "linear")):
+    state = "grows" if spec == "full" else "{} MiB"
+    quote(RESULTS, f"| {label} | {{}} | {{}} | {{}} | {state} |",
+          *(ms(HD, ".2f", **LLAMA, variant_spec=spec, seq_len=L) for L in (1024, 8192, 65536)),
+          *([] if spec == "full" else [V(HD, {**LLAMA, "variant_spec": spec, "seq_len": 1024}, "state_bytes", spec=".2f",
+                                         scale=MIB)]))
+for spec in ("full", "sliding_window:window=1024", "linear"):
+    quote(RESULTS, f"| `{spec}` | {{}} | {{}} |", *(ms(HD, ".1f", **SMOL, variant_spec=spec, seq_len=L) for L in (1024, 4096)))
+quote(RESULTS, "(the rows' `bandwidth_fraction` counts their weights once a step: {}–{} of the triad)",
+      V(HD, {}, "bandwidth_fraction", "min"), V(HD, {}, "bandwidth_fraction", "max"))
+
 
 # -- the tests -----------------------------------------------------------------------------------------------------
 
