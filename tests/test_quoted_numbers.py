@@ -663,11 +663,12 @@ quote(RESULTS, "`full` holds {} sequences at 128K and decodes {} tokens/s; the 2
       "context and decodes {} tokens/s at 128K",
       V(SV, {**AT, "variant_spec": "full"}, "capacity_batch", spec=".0f"),
       V(SV, {**AT, "variant_spec": "full"}, "tokens_per_s", spec=".0f"),
-      V(SV, {**AT, "variant_spec": SW}, "capacity_batch", spec=".0f"), V(SV, {**AT, "variant_spec": SW}, "tokens_per_s", spec=".0f"))
+      V(SV, {**AT, "variant_spec": SW}, "capacity_batch", spec=".0f"),
+      V(SV, {**AT, "variant_spec": SW}, "tokens_per_s", spec=".0f"))
 quote(RESULTS, "its gathered step at that batch is slow ({} ms)", ms(SV, ".0f", **AT, variant_spec=BSP))
 quote(RESULTS, "`full`'s cells peaked at {} GiB", V(SV, {**GIB, "variant_spec": "full"}, "peak_mem_bytes", "min", ".1f", 2**-30))
-quote(RESULTS, "{} ms for one token and {} ms for four at 16K", *(ms(SV, ".2f", **ONE, variant_spec="full", batch_size=1, queries=q)
-                                                              for q in (None, 4)))
+quote(RESULTS, "{} ms for one token and {} ms for four at 16K",
+      *(ms(SV, ".2f", **ONE, variant_spec="full", batch_size=1, queries=q) for q in (None, 4)))
 quote(RESULTS, "eight sequences of one token take {} ms", ms(SV, ".1f", **ONE, variant_spec="full", batch_size=8, queries=None))
 
 CR = "cpu-speed-roofline-cpu.jsonl"
@@ -695,7 +696,8 @@ LL = "linear-long-cpu.jsonl"
 quote(RESULTS, "| `linear` (s) | {} | {} | {} | {} | {} |", *(sec(LL, f, seq_len=L) for f, L in (
     (".3f", 65536), (".3f", 131072), (".3f", 262144), (".2f", 524288), (".2f", 1048576))))
 quote(RESULTS, "The fitted slope over 64K–1M is {} (target ≤ 1.2; {} in `long-cpu.jsonl`",
-      V(LL, {}, "latency_ms", "slope"), V(LONG, {"variant_spec": "linear", "seq_len": lambda n: n >= 65536}, "latency_ms", "slope"))
+      V(LL, {}, "latency_ms", "slope"),
+      V(LONG, {"variant_spec": "linear", "seq_len": lambda n: n >= 65536}, "latency_ms", "slope"))
 quote(RESULTS, "(the peak memory reaches {} GiB at 1M)", V(LL, {"seq_len": 2**20}, "peak_mem_bytes", spec=".1f", scale=2**-30))
 
 HD = "hf-decode-cpu.jsonl"
