@@ -30,6 +30,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from attn.attention.base import Attention
 from attn.attention.state import KVCache
+from attn.hf.naming import PREFIX
 
 MARK = "_attn_bench_cache_layer"  # set on the key tensor update returns; claim() takes it off
 UNCLAIMED = ("VariantCache: the model's attention did not run attn-bench's step on the keys the cache returned "
@@ -139,8 +140,6 @@ class VariantCache(Cache):
     refuse a model whose attention is not attn-bench's (it would attend over the new tokens only)."""
 
     def __init__(self, config: PreTrainedConfig | None = None):
-        from attn.hf.interface import PREFIX
-
         if config is not None:
             name = getattr(config.get_text_config(decoder=True), "_attn_implementation", None)
             if not (isinstance(name, str) and name.startswith(PREFIX)):

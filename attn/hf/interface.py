@@ -38,10 +38,10 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from attn.attention.base import Attention
 from attn.hf.cache import claim
+from attn.hf.naming import PREFIX
 from attn.hf.padding import padding_mask, run_padded
 from attn.registry import ATTENTION, build_attention, parse_spec, shorten
 
-PREFIX = "attn_bench."
 # Substrings transformers gives a meaning to inside an attn_implementation name (see module docstring).
 RESERVED = ("flash", "sdpa", "flex_attention", "paged")
 # Keywords models pass that change the math when set (to anything but None or False): refused, by name.
