@@ -220,16 +220,18 @@ quote(README, "finds none ({} at 4K, {} at 8K)", *(kn(GM, **PASSKEY, variant_spe
 
 # -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
 
-quote(RESULTS, "| `full` / sdpa, forward | {} ms | {}% |",
-      ms(CS, ".0f", **FWD, **K16, variant_spec="full:backend=sdpa"), pct(CS, **FWD, **K16, variant_spec="full:backend=sdpa"))
-for label, spec, mode, fmt in (("`sliding_window(256)` / flex, forward", f"{SW},backend=flex", FWD, ".1f"),
-                               ("`block_sparse` / flex, forward", f"{BSP},backend=flex", FWD, ".1f"),
-                               ("`linear` elu1 / chunked, forward", "linear:backend=chunked", FWD, ".1f"),
-                               ("`sliding_window` / blocked, train", SW, TRAIN, ".0f"),
-                               ("`block_sparse` / gathered, train", BSP, TRAIN, ".0f"),
-                               ("`linear` / chunked, train", "linear", TRAIN, ".0f")):
-    quote(RESULTS, f"| {label} | {{}} ms | {{}}% |", ms(CS, fmt, **mode, **K16, variant_spec=spec),
-          pct(CS, **mode, **K16, variant_spec=spec))
+# the CPU kernel table at 16K, in cpu-speed.jsonl and in its quiet re-run (cpu-speed-roofline-cpu.jsonl)
+KERNELS_16K = (("`full` / sdpa, forward", "full:backend=sdpa", FWD, ".0f"),
+               ("`sliding_window(256)` / flex, forward", f"{SW},backend=flex", FWD, ".1f"),
+               ("`block_sparse` / flex, forward", f"{BSP},backend=flex", FWD, ".1f"),
+               ("`linear` elu1 / chunked, forward", "linear:backend=chunked", FWD, ".1f"),
+               ("`sliding_window` / blocked, train", SW, TRAIN, ".0f"),
+               ("`block_sparse` / gathered, train", BSP, TRAIN, ".0f"),
+               ("`linear` / chunked, train", "linear", TRAIN, ".0f"))
+for file in (CS, "cpu-speed-roofline-cpu.jsonl"):
+    for label, spec, mode, fmt in KERNELS_16K:
+        quote(RESULTS, f"| {label} | {{}} ms | {{}}% |", ms(file, fmt, **mode, **K16, variant_spec=spec),
+              pct(file, **mode, **K16, variant_spec=spec))
 for agg in ("min", "max"):
     quote(RESULTS, "`sliding_window` {}–{} ms (a ring buffer of the window written in place) in {} MiB at every context",
           ms(CS, ".3f", "min", **DEC, variant_spec=SW), ms(CS, ".3f", "max", **DEC, variant_spec=SW),
@@ -671,16 +673,7 @@ quote(RESULTS, "{} ms for one token and {} ms for four at 16K",
       *(ms(SV, ".2f", **ONE, variant_spec="full", batch_size=1, queries=q) for q in (None, 4)))
 quote(RESULTS, "eight sequences of one token take {} ms", ms(SV, ".1f", **ONE, variant_spec="full", batch_size=8, queries=None))
 
-CR = "cpu-speed-roofline-cpu.jsonl"
-for label, spec, mode, fmt in (("`full` / sdpa, forward", "full:backend=sdpa", FWD, ".0f"),
-                               ("`sliding_window(256)` / flex, forward", f"{SW},backend=flex", FWD, ".1f"),
-                               ("`block_sparse` / flex, forward", f"{BSP},backend=flex", FWD, ".1f"),
-                               ("`linear` elu1 / chunked, forward", "linear:backend=chunked", FWD, ".1f"),
-                               ("`sliding_window` / blocked, train", SW, TRAIN, ".0f"),
-                               ("`block_sparse` / gathered, train", BSP, TRAIN, ".0f"),
-                               ("`linear` / chunked, train", "linear", TRAIN, ".0f")):
-    quote(RESULTS, f"| {label} | {{}} ms | {{}}% |", ms(CR, fmt, **mode, **K16, variant_spec=spec),
-          pct(CR, **mode, **K16, variant_spec=spec))
+CR = "cpu-speed-roofline-cpu.jsonl"  # its kernel table is quoted with cpu-speed.jsonl's (KERNELS_16K)
 quote(RESULTS, "`full` forward at 64K, {} s", sec(CR, ".1f", **FWD, **K64, variant_spec="full:backend=sdpa"))
 quote(RESULTS, "`linear`'s forward is at {}% (target 20%", pct(CR, **FWD, **K16, variant_spec="linear:backend=chunked"))
 quote(RESULTS, "`sliding_window` trains at {}% (target 30%", pct(CR, **TRAIN, **K16, variant_spec=SW))

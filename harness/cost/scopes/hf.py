@@ -41,6 +41,7 @@ from harness.cost.cells import (
     attention_bytes,
     attention_flops,
     json_normal,
+    linear_weights,
     register_scope,
     train_factor,
     weight_bytes,
@@ -126,8 +127,7 @@ def hf_bytes(model: nn.Module, cell: Cell, module: Any) -> int | None:
     attention = attention_bytes(module, cell)
     if attention is None:
         return None
-    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    return weight_bytes(weights, cell) + cell.layers * attention
+    return weight_bytes(linear_weights(model), cell) + cell.layers * attention
 
 
 def build_hf(cell: Cell) -> Measured:
