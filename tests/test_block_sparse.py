@@ -148,9 +148,31 @@ def test_element_mask_density_pairs_and_flops_count_the_visible_pairs(cfg, lens,
 def test_gathered_matches_reference_forward_and_grads_fp32(cfg, lens, causal, seed):
     q, k, v = (t.requires_grad_() for t in make_qkv(*lens, seed=seed))
     ref = module(cfg, "reference")(q, k, v, causal=causal)
-    m = module(cfg)
+    m = module(cfg, "gathered")
     out = m(q, k, v, causal=causal)
-    assert m.last_backend == "gathered"  # CPU + grad: Flex has no CPU backward
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    grad = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad), strict=True):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+
+
+@settings(max_examples=30, deadline=None)
+@given(configs(), st.integers(1, 60), st.integers(0, 99), st.sampled_from([1, 2]), st.booleans())
+def test_split_matches_reference_forward_and_grads_where_it_runs(cfg, L, seed, kv_heads, plain):
+    """Causal bands with global blocks, square: the merged flash parts and their own backward; GQA keys."""
+    if plain:
+        cfg = dataclasses.replace(cfg, random_blocks=0, stride=0)
+    q, k, v = make_qkv(L, L, seed=seed, H=2)
+    k, v = k[:, :kv_heads], v[:, :kv_heads]
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    if cfg.random_blocks or cfg.stride or not cfg.local_blocks:
+        with pytest.raises(UnsupportedBackend, match="causal bands"):
+            module(cfg, "split")(q, k, v)
+        return
+    ref = module(cfg, "reference")(q, k, v)
+    m = module(cfg, "split")
+    out = m(q, k, v)
+    assert m.last_backend == "split"
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
     grad = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad), strict=True):
@@ -291,12 +313,15 @@ def test_flex_tile_follows_the_layout_block_where_flex_allows_it():
         bsp.BlockSparseConfig(flex_tile=48)
 
 
-def test_auto_picks_flex_for_cpu_forward_and_gathered_for_backward_and_decode():
+def test_auto_picks_flex_for_cpu_forward_split_for_backward_and_gathered_for_decode():
     m = module(bsp.BlockSparseConfig())
     expected = "flex" if flex.flex_unavailable() is None else "gathered"
     assert m.select_backend("cpu", torch.float32, "forward") == expected
-    assert m.select_backend("cpu", torch.float32, "backward") == "gathered"
+    assert m.select_backend("cpu", torch.float32, "backward") == "split"
     assert m.select_backend("cpu", torch.float32, "decode") == "gathered"
+    q = torch.randn(1, 2, 40, 16, requires_grad=True)
+    m(q[:, :, 8:], q, q)  # fewer queries than keys: split passes the call to gathered
+    assert m.last_backend == "gathered"
     q = torch.randn(1, 2, 8, 16, requires_grad=True)
     with pytest.raises(UnsupportedBackend, match="backward"):
         module(bsp.BlockSparseConfig(), "flex")(q, q, q)
@@ -342,7 +367,7 @@ def test_listed_with_params_and_backends():
     spec = next(s for s in attn.list_attention() if s["name"] == "block_sparse")
     assert spec["params"] == dict(block_size=64, local_blocks=2, global_blocks=1, random_blocks=0, stride=0, seed=0,
                                  flex_tile=0)
-    assert [b["name"] for b in spec["backends"]] == ["reference", "flex", "gathered"]
+    assert [b["name"] for b in spec["backends"]] == ["reference", "flex", "gathered", "split"]
 
 
 @settings(max_examples=15, deadline=None)

@@ -65,6 +65,38 @@ def test_blocked_matches_reference_forward_and_grads(inputs, data, causal, chunk
         torch.testing.assert_close(a, b, **TOL[dtype])
 
 
+@settings(max_examples=25, deadline=None)
+@given(qkv(max_len=140), st.data(), st.integers(1, 4), st.booleans())
+def test_split_matches_reference_forward_and_grads(inputs, data, kv_heads, dilated):
+    """Square causal calls (each chunk against itself and the one before, merged by log-sum-exp; its own backward),
+    grouped keys, dilated windows, windows shorter and longer than a chunk of the length."""
+    q, k, v, dtype = inputs
+    q = torch.randn(k.shape).to(dtype)  # as many queries as keys: what split runs
+    w = data.draw(st.integers(1, k.shape[2] + 3), label="window")
+    k, v = (t[:, :1].repeat(1, 1, 1, 1) if kv_heads == 1 else t for t in (k, v))  # 1 key head: GQA when H > 1
+    kw = dict(window=w, dilation=2 if dilated and w > 1 else 1)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = attn.build_attention("sliding_window", backend="reference", **kw)(q, k, v)
+    m = attn.build_attention("sliding_window", backend="split", **kw)
+    out = m(q, k, v)
+    assert m.last_backend == "split"
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    grad = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad), strict=True):
+        torch.testing.assert_close(a, b, **TOL[dtype])
+
+
+def test_split_refuses_what_it_does_not_run_and_auto_falls_through_to_blocked():
+    q = torch.randn(1, 2, 20, 8, requires_grad=True)
+    with pytest.raises(UnsupportedBackend, match="plain causal windows"):
+        attn.build_attention("sliding_window", backend="split", window=4, sinks=2)(q, q, q)
+    with pytest.raises(UnsupportedBackend, match="plain causal windows"):
+        attn.build_attention("sliding_window", backend="split", window=4)(q[:, :, 5:], q, q)
+    m = attn.build_attention("sliding_window", window=4, sinks=2)
+    m(q, q, q)
+    assert m.last_backend == "blocked"
+
+
 @settings(max_examples=10)
 @given(qkv(max_len=40), st.data(), st.booleans())
 def test_reference_is_the_design_definition(inputs, data, causal):

@@ -22,6 +22,7 @@ from attn.attention import gqa
 from attn.attention.documents import document_spans, per_document
 from attn.attention.flex import FLEX_MIN_LEN
 from attn.attention.masks import causal_mask, visible_pairs
+from attn.attention.ragged import RAGGED_CACHES, stacked
 from attn.attention.state import KVCache, checked
 from attn.attention.token_inputs import TokenInput
 from attn.registry import check_backend
@@ -384,7 +385,16 @@ class Attention(nn.Module):
         self.check_inputs(inputs, k, k.shape[2])
         if q.shape[1] != k.shape[1] and not self.supports_gqa:
             k, v, inputs = gqa.repeated_for(type(self), q, k, v, inputs)
+        if isinstance(state, RAGGED_CACHES):  # masked SDPA: all of plain full's and plain window's step
+            self.last_backend = "ragged-sdpa"
+            return state.attend(q, k, v)
         return self.step(q, k, v, state, **inputs)
+
+    def ragged_state(self, states: list[Any], step_tokens: int = 1) -> Any:
+        """One batched decoding state from one-sequence states of different lengths, whose steps of ``step_tokens``
+        tokens run each sequence exactly as its own state would (attn/attention/ragged.py); refused by default."""
+        raise UnsupportedBackend(f"{type(self).__name__} does not decode ragged batches (sequences of different "
+                                 "lengths in one step): built for plain full, sliding_window and the recurrences")
 
     @classmethod
     def auto_orders(cls) -> dict[str, list[str]]:
@@ -440,6 +450,10 @@ class RecurrentAttention(Attention):
             factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
             return factor * self.flops(batch, heads, seq_len, seq_len, head_dim, causal, kv_heads)
         return super().mode_flops(mode, batch, heads, seq_len, head_dim, causal)
+
+    def ragged_state(self, states: list[Any], step_tokens: int = 1) -> Any:
+        """The sequences' states stacked: a recurrence's state has one size at every length."""
+        return stacked(states)
 
     def decode_state_elements(self, batch: int, heads: int, seq_len: int, head_dim: int, kv_heads: int) -> int:
         """A recurrent step reads its whole state and writes it back, whatever the context length."""

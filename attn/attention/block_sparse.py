@@ -23,10 +23,11 @@ import torch.nn.functional as F
 
 from attn.attention import gqa
 from attn.attention.band_cache import BandBlockCache
-from attn.attention.base import ALL_MODES, Attention, Backend, modes
+from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, modes
 from attn.attention.flex import block_mask_from_layout, flex_unavailable, run_flex
 from attn.attention.full import dense_attention
 from attn.attention.gathered import gathered_attention
+from attn.attention.merged_flash import Part, merged_attention
 from attn.registry import check, register_attention
 
 
@@ -223,6 +224,18 @@ def _flex_block_mask(cfg: BlockSparseConfig, q_len: int, k_len: int, causal: boo
     return block_mask_from_layout(partial.to(device), full.to(device), fb, q_len, k_len, block_sparse_mask)
 
 
+def band_parts(length: int, block: int, local: int, global_blocks: int) -> list[Part]:
+    """The causal layout of ``local`` band blocks and ``global_blocks`` as merged flash parts over ``length`` tokens
+    (whole blocks): each query block against itself (causal), against each earlier band block (whole, chunk by
+    chunk), and the query blocks past the band of global block c against it (one call each)."""
+    parts = [Part(0, length, 0, length, causal=True, chunk=block)]
+    parts += [Part(o * block, length, 0, length - o * block, causal=False, chunk=block)
+              for o in range(1, min(local, length // block))]
+    parts += [Part((c + local) * block, length, c * block, (c + 1) * block, causal=False)
+              for c in range(global_blocks) if (c + local) * block < length]
+    return parts
+
+
 @register_attention("block_sparse", config=BlockSparseConfig)
 class BlockSparseAttention(Attention):
     """Softmax attention over a block layout (local band, global, random, strided blocks)."""
@@ -235,10 +248,15 @@ class BlockSparseAttention(Attention):
                 dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=flex_unavailable,
                 note="compiled FlexAttention, BlockMask from the layout (no CPU backward; no decode: a mask per length)"),
         Backend("gathered", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="gathers the active key blocks per query block"),
+        Backend("split", {"cpu": modes("forward", "backward")}, dtypes=(torch.float32, torch.float64, torch.bfloat16),
+                note="causal local band + global blocks as flash calls (diagonal, each earlier band block, each global "
+                     "block) merged by log-sum-exp, with a custom backward"),
     )
     # Forward on the 2-core development CPU (quiet): flex 2.2-4.3x faster than gathered at 4K-32K
     # (16K: 59 vs 256 ms). Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
-    auto_order = {"cpu/forward": ("flex", "gathered")}
+    # Training on the 2-core CPU (AMD EPYC, quiet) at 16K, B=1 H=8 D=64, default layout: split 511 ms against gathered's
+    # 1064 (torch.utils.benchmark; the cost rows: results/kernels-cpu.jsonl).
+    auto_order = {"cpu/forward": ("flex", "gathered"), "cpu/backward": ("split", "gathered")}
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
         name = super().select_backend(device, dtype, mode)
@@ -294,12 +312,28 @@ class BlockSparseAttention(Attention):
         self.last_backend = "gathered"
         return gqa.sdpa(q, keys, values, attn_mask=mask).nan_to_num(0.0)
 
+    def backend_split(self, q, k, v, causal):
+        """A causal band with global blocks and as many queries as keys; under ``auto`` anything else (random or
+        strided blocks, no band, bidirectional, decoding) runs ``gathered``, chosen by the same dispatch."""
+        cfg = self.config
+        if causal and q.shape[2] == k.shape[2] and cfg.local_blocks and not (cfg.random_blocks or cfg.stride):
+            L, bs = q.shape[2], cfg.block_size
+            pad = -L % bs
+            if pad:
+                q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+            return merged_attention(q, k, v, band_parts(L + pad, bs, cfg.local_blocks, cfg.global_blocks))[:, :, :L]
+        if self.backend != "auto":
+            raise UnsupportedBackend("split runs causal bands with global blocks (no random or strided blocks) with as "
+                                     "many queries as keys")
+        self.last_backend = "gathered"
+        return self.backend_gathered(q, k, v, causal)
+
     def backend_gathered(self, q, k, v, causal):
         lay = _query_layout(self.config, q.shape[2], k.shape[2], causal).to(q.device)
         return gathered_attention(q, k, v, lay, self.config.block_size, causal)
 
 
 __all__ = [
-    "BandBlockCache", "BlockSparseAttention", "BlockSparseConfig", "block_layout", "element_mask", "flex_block_size",
-    "flex_kernel_options", "visible_pairs",
+    "BandBlockCache", "BlockSparseAttention", "BlockSparseConfig", "band_parts", "block_layout", "element_mask",
+    "flex_block_size", "flex_kernel_options", "visible_pairs",
 ]

@@ -5,6 +5,7 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from attn.attention import flex, gqa, score_terms
 from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBackend, have_module, modes
 from attn.attention.masks import causal_mask
+from attn.attention.ragged import RaggedKVCache
 from attn.attention.score_terms import softcap_score_mod
 from attn.attention.sink_logit import check_heads, init_sink_logits, needs_grad, with_sink_column
 from attn.registry import check, register_attention
@@ -191,6 +193,14 @@ class FullAttention(Attention):
     def mode_of(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         """As for every variant, except that a call whose sink logits need a gradient is a backward call."""
         return "backward" if needs_grad(self) else super().mode_of(q, k, v)
+
+    def ragged_state(self, states: list[Any], step_tokens: int = 1) -> RaggedKVCache:
+        """Plain causal attention: the caches padded to the longest and masked per sequence."""
+        cfg = self.config
+        if cfg.softcap or cfg.prefix or cfg.alibi or cfg.sink_logit:
+            raise UnsupportedBackend("ragged decoding is built for plain full attention (no softcap, prefix, ALiBi or "
+                                     "sink logit): its padded step is one masked SDPA call")
+        return RaggedKVCache.joined(states, step_tokens)
 
     def _mask(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor | None:
         if not causal:

@@ -24,8 +24,10 @@ from attn.attention.base import ALL_MODES, Attention, Backend, UnsupportedBacken
 from attn.attention.blocked_window import blocked_attention
 from attn.attention.full import XFORMERS, check_softcap, dense_attention, xformers_attention
 from attn.attention.masks import causal_mask, visible_pairs
+from attn.attention.ragged import RaggedRing
 from attn.attention.rolling_cache import RollingKVCache
 from attn.attention.sink_logit import check_heads, init_sink_logits, needs_grad, with_sink_column
+from attn.attention.window_split import split_window_attention
 from attn.registry import check, register_attention
 
 FLEX_BLOCK = 128  # FlexAttention's default tile; the BlockMask layout is built at this granularity
@@ -190,6 +192,9 @@ class SlidingWindowAttention(Attention):
             note="compiled FlexAttention, BlockMask from the band's block layout",
         ),
         Backend("blocked", {"cpu": ALL_MODES, "cuda": ALL_MODES}, note="query chunks x unfolded key spans, SDPA per chunk"),
+        Backend("split", {"cpu": modes("forward", "backward")}, dtypes=(torch.float32, torch.float64, torch.bfloat16),
+                note="chunks of w - 1 queries: two causal flash calls (own chunk, the one before reversed) merged by "
+                     "log-sum-exp, with a custom backward; plain causal windows"),
         XFORMERS_LOCAL,
     )
     # Forward on the 2-core development CPU (AMD EPYC, quiet): compiled flex 1.5-1.9x faster than
@@ -246,6 +251,23 @@ class SlidingWindowAttention(Attention):
     def backend_blocked(self, q, k, v, causal):
         return self._per_class(q, k, v, causal, self._blocked)
 
+    def backend_split(self, q, k, v, causal):
+        """Plain causal windows with as many queries as keys (a prompt, a training step); under ``auto`` anything
+        else runs ``blocked``, chosen by the same dispatch (window_split.py)."""
+        plain = not (self.sinks or self.config.softcap or self.config.alibi or self.config.sink_logit)
+        if causal and plain and q.shape[2] == k.shape[2]:
+            return self._per_class(q, k, v, causal, self._split)
+        if self.backend != "auto":
+            raise UnsupportedBackend("split runs plain causal windows (no sinks, softcap, ALiBi or sink logit) with "
+                                     "as many queries as keys")
+        self.last_backend = "blocked"
+        return self.backend_blocked(q, k, v, causal)
+
+    def _split(self, q, k, v, causal, slopes):
+        if q.shape[2] != k.shape[2]:  # a residue class of a dilated window with one key more than queries
+            return self._blocked(q, k, v, causal, slopes)
+        return split_window_attention(q, k, v, self.window)
+
     def backend_xformers(self, q, k, v, causal):
         if self.sinks or self.config.softcap or self.config.alibi or self.config.sink_logit:
             raise UnsupportedBackend("xformers has no local mask with sink tokens, no softcap, and here no ALiBi bias "
@@ -272,6 +294,14 @@ class SlidingWindowAttention(Attention):
     # -- incremental decoding -----------------------------------------------------------
     def new_state(self, max_len: int = 0) -> RollingKVCache:
         return RollingKVCache(keep=(self.window - 1) * self.config.dilation, sinks=self.sinks)
+
+    def ragged_state(self, states: list[RollingKVCache], step_tokens: int = 1) -> RaggedRing:
+        """A plain window decoding one token a step: the sequences' rings side by side, each writing its own slot."""
+        cfg = self.config
+        if step_tokens != 1 or self.sinks or cfg.dilation > 1 or cfg.alibi or cfg.softcap or cfg.sink_logit:
+            raise UnsupportedBackend("ragged decoding is built for a plain window (no sinks, dilation, ALiBi, softcap or "
+                                     "sink logit) taking one token a step")
+        return RaggedRing.joined(states)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: RollingKVCache) -> torch.Tensor:
         """q, k, v: (B, H, T, D) new tokens -> (B, H, T, D), attending to the cache and themselves."""

@@ -25,9 +25,9 @@ COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "l
 ACCURACY_REQUIRED = ("task", "variant", "metric", "value")
 # What, besides the label and the length, tells two cost cells apart on one device.
 COST_CONTEXT = ("scope", "mode", "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers",
-                "docs", "queries", "budget_bytes")
+                "docs", "queries", "budget_bytes", "ragged")
 SHAPE_FIELDS = ("dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "position", "causal", "layers", "docs",
-                "queries", "budget_bytes")
+                "queries", "budget_bytes", "ragged")
 COST_NUMERIC = (
     "seq_len", "latency_ms", "latency_iqr_ms", "tokens_per_s", "peak_mem_bytes", "flops", "achieved_flops_per_s",
     "peak_flops_per_s", "peak_fraction", "batch_size", "num_heads", "head_dim",
@@ -234,7 +234,7 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     # Shape fields that vary within the frame go into the series name, so two shapes never share a line.
     varying = [c for c in SHAPE_FIELDS if c in df and df[c].astype(str).nunique() > 1]
     short = {"batch_size": "B", "num_heads": "H", "num_kv_heads": "H_kv", "head_dim": "D", "causal": "causal", "layers": "layers",
-             "docs": "docs", "queries": "T", "budget_bytes": "budget"}
+             "docs": "docs", "queries": "T", "budget_bytes": "budget", "ragged": "ragged"}
 
     def shown(c: str, v: Any) -> str:  # a budget in GiB, tokens per step as written
         return f"{v / 2**30:g}GiB" if c == "budget_bytes" else fmt_value(v)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +43,7 @@ KEY_FIELDS = (
     "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config", "docs",
     "press", "press_params",  # None in cells without a press: rows written before presses keep their keys
     "queries", "budget_bytes",  # None in plain decode cells (one token a step, the grid's batch)
+    "ragged",  # None unless a decode cell's sequences hold different contexts
 )
 
 
@@ -78,6 +80,21 @@ class Cell:
     # decoding state to fit in (None = batch_size sequences)
     queries: int | None = None
     budget_bytes: int | None = None
+    # decode only (op scope): each sequence's context drawn uniformly from [L(1 - r), L(1 + r)] (None: all L)
+    ragged: float | None = None
+
+    def contexts(self) -> list[int]:
+        """Each sequence's context: ``seq_len`` for all, or with ``ragged`` r drawn uniformly from the integers in
+        [L(1 - r), L(1 + r)] (vLLM's random-range-ratio), seeded by the batch and length: a rerun draws the same."""
+        if not self.ragged:
+            return [self.seq_len] * self.batch_size
+        rng = np.random.default_rng([self.seq_len, self.batch_size])
+        lo, hi = max(1, round(self.seq_len * (1 - self.ragged))), round(self.seq_len * (1 + self.ragged))
+        return [int(n) for n in rng.integers(lo, hi, endpoint=True, size=self.batch_size)]
+
+    def sequences(self) -> list[Cell]:
+        """A ragged cell as one one-sequence cell per context: what its counts sum over."""
+        return [dataclasses.replace(self, batch_size=1, seq_len=n, ragged=None) for n in self.contexts()]
 
     @property
     def step_tokens(self) -> int:
@@ -112,7 +129,8 @@ class Cell:
         parts = [self.variant_spec or self.variant, *SCOPES[self.scope].label(self)]
         parts += [self.mode, f"L={self.seq_len}"] + ([f"docs={self.docs}"] if self.docs else [])
         parts += ([f"T={self.queries}"] if self.queries else []) + (
-            [f"budget={self.budget_bytes / 2**20:g}MiB"] if self.budget_bytes else [])
+            [f"budget={self.budget_bytes / 2**20:g}MiB"] if self.budget_bytes else []) + (
+            [f"ragged={self.ragged:g}"] if self.ragged else [])
         return " ".join(parts)
 
 
@@ -153,7 +171,9 @@ def _contexts(cell: Cell) -> list[int]:
 def attention_flops(module: Any, cell: Cell) -> int:
     """FLOPs of one timed attention call of ``cell`` in its mode (forward, forward + backward, or one
     decoding step), from the variant's ``mode_flops`` (every registered variant is an attn.Attention), plus what it
-    spends choosing its keys (:func:`selection_flops`): the work the call does."""
+    spends choosing its keys (:func:`selection_flops`): the work the call does; a ragged batch's, its sequences'."""
+    if cell.ragged:
+        return sum(attention_flops(module, c) for c in cell.sequences())
     total = 0
     for length in _contexts(cell):
         args = (cell.mode, cell.batch_size, cell.num_heads, length, cell.head_dim, cell.causal)
@@ -170,6 +190,8 @@ def selection_flops(module: Any, cell: Cell) -> int:
     count = getattr(module, "selection_flops", None)
     if count is None:
         return 0
+    if cell.ragged:
+        return sum(selection_flops(module, c) for c in cell.sequences())
     return sum(int(count(cell.mode, cell.batch_size, cell.num_heads, n, cell.head_dim, cell.num_kv_heads))
                for n in _contexts(cell))
 
@@ -182,6 +204,8 @@ def attention_bytes(module: Any, cell: Cell) -> int | None:
     count = getattr(module, "mode_bytes", None)
     if count is None:
         return None
+    if cell.ragged:  # what each sequence must move (a padded step reads more: its bandwidth_fraction says so)
+        return sum(attention_bytes(module, c) for c in cell.sequences())
     itemsize = DTYPES[cell.dtype].itemsize
     lengths = [cell.seq_len + cell.step_tokens - 1] if cell.mode == "decode" else _contexts(cell)
     total = sum(int(count(cell.mode, cell.batch_size, cell.num_heads, n, cell.head_dim, cell.causal,

@@ -104,6 +104,23 @@ def ints(value: Any, where: str) -> list[int]:
     return sorted(set(out))
 
 
+def ratios(value: Any, where: str) -> list[float]:
+    """Fractions in [0, 1), a comma list: ``0,0.5``."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
+    out = []
+    for v in items:
+        try:
+            r = float(v) if not isinstance(v, bool) else -1.0
+        except ValueError:
+            r = -1.0
+        if not 0 <= r < 1:
+            raise ValueError(f"{where}: expected fractions in [0, 1), got {v!r}")
+        out.append(r)
+    if not out:
+        raise ValueError(f"{where}: empty list")
+    return sorted(set(out))
+
+
 def of_kind(test: Callable[[Any], bool], what: str) -> Callable[[Any, str], Any]:
     """A parser that accepts a value passing ``test`` as it is, else says it expected ``what``."""
     def parse(value: Any, where: str) -> Any:
@@ -187,5 +204,5 @@ def cli_layer(opts: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "Parser", "boolean", "choice", "cli_layer", "cli_names", "click_options", "count", "integer", "ints", "of_kind",
-    "option", "parse_length", "parse_lengths", "positive", "sizes", "spec_keys", "strs", "text",
+    "option", "parse_length", "parse_lengths", "positive", "ratios", "sizes", "spec_keys", "strs", "text",
 ]

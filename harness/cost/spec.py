@@ -28,6 +28,7 @@ from harness.cost.options import (
     option,
     parse_lengths,
     positive,
+    ratios,
     sizes,
     spec_keys,
     strs,
@@ -74,6 +75,10 @@ class Grid:
                                                  "decodes the largest batch whose decoding state fits it (measured on "
                                                  "a one-sequence state, then built at that batch), in place of "
                                                  "--batch. Op scope.")
+    ragged: tuple[float, ...] = option((0.0,), parse=ratios,
+                                       help="Decode cells: ragged batches, each sequence's context drawn uniformly "
+                                            "from [L(1 - r), L(1 + r)] (vLLM's --random-range-ratio), comma list "
+                                            "(default 0: every sequence holds L). Op scope.")
     head_dim: tuple[int, ...] = option((64,), parse=ints, help="Head dimensions, comma list.")
     dtype: tuple[str, ...] = option(("float32",), parse=strs(split=True), multiple=True,
                                     help="float32, bfloat16, float16, float64 (repeatable or comma list).")
@@ -305,8 +310,10 @@ def _patterns(grid: Grid, scopes: dict[str, Any]) -> list[tuple[tuple[str, dict[
 
 
 def _check_serving(grid: Grid) -> None:
-    """--queries-per-step and --budget: decode cells of the op scope (the variant's own state, no model around it)."""
-    asked = [f for f, on in (("--queries-per-step", max(grid.queries) > 1), ("--budget", grid.budget)) if on]
+    """--queries-per-step, --budget and --ragged: decode cells of the op scope (the variant's own state, no model
+    around it)."""
+    asked = [f for f, on in (("--queries-per-step", max(grid.queries) > 1), ("--budget", grid.budget),
+                             ("--ragged", max(grid.ragged) > 0)) if on]
     if not asked:
         return
     if "decode" not in grid.mode:
@@ -315,6 +322,8 @@ def _check_serving(grid: Grid) -> None:
         raise ValueError(f"{' and '.join(asked)} run in --scope op only (a decoding step on the variant's own state)")
     if grid.budget and tuple(grid.batch) != (1,):
         raise ValueError("--budget finds each cell's batch; leave --batch out")
+    if grid.budget and max(grid.ragged) > 0:
+        raise ValueError("--budget sizes a batch of equal contexts: ragged batches under a budget are not built")
 
 
 def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
@@ -342,16 +351,16 @@ def expand(spec: SweepSpec, check_device_available: bool = True) -> list[Cell]:
         presses = _press_axis(grid, scopes)
         prepared = {name: scope.prepare(grid) for name, scope in scopes.items()}
         _check_serving(grid)
-        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs, press, t, budget in (
+        for ((name, params, backend), label), position, scope, mode, dtype, b, h, d, kv_given, docs, press, t, budget, r in (
             itertools.product(variants, grid.position, grid.scope, grid.mode, grid.dtype, grid.batch, grid.heads,
                               grid.head_dim, grid.kv_heads or (None,), grid.docs, presses, grid.queries,
-                              grid.budget or (None,))
+                              grid.budget or (None,), grid.ragged)
         ):
             if docs > 1 and mode == "decode":
                 continue  # a decoding step of a packed row is a step of its last document: --docs is for forward/train
-            if mode != "decode" and (t > 1 or budget is not None):
-                continue  # queries per step and a memory budget shape decoding only
-            serving = dict(queries=t if t > 1 else None, budget_bytes=budget)
+            if mode != "decode" and (t > 1 or budget is not None or r):
+                continue  # queries per step, a memory budget and ragged contexts shape decoding only
+            serving = dict(queries=t if t > 1 else None, budget_bytes=budget, ragged=r or None)
             if budget is not None:
                 b = 1  # the cell finds its batch from the budget
             for length in grid.lengths:

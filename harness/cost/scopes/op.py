@@ -3,7 +3,9 @@ no backbone. ``train`` takes the gradients of the inputs (and of a variant's own
 are the variant's own count in the cell's mode (harness.cost.cells)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,16 +71,30 @@ def build_op(cell: Cell) -> Measured:
 def build_decode(cell: Cell, module: Any) -> Measured:
     """One decoding step of ``cell.step_tokens`` new tokens per sequence on a state that holds L tokens (prefilled
     once, untimed). With a memory budget the state is prefilled for one sequence, measured, and repeated to the
-    largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and ``state_bytes``."""
+    largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and ``state_bytes``. A ragged
+    cell's sequences hold their own contexts (``Cell.contexts``): each is the longest prompt's prefix, joined by the
+    variant's ``ragged_state``; rows carry ``contexts`` and ``state_bytes``."""
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     B, H, Hkv, L, D, T = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim, cell.step_tokens
     extra = lambda b, n: draw_inputs(module.token_inputs, b, Hkv, n, D, device=dev, dtype=dtype)  # noqa: E731
-    state = module.start_state(L + T)
-    with torch.no_grad():
-        prompt = [torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (B, H|H_kv, L, D)
-        module.run_step(*prompt, state, **extra(B, L))  # prefill: the cache now holds L tokens
-        del prompt
+
+    def prefill(b: int, n: int) -> Any:
+        """A state holding ``b`` random prompts of ``n`` tokens."""
+        state = module.start_state(n + T)
+        with torch.no_grad():
+            prompt = [torch.randn(b, h, n, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv)]  # (b, H|H_kv, n, D)
+            module.run_step(*prompt, state, **extra(b, n))
+        return state
+
     held: dict[str, Any] = {}
+    if cell.ragged:
+        contexts = cell.contexts()
+        longest = prefill(1, max(contexts))
+        state = module.ragged_state([prefix_state(longest, n, lambda n: prefill(1, n)) for n in contexts], T)
+        del longest
+        held = {"contexts": contexts, "state_bytes": int(state.nbytes())}
+    else:
+        state = prefill(B, L)  # the cache now holds L tokens
     if cell.budget_bytes:
         one = int(state.nbytes())
         B = capacity_batch(cell.budget_bytes, one)
@@ -92,7 +108,7 @@ def build_decode(cell: Cell, module: Any) -> Measured:
     columns = {**held, **({"selection_flops": chosen} if chosen else {})}
     q1, k1, v1 = (torch.randn(B, h, T, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, T, D)
     inputs1 = extra(B, T)
-    rewind = Rewind([state], L)
+    rewind = Rewind([state], state.length)
 
     def decode_step() -> torch.Tensor:
         with torch.no_grad():
@@ -102,6 +118,17 @@ def build_decode(cell: Cell, module: Any) -> Measured:
 
     return Measured(decode_step, flops, B * T, lambda: module.last_backend, state, (lambda: columns) if columns else None,
                     moved)
+
+
+def prefix_state(state: Any, length: int, prefill: Callable[[int], Any]) -> Any:
+    """The state of the first ``length`` tokens of the prompt ``state`` (one sequence) holds: ``state`` rewound
+    where it can forget tokens (a KV cache, sharing its memory), else ``prefill(length)`` (a recurrence)."""
+    out = copy.copy(state)
+    try:
+        out.truncate(length)
+    except ValueError:
+        return prefill(length)
+    return out
 
 
 @register_scope("op")
@@ -115,4 +142,4 @@ class OpScope(Scope):
         return build_op(cell)
 
 
-__all__ = ["OpScope", "build_decode", "build_op", "op_flops"]
+__all__ = ["OpScope", "build_decode", "build_op", "op_flops", "prefix_state"]
