@@ -70,11 +70,16 @@ class _Merged(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: tuple[Part, ...]) -> torch.Tensor:
         B, H, L, D = q.shape
         acc = torch.promote_types(q.dtype, torch.float32)  # the merge in fp32 at least, as the kernel's own
-        out = q.new_zeros(B, H, L, D, dtype=acc)
-        lse = torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)
+        out = lse = None
         for p in parts:
             o_p, l_p = FLASH(p.inputs(q, False), p.inputs(k, True), p.inputs(v, True), 0.0, p.causal)
-            o_p, l_p = p.rows(o_p), p.rows(l_p)
+            o_p, l_p = p.rows(o_p).to(acc), p.rows(l_p)
+            if out is None and (p.q_start, p.q_stop) == (0, L):  # the first part over every query: no zeros to fill
+                out, lse = o_p, l_p
+                continue
+            if out is None:
+                out = q.new_zeros(B, H, L, D, dtype=acc)
+                lse = torch.full((B, H, L), float("-inf"), dtype=acc, device=q.device)
             s = slice(p.q_start, p.q_stop)
             m = torch.logaddexp(lse[:, :, s], l_p)
             out[:, :, s] = out[:, :, s] * (lse[:, :, s] - m).exp()[..., None] + o_p * (l_p - m).exp()[..., None]
@@ -87,11 +92,17 @@ class _Merged(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        L = q.shape[2]
+        dq = dk = dv = None
         for p in ctx.parts:
             g_p, q_p, o_p = (p.inputs(x, False) for x in (grad, q, out))
             l_p = _lse_layout(p.inputs(lse[..., None], False)[..., 0])
             dq_p, dk_p, dv_p = FLASH_BACKWARD(g_p, q_p, p.inputs(k, True), p.inputs(v, True), o_p, l_p, 0.0, p.causal)
+            if dq is None and (p.q_start, p.q_stop, p.k_start, p.k_stop) == (0, L, 0, L):  # nothing to add to yet
+                dq, dk, dv = p.rows(dq_p), p.rows(dk_p), p.rows(dv_p)
+                continue
+            if dq is None:
+                dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
             dq[:, :, p.q_start:p.q_stop] += p.rows(dq_p)
             dk[:, :, p.k_start:p.k_stop] += p.rows(dk_p)
             dv[:, :, p.k_start:p.k_stop] += p.rows(dv_p)

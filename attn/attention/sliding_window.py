@@ -202,7 +202,10 @@ class SlidingWindowAttention(Attention):
     # (results/targets-cpu.jsonl). The order is the machine's: an earlier 2-core machine with half
     # the matmul peak had blocked 1.35x faster at 16K (301 vs 405 ms). Below FLEX_MIN_LEN auto runs
     # blocked anyway (no compile for short inputs). CUDA: not measured yet; declaration order.
-    auto_order = {"cpu/forward": ("flex", "blocked")}
+    # Training (the same CPU, 16K, B=1 H=8 D=64, torch.utils.benchmark): split 863 ms against blocked's 914 at w=256,
+    # 2219 against 2457 at w=1024, 6604 against 8807 at w=4096 (blocked's spans score 1.5 w keys a query, split's
+    # causal parts w); split's forward is slower than blocked's below w=4096 and Flex's is faster than both.
+    auto_order = {"cpu/forward": ("flex", "blocked"), "cpu/backward": ("split", "blocked")}
 
     def __init__(self, config: SlidingWindowConfig, backend: str = "auto"):
         super().__init__(config, backend)
