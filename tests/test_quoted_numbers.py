@@ -708,6 +708,16 @@ quote(RESULTS, "(the rows' `bandwidth_fraction` counts their weights once a step
       V(HD, {}, "bandwidth_fraction", "min"), V(HD, {}, "bandwidth_fraction", "max"))
 
 
+VR = "variants-roofline-cpu.jsonl"
+VR_SPECS = ("full", "full:alibi=true", "full:sink_logit=true", "full:prefix=512", SW, SINKS, BSP, "linear", "retention",
+            "gla", "gated_deltanet")
+quote(RESULTS, "| forward | " + " | ".join(["{}"] * len(VR_SPECS)) + " |",
+      *(ms(VR, "n0", **FWD, **K64, variant_spec=v) for v in VR_SPECS))
+quote(RESULTS, "| decode one token | " + " | ".join(["{}"] * len(VR_SPECS)) + " |",
+      *(ms(VR, "#.3g", **DEC, **K64, variant_spec=v) for v in VR_SPECS))
+quote(RESULTS, "faster than the window with sinks ({} against {} ms at 64K;",
+      *(ms(VR, ".0f", **FWD, **K64, variant_spec=v) for v in (SW, SINKS)))
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 def committed() -> list[str]:

@@ -86,13 +86,20 @@ def test_split_matches_reference_forward_and_grads(inputs, data, kv_heads, dilat
         torch.testing.assert_close(a, b, **TOL[dtype])
 
 
+def test_auto_trains_with_split_from_the_measured_window_on():
+    from attn.attention.sliding_window import SPLIT_MIN_WINDOW
+
+    for w, expected in ((SPLIT_MIN_WINDOW - 1, "blocked"), (SPLIT_MIN_WINDOW, "split")):
+        assert sw("auto", w).select_backend("cpu", torch.float32, "backward") == expected
+
+
 def test_split_refuses_what_it_does_not_run_and_auto_falls_through_to_blocked():
     q = torch.randn(1, 2, 20, 8, requires_grad=True)
     with pytest.raises(UnsupportedBackend, match="plain causal windows"):
         attn.build_attention("sliding_window", backend="split", window=4, sinks=2)(q, q, q)
     with pytest.raises(UnsupportedBackend, match="plain causal windows"):
         attn.build_attention("sliding_window", backend="split", window=4)(q[:, :, 5:], q, q)
-    m = attn.build_attention("sliding_window", window=4, sinks=2)
+    m = attn.build_attention("sliding_window", window=2048, sinks=2)
     m(q, q, q)
     assert m.last_backend == "blocked"
 
@@ -280,8 +287,8 @@ def test_backbone_runs_with_sliding_window_and_decoding_equals_forward(causal):
     config = attn.TransformerConfig.preset("tiny", attention="sliding_window", attention_params={"window": 8}, causal=causal)
     model = attn.Transformer(config).eval()
     idx = torch.randint(0, config.vocab_size, (2, 21))
-    logits = model(idx)  # parameters need grad: the CPU path is `split` (causal) or `blocked`
-    assert model.blocks[0].attn.attn.last_backend == ("split" if causal else "blocked")
+    logits = model(idx)  # parameters need grad: the CPU path is `blocked`
+    assert model.blocks[0].attn.attn.last_backend == "blocked"
     with torch.no_grad():
         ref = attn.Transformer(
             attn.TransformerConfig.preset("tiny", attention="sliding_window", attention_params={"window": 8},

@@ -174,6 +174,9 @@ XFORMERS_LOCAL = dataclasses.replace(XFORMERS, dtypes=(torch.bfloat16, torch.flo
                                      note="xformers.ops.memory_efficient_attention, local mask (FlashAttention kernels)")
 
 
+SPLIT_MIN_WINDOW = 1024  # from this window on, auto trains with `split` on CPU (measured: see auto_order)
+
+
 # -- the variant --------------------------------------------------------------------------------
 
 @register_attention("sliding_window", config=SlidingWindowConfig)
@@ -202,9 +205,10 @@ class SlidingWindowAttention(Attention):
     # (results/targets-cpu.jsonl). The order is the machine's: an earlier 2-core machine with half
     # the matmul peak had blocked 1.35x faster at 16K (301 vs 405 ms). Below FLEX_MIN_LEN auto runs
     # blocked anyway (no compile for short inputs). CUDA: not measured yet; declaration order.
-    # Training (the same CPU, 16K, B=1 H=8 D=64, torch.utils.benchmark): split 863 ms against blocked's 914 at w=256,
-    # 2219 against 2457 at w=1024, 6604 against 8807 at w=4096 (blocked's spans score 1.5 w keys a query, split's
-    # causal parts w); split's forward is slower than blocked's below w=4096 and Flex's is faster than both.
+    # Training on the same CPU, B=1 H=8 D=64 fp32: at w=256 blocked and split tie at 16K (501 and 503 ms) and blocked
+    # wins at 4K (98 against 122 ms; attn-bench sweep --config results/kernels-cpu.toml); at 16K split took 2219
+    # against 2457 ms at w=1024 and 6604 against 8807 at w=4096 (torch.utils.benchmark, one run): blocked's spans
+    # score 1.5 w keys a query, split's causal parts w. So auto trains with split from SPLIT_MIN_WINDOW keys on.
     auto_order = {"cpu/forward": ("flex", "blocked"), "cpu/backward": ("split", "blocked")}
 
     def __init__(self, config: SlidingWindowConfig, backend: str = "auto"):
@@ -223,6 +227,8 @@ class SlidingWindowAttention(Attention):
         name = super().select_backend(device, dtype, mode)
         if name == "flex" and self.backend == "auto" and self.short_for_flex():
             return "blocked"  # runs wherever flex does, with no compile
+        if name == "split" and self.backend == "auto" and self.window < SPLIT_MIN_WINDOW:
+            return "blocked"  # below the measured crossover (auto_order's comment)
         return name
 
     @property
