@@ -254,8 +254,8 @@ class BlockSparseAttention(Attention):
     )
     # Forward on the 2-core development CPU (quiet): flex 2.2-4.3x faster than gathered at 4K-32K
     # (16K: 59 vs 256 ms). Command: attn-bench sweep --config results/targets-cpu.toml (results/targets-cpu.jsonl).
-    # Training on the 2-core CPU (AMD EPYC, quiet), B=1 H=8 D=64 fp32, default layout: split 271 ms against gathered's
-    # 590 at 16K, 61.5 against 84.9 at 4K (attn-bench sweep --config results/kernels-cpu.toml).
+    # Training on the 2-core CPU (AMD EPYC, quiet), B=1 H=8 D=64 fp32, default layout: split 285 ms against gathered's
+    # 667 at 16K, 64 against 75 at 4K (attn-bench sweep --config results/kernels-cpu.toml).
     auto_order = {"cpu/forward": ("flex", "gathered"), "cpu/backward": ("split", "gathered")}
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:

@@ -205,10 +205,10 @@ class SlidingWindowAttention(Attention):
     # (results/targets-cpu.jsonl). The order is the machine's: an earlier 2-core machine with half
     # the matmul peak had blocked 1.35x faster at 16K (301 vs 405 ms). Below FLEX_MIN_LEN auto runs
     # blocked anyway (no compile for short inputs). CUDA: not measured yet; declaration order.
-    # Training on the same CPU, B=1 H=8 D=64 fp32: at w=256 blocked and split tie at 16K (501 and 503 ms) and blocked
-    # wins at 4K (98 against 122 ms; attn-bench sweep --config results/kernels-cpu.toml); at 16K split took 2219
-    # against 2457 ms at w=1024 and 6604 against 8807 at w=4096 (torch.utils.benchmark, one run): blocked's spans
-    # score 1.5 w keys a query, split's causal parts w. So auto trains with split from SPLIT_MIN_WINDOW keys on.
+    # Training on the same CPU, B=1 H=8 D=64 fp32 (attn-bench sweep --config results/kernels-cpu.toml): at w=256
+    # blocked beats split (452 against 500 ms at 16K, 115 against 141 at 4K); at w=1024 split wins (1243 against 1426
+    # at 16K, 301 against 339 at 4K): blocked's spans score 1.5 w keys a query, split's causal parts w, while split's
+    # fixed cost (reversed copies, the merge) weighs more at small w. So auto trains with split from SPLIT_MIN_WINDOW.
     auto_order = {"cpu/forward": ("flex", "blocked"), "cpu/backward": ("split", "blocked")}
 
     def __init__(self, config: SlidingWindowConfig, backend: str = "auto"):

@@ -69,9 +69,9 @@ def build_op(cell: Cell) -> Measured:
 
 
 def build_decode(cell: Cell, module: Any) -> Measured:
-    """One decoding step of ``cell.step_tokens`` new tokens per sequence on a state that holds L tokens (prefilled
-    once, untimed). With a memory budget the state is prefilled for one sequence, measured, and repeated to the
-    largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and ``state_bytes``. A ragged
+    """One decoding step of ``cell.step_tokens`` new tokens per sequence on a state that holds L tokens (one
+    sequence prefilled once, untimed, and repeated to the batch). With a memory budget that state is measured and
+    repeated to the largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and ``state_bytes``. A ragged
     cell's sequences hold their own contexts (``Cell.contexts``): each is the longest prompt's prefix, joined by the
     variant's ``ragged_state``; rows carry ``contexts`` and ``state_bytes``."""
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
@@ -93,8 +93,10 @@ def build_decode(cell: Cell, module: Any) -> Measured:
         state = module.ragged_state([prefix_state(longest, n, lambda n: prefill(1, n)) for n in contexts], T)
         del longest
         held = {"contexts": contexts, "state_bytes": int(state.nbytes())}
-    else:
-        state = prefill(B, L)  # the cache now holds L tokens
+    else:  # one prompt of L tokens, its state repeated to the batch: a step costs the same whichever prompts they are,
+        state = prefill(1, L)  # and B prefills at once overran a cell's memory (gated_deltanet at B=32 x 16K)
+        if B > 1:
+            state = batched_state(state, B)
     if cell.budget_bytes:
         one = int(state.nbytes())
         B = capacity_batch(cell.budget_bytes, one)
