@@ -718,6 +718,45 @@ quote(RESULTS, "| decode one token | " + " | ".join(["{}"] * len(VR_SPECS)) + " 
 quote(RESULTS, "faster than the window with sinks ({} against {} ms at 64K;",
       *(ms(VR, ".0f", **FWD, **K64, variant_spec=v) for v in (SW, SINKS)))
 
+SR = "serving-ragged-cpu.jsonl"
+EVEN, RAG = {"queries": None, "ragged": None}, {"queries": None, "ragged": 0.5}
+for spec in ("full", SW, "linear", "gated_deltanet"):
+    cells = [(EVEN, 1), (EVEN, 8), (EVEN, 32), (RAG, 8), (RAG, 32)]
+    oom = spec == "gated_deltanet"  # its even batch of 32 ran out of memory in the prefill
+    values = [V(SR, {**K16, **at, "variant_spec": spec, "batch_size": b}, "tokens_per_s", spec="n0")
+              for at, b in cells if not (oom and at is EVEN and b == 32)]
+    quote(RESULTS, f"| `{spec}` | {{}} | {{}} | {'oom' if oom else '{}'} | {{}} | {{}} |", *values)
+B32 = {"batch_size": 32, "queries": None}
+quote(RESULTS, "took {} ms for 32 sequences drawn around 16K", ms(SR, ".2f", **K16, **B32, ragged=0.5, variant_spec="full"))
+quote(RESULTS, "against {} ms for 32 of 16K, and read its memory at {} of the bandwidth, against {},",
+      ms(SR, ".2f", **K16, **B32, ragged=None, variant_spec="full"),
+      V(SR, {**K16, **B32, "ragged": 0.5, "variant_spec": "full"}, "bandwidth_fraction", spec=".3f"),
+      V(SR, {**K16, **B32, "ragged": None, "variant_spec": "full"}, "bandwidth_fraction", spec=".3f"))
+quote(RESULTS, "64K in {} ms against {} ms for 32 of 64K",
+      *(ms(SR, ".3f", **K64, **B32, ragged=r, variant_spec="linear") for r in (0.5, None)))
+quote(RESULTS, "at B=32 takes {} ms against {} ms for one",
+      ms(SR, ".2f", **K16, batch_size=32, queries=4, variant_spec=SW),
+      ms(SR, ".3f", **K16, **B32, ragged=None, variant_spec=SW))
+
+KC = "kernels-cpu.jsonl"
+for label, spec, f in (("`block_sparse` / split", f"{BSP},backend=split", ".0f"),
+                       ("`block_sparse` / gathered", f"{BSP},backend=gathered", ".0f"),
+                       ("`sliding_window(256)` / blocked", f"{SW},backend=blocked", ".0f"),
+                       ("`sliding_window(256)` / split", f"{SW},backend=split", ".0f"),
+                       ("`sliding_window(1024)` / split", "sliding_window:window=1024,backend=split", ".0f"),
+                       ("`sliding_window(1024)` / blocked", "sliding_window:window=1024,backend=blocked", ".0f")):
+    at = {**TRAIN, **K16, "variant_spec": spec}
+    quote(RESULTS, f"| {label} | {{}} | {{}}% |", ms(KC, f, **at), pct(KC, **at))
+LIN = {**FWD, **K16, "variant_spec": "linear:backend=chunked"}
+quote(RESULTS, "| `linear` / chunked, forward | {} | {}% | 20% |", ms(KC, ".1f", **LIN), pct(KC, **LIN))
+quote(RESULTS, "`block_sparse` trains at {}% of the peak with `split` (target 25%)",
+      pct(KC, **TRAIN, **K16, variant_spec=f"{BSP},backend=split"))
+quote(RESULTS, "`blocked` reaches {}% (target 30%) and `split` {}%",
+      *(pct(KC, **TRAIN, **K16, variant_spec=f"{SW},backend={b}") for b in ("blocked", "split")))
+quote(RESULTS, "`split` wins ({}% against {}%)",
+      *(pct(KC, **TRAIN, **K16, variant_spec=f"sliding_window:window=1024,backend={b}") for b in ("split", "blocked")))
+quote(RESULTS, "`linear`'s forward stays short at {}% (target 20%)", pct(KC, **LIN))
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 def committed() -> list[str]:
