@@ -71,8 +71,8 @@ def build_op(cell: Cell) -> Measured:
 def build_decode(cell: Cell, module: Any) -> Measured:
     """One decoding step of ``cell.step_tokens`` new tokens per sequence on a state that holds L tokens (one
     sequence prefilled once, untimed, and repeated to the batch). With a memory budget that state is measured and
-    repeated to the largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and ``state_bytes``. A ragged
-    cell's sequences hold their own contexts (``Cell.contexts``): each is the longest prompt's prefix, joined by the
+    repeated to the largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and
+    ``state_bytes``. A ragged cell's sequences hold their own contexts (``Cell.contexts``): each is the longest prompt's prefix, joined by the
     variant's ``ragged_state``; rows carry ``contexts`` and ``state_bytes``."""
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     B, H, Hkv, L, D, T = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim, cell.step_tokens
