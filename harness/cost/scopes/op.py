@@ -72,8 +72,9 @@ def build_decode(cell: Cell, module: Any) -> Measured:
     """One decoding step of ``cell.step_tokens`` new tokens per sequence on a state that holds L tokens (one
     sequence prefilled once, untimed, and repeated to the batch). With a memory budget that state is measured and
     repeated to the largest batch it fits (harness.cost.capacity); rows then carry ``capacity_batch`` and
-    ``state_bytes``. A ragged cell's sequences hold their own contexts (``Cell.contexts``): each is the longest prompt's prefix, joined by the
-    variant's ``ragged_state``; rows carry ``contexts`` and ``state_bytes``."""
+    ``state_bytes``. A ragged cell's sequences hold their own contexts (``Cell.contexts``), each the longest
+    prompt's prefix where the state can forget tokens (else prefilled on its own), joined by the variant's
+    ``ragged_state``; rows carry ``contexts`` and ``state_bytes``."""
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     B, H, Hkv, L, D, T = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim, cell.step_tokens
     extra = lambda b, n: draw_inputs(module.token_inputs, b, Hkv, n, D, device=dev, dtype=dtype)  # noqa: E731
