@@ -208,8 +208,9 @@ class SlidingWindowAttention(Attention):
     # Training on the same CPU, B=1 H=8 D=64 fp32 (attn-bench sweep --config results/kernels-cpu.toml): at w=256
     # blocked beats split (452 against 500 ms at 16K, 115 against 141 at 4K); at w=1024 split wins (1243 against 1426
     # at 16K, 301 against 339 at 4K): blocked's spans score 1.5 w keys a query, split's causal parts w, while split's
-    # fixed cost (reversed copies, the merge) weighs more at small w. So auto trains with split from SPLIT_MIN_WINDOW.
-    auto_order = {"cpu/forward": ("flex", "blocked"), "cpu/backward": ("split", "blocked")}
+    # fixed cost (reversed copies, the merge) weighs more at small w. So auto trains with split from SPLIT_MIN_WINDOW
+    # (auto_candidates), with blocked below it (declaration order).
+    auto_order = {"cpu/forward": ("flex", "blocked")}
 
     def __init__(self, config: SlidingWindowConfig, backend: str = "auto"):
         super().__init__(config, backend)
@@ -227,9 +228,15 @@ class SlidingWindowAttention(Attention):
         name = super().select_backend(device, dtype, mode)
         if name == "flex" and self.backend == "auto" and self.short_for_flex():
             return "blocked"  # runs wherever flex does, with no compile
-        if name == "split" and self.backend == "auto" and self.window < SPLIT_MIN_WINDOW:
-            return "blocked"  # below the measured crossover (auto_order's comment)
         return name
+
+    def auto_candidates(self, device: str, mode: str) -> list[Backend]:
+        """The measured order, except that CPU training tries ``split`` first from ``SPLIT_MIN_WINDOW`` keys on (the
+        crossover measured beside ``auto_order``)."""
+        order = super().auto_candidates(device, mode)
+        if device == "cpu" and mode == "backward" and self.window >= SPLIT_MIN_WINDOW:
+            order.sort(key=lambda b: b.name != "split")
+        return order
 
     @property
     def sinks(self) -> int:
