@@ -127,8 +127,8 @@ def hf_cell(spec: str, length: int) -> Cell:
 
 
 @pytest.mark.parametrize("spec, cache_type, bounded", [("sliding_window:window=16", VariantCache, True),
-                                                       ("linear", VariantCache, True), ("full", DynamicCache, False)])
-def test_scope_hf_decodes_bounded_variants_through_their_own_state(spec, cache_type, bounded, monkeypatch):
+                                                       ("linear", VariantCache, True), ("full", VariantCache, False)])
+def test_scope_hf_decodes_every_variant_through_its_own_state(spec, cache_type, bounded, monkeypatch):
     import harness.cost.scopes.hf as scope
 
     tiny = hf.tiny_config("llama", **TINY)

@@ -51,7 +51,7 @@ def test_kv_heads_and_a_position_override_reach_the_cells(tiny_config):
     for c in cells:  # the model is built with those heads: 4 (multi-head, although the config has 2), and 1
         decode = Cell.from_row({**c.as_row(), "mode": "decode"})
         cache = build_hf(decode).state
-        assert cache.layers[0].keys.shape[1] == decode.kv_heads == (c.num_kv_heads or 4)
+        assert cache.layers[0].state.k.shape[1] == decode.kv_heads == (c.num_kv_heads or 4)
 
 
 def test_a_sweep_writes_ok_rows_whose_flops_follow_the_rule(tiny_config, tmp_path, capsys):
@@ -98,7 +98,7 @@ def test_a_timed_decode_step_leaves_the_cache_at_its_length(tiny_config):
         again = measured.fn()
     assert measured.state.get_seq_length() == 40
     torch.testing.assert_close(first, again)  # the same step at the same context every time
-    assert measured.state.layers[0].keys.shape[1] == 2  # transformers' cache holds the key/value heads
+    assert measured.state.layers[0].state.k.shape[1] == 2  # the layer's KV cache holds the key/value heads
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -29,7 +29,6 @@ from transformers import PreTrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from attn.attention.base import Attention
-from attn.attention.state import KVCache
 from attn.hf.naming import PREFIX
 
 MARK = "_attn_bench_cache_layer"  # set on the key tensor update returns; claim() takes it off
@@ -152,10 +151,4 @@ class VariantCache(Cache):
         return sum(layer.nbytes() for layer in self.layers)
 
 
-def bounded(module: Attention) -> bool:
-    """Whether ``module`` decodes with a state of its own (a window, a recurrence, a band), not every key and value:
-    what :class:`VariantCache` is for (a plain KV cache gains nothing over transformers' DynamicCache)."""
-    return not isinstance(module.start_state(), KVCache)
-
-
-__all__ = ["VariantCache", "VariantLayer", "bounded", "claim"]
+__all__ = ["VariantCache", "VariantLayer", "claim"]

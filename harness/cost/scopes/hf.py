@@ -6,12 +6,13 @@ What is timed, per mode:
   last token only (``logits_to_keep=1``), no cache kept.
 - ``train``: forward + backward of the next-token loss on L tokens (logits for every token), gradients of every weight.
 - ``decode``: one new token with a cache already holding L tokens, cut back to L after each timed step
-  (``crop(-1)``). A variant with a bounded decoding state of its own (a window, a recurrence, a band of blocks:
-  :func:`attn.hf.cache.bounded`) decodes through :class:`attn.hf.cache.VariantCache`, which holds that state and
-  runs the variant's step on the new token only, as the backbone does. The others (every key: ``full``, layouts
-  with random blocks) keep transformers' ``DynamicCache``, which hands the variant all L cached keys and
-  concatenates each new key (a copy of the layer's cache per step). Rows add ``hf_cache`` (which of the two) and
-  ``state_bytes`` (what it holds at L tokens, all layers).
+  (``crop(-1)``), through :class:`attn.hf.cache.VariantCache`: each layer holds its variant's own decoding state
+  (a window, a recurrence, a band of blocks, or for ``full`` a KV cache written in place) and runs the variant's
+  step on the new token only, as the backbone does. transformers' ``DynamicCache`` instead concatenates each new key
+  onto a fresh copy of the layer's cache; from 32 MiB a layer glibc maps every such copy fresh from the kernel
+  (``M_MMAP_THRESHOLD`` cannot exceed 32 MiB), and those page faults were the jump of ``full``'s step from 32K to
+  64K (``results/hf-decode-full-cpu.jsonl``). Rows add ``hf_cache`` and ``state_bytes`` (what it holds at L tokens, all
+  layers).
 
 FLOPs: 2 per multiply-add of every ``nn.Linear`` weight per token it is applied to (the LM head on 1 token in
 ``forward``), x 3 for ``train``, plus ``num_hidden_layers`` x the variant's own count of the attention in that mode,
@@ -132,11 +133,8 @@ def hf_bytes(model: nn.Module, cell: Cell, module: Any) -> int | None:
 
 def build_hf(cell: Cell) -> Measured:
     """Model, inputs and the measured callable of an ``hf`` cell."""
-    from transformers import DynamicCache
-
     from attn.hf import attention_modules, build_model
-    from attn.hf.cache import VariantCache, bounded
-    from attn.hf.presses import cache_bytes
+    from attn.hf.cache import VariantCache
 
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     config = load(cell.hf_config, cell.kv_heads)  # num_kv_heads None = as many as the query heads, not the config's
@@ -153,8 +151,7 @@ def build_hf(cell: Cell) -> Measured:
         return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, module, kept))
     flops, moved = hf_flops(model, cell, module), hf_bytes(model, cell, module)
     if cell.mode == "decode":
-        own = bounded(attn.build_attention(cell.variant, backend=cell.backend_requested, **cell.variant_params))
-        cache = VariantCache(model.config) if own else DynamicCache(config=model.config)
+        cache = VariantCache(model.config)
         with torch.no_grad():
             model(idx, past_key_values=cache, use_cache=True, logits_to_keep=1)  # prefill: the cache holds L tokens
         token = torch.randint(0, V, (B, 1), device=dev)
@@ -166,8 +163,7 @@ def build_hf(cell: Cell) -> Measured:
             return out
 
         def held() -> dict[str, Any]:  # what the cache holds at L tokens, all layers
-            size = cache.nbytes() if own else cache_bytes(cache)
-            return {"hf_cache": type(cache).__name__, "state_bytes": size}
+            return {"hf_cache": type(cache).__name__, "state_bytes": cache.nbytes()}
 
         return Measured(decode_step, flops, B, backend, cache, held, bytes=moved)
     if cell.mode == "train":
