@@ -757,6 +757,17 @@ quote(RESULTS, "`split` wins ({}% against {}%)",
       *(pct(KC, **TRAIN, **K16, variant_spec=f"sliding_window:window=1024,backend={b}") for b in ("split", "blocked")))
 quote(RESULTS, "`linear`'s forward stays short at {}% (target 20%)", pct(KC, **LIN))
 
+HF = "hf-decode-full-cpu.jsonl"
+quote(RESULTS, "| `VariantCache` (in place) | {} | {} | {} | {} |",
+      *(ms(HF, ".2f", seq_len=L) for L in (8192, 16384, 32768, 65536)))
+quote(RESULTS, "64K took {} ms through `DynamicCache` in `hf-decode-cpu.jsonl` and takes {} ms here",
+      ms(HD, ".2f", **LLAMA, variant_spec="full", seq_len=65536), ms(HF, ".2f", seq_len=65536))
+
+quote(README, "a 1 GiB budget holds {} `full` sequences at 128K, {} with the 256-token window and {} with `linear`",
+      *(V(SV, {**AT, "variant_spec": v}, "capacity_batch", spec=".0f") for v in ("full", SW, "linear")))
+quote(README, "around 16K decodes a step of `full` in {} ms against {} ms for 32 of 16K",
+      *(ms(SR, ".2f", **K16, **B32, ragged=r, variant_spec="full") for r in (0.5, None)))
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 def committed() -> list[str]:
