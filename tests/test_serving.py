@@ -56,6 +56,19 @@ def test_a_budget_cell_decodes_the_batch_whose_state_fits(spec):
     assert measured.flops == attention_flops(module, counted) and measured.bytes == attention_bytes(module, counted)
 
 
+@pytest.mark.parametrize("spec, length", [("block_sparse", 1), ("block_sparse:block_size=1,local_blocks=1,global_blocks=0", 9),
+                                          ("full", 5), ("linear", 5)])
+def test_a_batch_decodes_from_one_prompt_repeated_even_where_a_state_holds_one_position(spec, length):
+    """Even batches prefill one prompt and repeat its state: a 1-D tensor of positions (block_sparse's band keeps
+    (kept,) of them, one at L=1) is shared, not taken for a batch of one."""
+    (cell,) = expand(build_spec([("command line", dict(lengths=[length], variant=[spec], mode=["decode"], batch=[3],
+                                                       heads=[4], kv_heads=[2], head_dim=[16]))]))
+    torch.manual_seed(0)
+    measured = build_op(cell)
+    out = measured.fn()
+    assert out.shape == (3, 4, 1, 16) and torch.isfinite(out).all()
+
+
 def test_a_repeated_state_decodes_each_sequence_as_the_one_it_repeats():
     m = attn.build_attention("sliding_window", window=8)
     state = m.start_state(40)

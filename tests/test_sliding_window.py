@@ -66,14 +66,15 @@ def test_blocked_matches_reference_forward_and_grads(inputs, data, causal, chunk
 
 
 @settings(max_examples=25, deadline=None)
-@given(qkv(max_len=140), st.data(), st.integers(1, 4), st.booleans())
-def test_split_matches_reference_forward_and_grads(inputs, data, kv_heads, dilated):
+@given(qkv(max_len=140), st.data(), st.booleans(), st.booleans())
+def test_split_matches_reference_forward_and_grads(inputs, data, grouped, dilated):
     """Square causal calls (each chunk against itself and the one before, merged by log-sum-exp; its own backward),
     grouped keys, dilated windows, windows shorter and longer than a chunk of the length."""
     q, k, v, dtype = inputs
     q = torch.randn(k.shape).to(dtype)  # as many queries as keys: what split runs
     w = data.draw(st.integers(1, k.shape[2] + 3), label="window")
-    k, v = (t[:, :1].repeat(1, 1, 1, 1) if kv_heads == 1 else t for t in (k, v))  # 1 key head: GQA when H > 1
+    if grouped:
+        k, v = k[:, :1], v[:, :1]  # one key head for every query head (GQA when H > 1)
     kw = dict(window=w, dilation=2 if dilated and w > 1 else 1)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
     ref = attn.build_attention("sliding_window", backend="reference", **kw)(q, k, v)

@@ -92,21 +92,21 @@ class _Merged(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        L = q.shape[2]
+        L, acc = q.shape[2], torch.promote_types(q.dtype, torch.float32)  # gradients summed in fp32 at least
         dq = dk = dv = None
         for p in ctx.parts:
             g_p, q_p, o_p = (p.inputs(x, False) for x in (grad, q, out))
             l_p = _lse_layout(p.inputs(lse[..., None], False)[..., 0])
             dq_p, dk_p, dv_p = FLASH_BACKWARD(g_p, q_p, p.inputs(k, True), p.inputs(v, True), o_p, l_p, 0.0, p.causal)
             if dq is None and (p.q_start, p.q_stop, p.k_start, p.k_stop) == (0, L, 0, L):  # nothing to add to yet
-                dq, dk, dv = p.rows(dq_p), p.rows(dk_p), p.rows(dv_p)
+                dq, dk, dv = (p.rows(x).to(acc) for x in (dq_p, dk_p, dv_p))
                 continue
             if dq is None:
-                dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+                dq, dk, dv = (torch.zeros_like(x, dtype=acc) for x in (q, k, v))
             dq[:, :, p.q_start:p.q_stop] += p.rows(dq_p)
             dk[:, :, p.k_start:p.k_stop] += p.rows(dk_p)
             dv[:, :, p.k_start:p.k_stop] += p.rows(dv_p)
-        return dq, dk, dv, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 def merged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: list[Part]) -> torch.Tensor:

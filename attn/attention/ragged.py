@@ -141,12 +141,12 @@ RAGGED_CACHES = (RaggedKVCache, RaggedRing)
 
 def stacked(states: list[Any]) -> Any:
     """One batched state from one-sequence states of equal shape (a recurrence's): every per-sequence tensor
-    (leading dimension 1) concatenated, nested states likewise, ``length`` the longest (a step does not read it)."""
+    (leading dimension 1, then heads) concatenated, nested states likewise, ``length`` the longest (a step does not read it)."""
     first = states[0]
     out = copy.copy(first)
     for name, value in vars(first).items():
         values = [vars(s)[name] for s in states]
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == 1:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == 1:  # (1, heads, ...)
             if any(x.shape != value.shape for x in values):
                 raise ValueError(f"cannot stack {type(first).__name__}.{name}: shapes differ across sequences")
             value = torch.cat(values)

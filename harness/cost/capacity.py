@@ -23,12 +23,13 @@ def capacity_batch(budget_bytes: int, state_bytes: int) -> int:
 
 
 def batched_state(state: Any, batch: int) -> Any:
-    """A copy of a one-sequence decoding state with every per-sequence tensor (leading dimension 1) repeated to
-    ``batch`` sequences, in new memory; nested states (a cache inside a summary cache) likewise. Tensors without a
-    batch dimension (positions, scalars) are shared; a one-step undo is dropped (the copy has taken no step yet)."""
+    """A copy of a one-sequence decoding state with every per-sequence tensor (leading dimension 1, then heads or
+    channels) repeated to ``batch`` sequences, in new memory; nested states (a cache inside a summary cache) likewise.
+    Tensors without a batch dimension (positions, even one position: ``BandBlockCache.pos``; scalars) are shared; a
+    one-step undo is dropped (the copy has taken no step yet)."""
     def grown(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            if value.dim() >= 1 and value.shape[0] == 1:
+            if value.dim() >= 2 and value.shape[0] == 1:  # (1, heads, ...): a 1-D tensor holds positions
                 return value.expand(batch, *value.shape[1:]).contiguous()
             return value
         if isinstance(value, (tuple, list)):
