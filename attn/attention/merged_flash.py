@@ -49,15 +49,11 @@ class Part:
         """A flash output (B, H', T, ...) back to (B, H, T_range, ...) in the original order (undoes :meth:`inputs`)."""
         if self.chunk is None:
             return y
-        B, Hm, c = y.shape[:3]
-        H = Hm // self._chunks(y)
-        y = y.reshape(B, H, Hm // H, c, *y.shape[3:])
+        B, c = y.shape[0], self.chunk
+        y = y.reshape(B, -1, (self.q_stop - self.q_start) // c, c, *y.shape[3:])  # (B, H, chunks, c, ...)
         if self.reverse:
             y = y.flip(3)
-        return y.reshape(B, H, -1, *y.shape[4:])
-
-    def _chunks(self, y: torch.Tensor) -> int:
-        return (self.q_stop - self.q_start) // self.chunk
+        return y.reshape(B, y.shape[1], -1, *y.shape[4:])
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,7 @@ import torch.nn.functional as F
 
 def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q (B, H, T, D) over k, v (B, H_kv, S, D) with a per-sequence mask (B, 1, T, S) (True = may attend)."""
-    gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa) if gqa else \
-        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 @dataclass
@@ -140,24 +138,29 @@ RAGGED_CACHES = (RaggedKVCache, RaggedRing)
 
 
 def stacked(states: list[Any]) -> Any:
-    """One batched state from one-sequence states of equal shape (a recurrence's): every per-sequence tensor
-    (leading dimension 1, then heads) concatenated, nested states likewise, ``length`` the longest (a step does not read it)."""
-    first = states[0]
-    out = copy.copy(first)
-    for name, value in vars(first).items():
+    """One batched state from one-sequence states of equal shape (a recurrence's, or one state repeated): every
+    per-sequence tensor (leading dimension 1, then heads or channels) concatenated in new memory, in tuples and lists
+    and nested states likewise; ``length`` the longest (a step does not read it); a one-step undo dropped (the batch
+    has taken no step yet). Other values (1-D positions, scalars, frozen configs) are the first state's, shared."""
+    out = copy.copy(states[0])
+    for name in vars(states[0]):
         values = [vars(s)[name] for s in states]
-        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == 1:  # (1, heads, ...)
-            if any(x.shape != value.shape for x in values):
-                raise ValueError(f"cannot stack {type(first).__name__}.{name}: shapes differ across sequences")
-            value = torch.cat(values)
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type) and not value.__dataclass_params__.frozen:
-            value = stacked(values)
-        elif name == "length":
-            value = max(values)
-        elif name == "_undo":
-            value = None
-        setattr(out, name, value)
+        setattr(out, name, max(values) if name == "length" else None if name == "_undo" else _joined(name, values))
     return out
+
+
+def _joined(name: str, values: list[Any]) -> Any:
+    """One field of :func:`stacked` across the sequences' states."""
+    value = values[0]
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == 1:  # (1, heads, ...)
+        if any(x.shape != value.shape for x in values):
+            raise ValueError(f"cannot stack {name}: shapes differ across sequences")
+        return torch.cat(values)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_joined(name, list(items)) for items in zip(*values, strict=True))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and not value.__dataclass_params__.frozen:
+        return stacked(values)
+    return value
 
 
 __all__ = ["RAGGED_CACHES", "RaggedKVCache", "RaggedRing", "stacked"]

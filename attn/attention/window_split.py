@@ -13,9 +13,14 @@ import torch.nn.functional as F
 from attn.attention.merged_flash import Part, merged_attention
 
 
+def window_chunk(length: int, window: int) -> int:
+    """Query chunks of w - 1 tokens (all of them when fewer; one token for a window of 1, each seeing itself)."""
+    return max(1, min(window - 1, length))
+
+
 def window_parts(length: int, window: int) -> list[Part]:
-    """The parts of a causal window of ``window`` keys over ``length`` tokens, a whole number of chunks of w - 1."""
-    c = max(1, min(window - 1, length))  # a window of 1: chunks of one token, each seeing itself
+    """The parts of a causal window of ``window`` keys over ``length`` tokens, a whole number of chunks."""
+    c = window_chunk(length, window)
     parts = [Part(0, length, 0, length, causal=True, chunk=c)]
     if window > 1 and length > c:
         parts.append(Part(c, length, 0, length - c, causal=True, chunk=c, reverse=True))
@@ -26,7 +31,7 @@ def split_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wi
     """Causal sliding-window attention, each query seeing the ``window`` keys up to itself; q: (B, H, L, D),
     k, v: (B, H_kv, L, D) on CPU. The length is padded to whole chunks at the end (after every real query)."""
     L = q.shape[2]
-    pad = -L % max(1, min(window - 1, L))
+    pad = -L % window_chunk(L, window)
     if pad:
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     return merged_attention(q, k, v, window_parts(L + pad, window))[:, :, :L]

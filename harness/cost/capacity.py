@@ -8,11 +8,9 @@ allows costs one prefill, not one per sequence.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 from typing import Any
 
-import torch
+from attn.attention.ragged import stacked
 
 
 def capacity_batch(budget_bytes: int, state_bytes: int) -> int:
@@ -23,25 +21,10 @@ def capacity_batch(budget_bytes: int, state_bytes: int) -> int:
 
 
 def batched_state(state: Any, batch: int) -> Any:
-    """A copy of a one-sequence decoding state with every per-sequence tensor (leading dimension 1, then heads or
-    channels) repeated to ``batch`` sequences, in new memory; nested states (a cache inside a summary cache) likewise.
-    Tensors without a batch dimension (positions, even one position: ``BandBlockCache.pos``; scalars) are shared; a
-    one-step undo is dropped (the copy has taken no step yet)."""
-    def grown(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            if value.dim() >= 2 and value.shape[0] == 1:  # (1, heads, ...): a 1-D tensor holds positions
-                return value.expand(batch, *value.shape[1:]).contiguous()
-            return value
-        if isinstance(value, (tuple, list)):
-            return type(value)(grown(v) for v in value)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type) and not value.__dataclass_params__.frozen:
-            return batched_state(value, batch)  # a state inside a state; configs (frozen) and callables are shared
-        return value
-
-    out = copy.copy(state)
-    for name, value in vars(state).items():
-        setattr(out, name, None if name == "_undo" else grown(value))
-    return out
+    """A copy of a one-sequence decoding state with every per-sequence tensor repeated to ``batch`` sequences, in new
+    memory (attn.attention.ragged.stacked of the state ``batch`` times): positions, scalars and configs shared, a
+    one-step undo dropped."""
+    return stacked([state] * batch)
 
 
 __all__ = ["batched_state", "capacity_batch"]

@@ -88,8 +88,13 @@ def sizes(value: Any, where: str) -> list[int]:
     return out
 
 
+def _items(value: Any) -> list[Any]:
+    """A comma list (text), a list or tuple, or one value, as a list."""
+    return list(value) if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
+
+
 def ints(value: Any, where: str) -> list[int]:
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
+    items = _items(value)
     out = []
     for v in items:
         try:
@@ -106,7 +111,7 @@ def ints(value: Any, where: str) -> list[int]:
 
 def ratios(value: Any, where: str) -> list[float]:
     """Fractions in [0, 1), a comma list: ``0,0.5``."""
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",") if isinstance(value, str) else [value]
+    items = _items(value)
     out = []
     for v in items:
         try:
