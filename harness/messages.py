@@ -27,4 +27,13 @@ def looks_like_oom(text: str) -> bool:
     return any(m in text.lower() for m in OOM_MARKERS)
 
 
-__all__ = ["MESSAGE_LIMIT", "OOM_MARKERS", "looks_like_oom", "one_error_line", "one_line"]
+def is_oom(err: BaseException) -> bool:
+    """An allocation that did not fit: MemoryError (the address-space cap), torch's OutOfMemoryError,
+    or an allocator's "can't allocate memory" RuntimeError."""
+    import torch
+
+    oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
+    return isinstance(err, oom_types) or looks_like_oom(f"{type(err).__name__}: {err}")
+
+
+__all__ = ["MESSAGE_LIMIT", "OOM_MARKERS", "is_oom", "looks_like_oom", "one_error_line", "one_line"]

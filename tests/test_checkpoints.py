@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, GenerationConfi
 
 from attn import checkpoints, hf  # noqa: E402
 from attn.hf.layers import LIFTED_WINDOW, layer_plan  # noqa: E402
-from harness.accuracy import hf_prompts  # noqa: E402
-from harness.accuracy.hf_checkpoint import load_checkpoint  # noqa: E402
+from harness.accuracy.checkpoint import load_checkpoint  # noqa: E402
+from harness.accuracy.prefill import SharedPrefill, shared_order  # noqa: E402
 from harness.accuracy.tasks import ruler  # noqa: E402
 from harness.cli import main  # noqa: E402
 
@@ -84,9 +84,9 @@ def test_full_with_snapkv_inside_real_smollm2_equals_sdpa_with_snapkv(smollm2):
 def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2):
     ckpt, _ = smollm2
     for task in ("niah_single_1", "vt"):
-        count = hf_prompts.ruler_count(ckpt.tokens, task)
+        count = ruler.ruler_count(ckpt.tokens, task)
         ex = ruler.generate(task, 1, 1024, "test", 0, ruler.RulerConfig(), count)[0]
-        used = 1 + len(ckpt.tokens.encode(ex.prompt)) + hf_prompts.RULER_ROOM["niah" if task != "vt" else "vt"]
+        used = 1 + len(ckpt.tokens.encode(ex.prompt)) + ruler.RULER_ROOM["niah" if task != "vt" else "vt"]
         assert 1024 - 40 < used <= 1024  # the largest haystack that fits: one more sentence would not
         assert all(r in ex.prompt for r in ex.references) or task == "vt"
 
@@ -208,9 +208,9 @@ def test_prefix_cache_generates_what_a_fresh_prefill_does(spec):
     base = X[0].tolist()
     prompts = [base[:30] + [5, 6], base, base[:12] + [7] * 20, base[:31], base]
     gen = GenerationConfig(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
-    cache = hf_prompts.PrefixCache()
-    for p in [prompts[i] for i in hf_prompts.shared_order(prompts)] + prompts:
-        assert cache.generate(model, p, gen) == greedy(model, torch.tensor([p]), n=5)
+    cache = SharedPrefill()
+    for p in [prompts[i] for i in shared_order(prompts)] + prompts:
+        assert cache.answers(model, p, len(p), gen)[None] == greedy(model, torch.tensor([p]), n=5)
     assert cache.cache.get_seq_length() < len(base) + 5
 
 
@@ -250,11 +250,11 @@ def test_checkpoints_figure_pools_passkey_depths_and_labels_without_backends(tmp
 
 
 def test_checkpoint_presets_validate_and_fix_their_grid(smollm2, tmp_path, capsys):
-    from harness.accuracy.hf_presets import HF_PRESETS
+    from harness.accuracy.presets import CHECKPOINT_PRESETS
 
     out = tmp_path / "a.jsonl"
     assert main(["accuracy", "--preset", "smollm2-cpu", "--dry-run", "--out", str(out)]) == 0
     said = capsys.readouterr().err
-    assert said.count("smollm2-135m (llama, trained at 8192") == len(HF_PRESETS["smollm2-cpu"].groups)
+    assert said.count("smollm2-135m (llama, trained at 8192") == len(CHECKPOINT_PRESETS["smollm2-cpu"].groups)
     assert main(["accuracy", "--preset", "smollm2-cpu", "--eval-lens", "1024", "--out", str(out)]) == 2
     assert "--eval-lens does not apply to --preset smollm2-cpu" in capsys.readouterr().err and not out.exists()

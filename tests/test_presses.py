@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig  #
 
 from attn import hf  # noqa: E402
 from attn.hf import presses  # noqa: E402
-from harness.accuracy.hf_presets import PRESSES  # noqa: E402
-from harness.accuracy.hf_presses import PressCache, equal_memory_specs  # noqa: E402
-from harness.accuracy.hf_prompts import PrefixCache  # noqa: E402
+from harness.accuracy.prefill import SharedPrefill  # noqa: E402
+from harness.accuracy.presets import PRESSES  # noqa: E402
+from harness.accuracy.pretrained import equal_memory_specs  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_each_press_keeps_the_tokens_kvpress_promises_and_replay_equals_its_own_
     int(context * (1 - ratio)) tokens a layer (PyramidKV: that many on average, more in low layers), the very keys
     kvpress's own ``with press(model)`` prefill keeps."""
     spec = presses.parse_press(text)
-    cache = PressCache([spec])
+    cache = SharedPrefill([spec])
     gen = GenerationConfig(max_new_tokens=2, min_new_tokens=2)
     first, second = prompt(1), prompt(1)[:200] + prompt(2)[200:]  # the second reuses the first's 200-token prefix
     cache.answers(model, first, CONTEXT, gen)
@@ -76,7 +76,7 @@ def test_none_answers_what_the_run_without_presses_does(model):
     """Press ``none`` (context prefilled, then the question decoded against the whole cache) generates the very tokens
     the plain prefix cache generates from the whole prompt, prompt after prompt."""
     gen = GenerationConfig(max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
-    plain, pressed = PrefixCache(), PressCache([presses.parse_press("none")])
+    plain, pressed = SharedPrefill(), SharedPrefill([presses.parse_press("none")])
     for seed in (3, 4, 5):
         p = prompt(seed)
         assert plain.answers(model, p, CONTEXT, gen)[None] == pressed.answers(model, p, CONTEXT, gen)["none"]
@@ -108,7 +108,7 @@ def test_our_full_with_a_press_equals_sdpa_with_it(text):
 
 def test_the_quantized_cache_keeps_every_token_at_a_fraction_of_the_bytes(model):
     full, quant = (presses.parse_press(t) for t in ("none", "quantized:nbits=4"))
-    cache = PressCache([full, quant])
+    cache = SharedPrefill([full, quant])
     cache.answers(model, prompt(8), CONTEXT, GenerationConfig(max_new_tokens=1, min_new_tokens=1))
     a, b = cache.take_stats("none"), cache.take_stats(quant.label)
     assert a["kv_tokens_mean"] == b["kv_tokens_mean"] == CONTEXT
@@ -175,7 +175,7 @@ def test_press_without_a_checkpoint_is_refused(tmp_path, capsys):
 
 def test_a_dynamic_cache_is_untouched_by_replay(model):
     """Replaying a press never prunes the recorded cache it reads (every press gets its own)."""
-    cache = PressCache([presses.parse_press("snapkv:compression_ratio=0.75"), presses.parse_press("none")])
+    cache = SharedPrefill([presses.parse_press("snapkv:compression_ratio=0.75"), presses.parse_press("none")])
     p = prompt(9)
     got = cache.answers(model, p, CONTEXT, GenerationConfig(max_new_tokens=2, min_new_tokens=2))
     assert all(layer.keys.shape[-2] == CONTEXT for layer in cache.cache.layers)
@@ -185,8 +185,8 @@ def test_a_dynamic_cache_is_untouched_by_replay(model):
 def test_a_press_that_refuses_the_model_is_unsupported_and_the_others_go_on(model):
     """ObservedAttention needs eager attention weights, which our variants do not return: kvpress's own assertion
     becomes that press's `unsupported`, and ``none`` beside it still answers."""
-    cache = PressCache([presses.parse_press("observed_attention:compression_ratio=0.5"), presses.parse_press("none")])
+    cache = SharedPrefill([presses.parse_press("observed_attention:compression_ratio=0.5"), presses.parse_press("none")])
     got = cache.answers(model, prompt(10), CONTEXT, GenerationConfig(max_new_tokens=2, min_new_tokens=2))
     err = cache.failed["observed_attention:compression_ratio=0.5"]
-    assert type(err).__name__ == "UnsupportedBackend" and "kvpress refuses it here" in str(err)
+    assert type(err).__name__ == "UnsupportedBackend" and "cannot run here: AssertionError" in str(err)
     assert len(got["none"]) == 2 and "none" not in cache.failed

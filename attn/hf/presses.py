@@ -124,6 +124,18 @@ class PressSpec:
             return None
         return press_classes()[self.name](**dict(self.params))
 
+    def columns(self, query_aware: bool | None = None) -> dict[str, Any]:
+        """What every row of this press says about it (cost and accuracy alike); ``query_aware``: the accuracy
+        protocol's switch (None: a cost row, which has no question)."""
+        import json
+
+        cols = {"press": self.name, "press_spec": self.label,
+                "press_params": json.loads(json.dumps(self.all_params, default=str)), "compression_ratio": self.ratio}
+        if query_aware is not None:
+            cols |= {"query_aware": query_aware, "press_protocol": "context compressed with the question" if query_aware
+                     else "context compressed, then question and answer decoded against it"}
+        return cols
+
     def new_cache(self, config: Any) -> Any:
         """An empty cache of the kind this press decodes against (``QuantizedCache`` for ``quantized``)."""
         from transformers import DynamicCache, QuantizedCache
@@ -342,6 +354,14 @@ def cache_bytes(cache: Any) -> int:
     return total
 
 
-__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "compress", "decode",
+def cache_columns(cache: Any) -> dict[str, Any]:
+    """What a cache holds once pressed: tokens per layer (min, mean, max) and its bytes, as rows record them."""
+    kept = kept_tokens(cache)
+    return {"kv_tokens_min": min(kept), "kv_tokens_mean": sum(kept) / len(kept), "kv_tokens_max": max(kept),
+            "kv_cache_bytes": cache_bytes(cache)}
+
+
+
+__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "cache_columns", "compress", "decode",
            "decoding_press", "kept_tokens", "language_model", "parse_press", "press_catalog", "press_classes",
            "press_name", "press_params", "press_unsupported", "prefill_with", "replayable"]

@@ -1,5 +1,5 @@
 """``attn-bench accuracy``: train small models on the accuracy tasks (or, with ``--hf-model``, evaluate a pretrained
-checkpoint: harness/accuracy/hf_eval.py) and append rows to a results file. ``--executor ray|slurm`` (the sweep's
+checkpoint: harness/accuracy/pretrained.py) and append rows to a results file. ``--executor ray|slurm`` (the sweep's
 options, harness.executors) places the trained models on a cluster: harness/accuracy/remote.py.
 
 Everything is validated (task, names, parameters, lengths, corpus) before the first model is
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from harness.accuracy.hf_presets import HF_PRESETS
 from harness.accuracy.jobs import Job, Plan
+from harness.accuracy.presets import CHECKPOINT_PRESETS
 from harness.accuracy.tasks import get_task, task_names, task_options, trained_task, trained_task_names
 from harness.executors import EXECUTOR_KEYS, executor_options
 
 if TYPE_CHECKING:
-    from harness.accuracy.hf_eval import HFPlan
+    from harness.accuracy.pretrained import HFPlan
 
 # option -> (task config field, tasks it applies to, parser of its value), as the registered tasks declare them
 TASK_OPTIONS = {dest: (opt.field, tasks, opt.parse) for dest, (opt, tasks) in task_options().items()}
@@ -113,16 +113,16 @@ TRAINING_OPTIONS = ("preset", "seeds", "train_len", "steps", "batch_size", "lr",
 
 
 def hf_refused() -> tuple[str, ...]:
-    from harness.accuracy.hf_eval import HF_TASKS
+    from harness.accuracy.pretrained import HF_TASKS
 
     only_trained = [dest for dest, (_, tasks, _) in TASK_OPTIONS.items() if not set(tasks) & set(HF_TASKS)]
     return (*TRAINING_OPTIONS, *only_trained, "d_model", "short_conv", "n_layers", "patterns")
 
 
 def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
-    """--hf-model: the checkpoint evaluation (harness/accuracy/hf_eval.py), every option checked first."""
-    from harness.accuracy import hf_eval
-    from harness.accuracy.hf_tasks import get_checkpoint_task
+    """--hf-model: the checkpoint evaluation (harness/accuracy/pretrained.py), every option checked first."""
+    from harness.accuracy import pretrained as hf_eval
+    from harness.accuracy.tasks import get_checkpoint_task
 
     given = [k for k in hf_refused() if opts[k] not in (None, ())]
     if given:
@@ -141,23 +141,23 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
             params[t][fld] = parse(opts[opt]) if parse else opts[opt]
     configs = {t: get_checkpoint_task(t).config(p) for t, p in params.items()}
     return hf_eval.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs,
-                        opts["presses"], opts["query_aware"], opts["equal_memory"])
+                        opts["presses"], opts["query_aware"], opts["equal_memory"], opts["dtype"] or "float32")
 
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
     a .gguf file or folder) and the run's own options go with it."""
-    from harness.accuracy import hf_eval
-    from harness.accuracy.hf_tasks import get_checkpoint_task
+    from harness.accuracy import pretrained as hf_eval
+    from harness.accuracy.tasks import get_checkpoint_task
 
-    given = [k for k, v in opts.items() if k != "preset" and v not in (None, (), False)]
+    given = [k for k, v in opts.items() if k not in ("preset", "dtype") and v not in (None, (), False)]
     if given:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --preset {opts['preset']} (it fixes "
                                "the grid: run without the preset to choose it)")
-    preset = HF_PRESETS[opts["preset"]]
+    preset = CHECKPOINT_PRESETS[opts["preset"]]
     return [hf_eval.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
-                         equal_memory=g.equal_memory) for g in preset.groups]
+                         equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32") for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
@@ -173,9 +173,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 @click.command("accuracy")
 @click.option("--task", "tasks", multiple=True, type=click.Choice(task_names()), help="Task to run (repeatable).")
-@click.option("--preset", type=click.Choice(["quick", "full", "zoology", *HF_PRESETS]),
+@click.option("--preset", type=click.Choice(["quick", "full", "zoology", *CHECKPOINT_PRESETS]),
               help="A named set of jobs (harness/accuracy/presets.py), or of checkpoint evaluations "
-                   "(harness/accuracy/hf_presets.py: smollm2-cpu, gemma3-cpu, kvpress-smollm2-cpu).")
+                   "(harness/accuracy/presets.py: smollm2-cpu, gemma3-cpu, kvpress-smollm2-cpu, selective-smollm2-cpu).")
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
@@ -213,7 +213,10 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--query-aware", is_flag=True, help="With --press: compress the question with the context (kvpress's "
               "query_aware) instead of decoding it after the compression.")
 @click.option("--equal-memory", is_flag=True, help="With --press: also run sliding_window (+ 4 sinks) and block_sparse "
-              "with the number of tokens each press ratio keeps, at each length (harness/accuracy/hf_presses.py).")
+              "with the number of tokens each press ratio keeps, at each length (harness/accuracy/pretrained.py).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "auto"]),
+              help="With --hf-model or a checkpoint preset: what the model runs in (default float32; auto: the faster "
+                   "of the two on this machine, measured once and cached). Rows record it.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
               show_default=True)
 @click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -236,16 +239,18 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     executor = config_from({k: opts.pop(k) for k in EXECUTOR_KEYS})  # the sweep's options and checks
     check_engine(executor)
     hf_model = opts.pop("hf_model")
-    if hf_model is None and opts["preset"] not in HF_PRESETS and (
+    if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and (
             press_given := [k for k in ("presses", "query_aware", "equal_memory") if opts[k]]):
         flag = {"presses": "--press"}.get(press_given[0], "--" + press_given[0].replace("_", "-"))
         raise click.UsageError(f"{flag} applies to --hf-model (a pretrained checkpoint's KV cache)")
+    if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and opts["dtype"]:
+        raise click.UsageError("--dtype applies to --hf-model and the checkpoint presets (trained models run in float32)")
     if hf_model is not None and ckpt_dir is not None:
         raise click.UsageError("--ckpt-dir does not apply to --hf-model (nothing is trained)")
     if hf_model is not None and executor.kind != "local":
         raise click.UsageError(f"--executor {executor.kind} does not apply to --hf-model (a checkpoint is evaluated "
                                "in this process)")
-    hf_plans = hf_preset_plans(hf_model, opts) if opts["preset"] in HF_PRESETS else (
+    hf_plans = hf_preset_plans(hf_model, opts) if opts["preset"] in CHECKPOINT_PRESETS else (
         [build_hf_plan(hf_model, opts)] if hf_model is not None else [])
     plans: list[Plan] = [] if hf_plans else [plan(j) for j in build_jobs(opts)]  # every check before any work
     report_plugins(failed_plugins)
@@ -287,9 +292,9 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
             click.echo(line, err=True)
 
         if hf_plans:
-            from harness.accuracy import hf_eval
+            from harness.accuracy import pretrained
 
-            runner = hf_eval.run(hf_plans, out, resume, echo=echo)
+            runner = pretrained.run(hf_plans, out, resume, echo=echo)
         elif executor.kind == "local":
             runner = run_jobs(plans, out, ckpt_dir or out.parent / ".ckpt", resume,
                               progress=not no_progress and sys.stderr.isatty(), echo=echo)

@@ -38,6 +38,7 @@ from harness.accuracy.tasks import cell_columns, get_task, make_task, trained_ta
 from harness.accuracy.train import TrainResult, train
 from harness.environment import environment
 from harness.memory import AVAILABLE_FRACTION, address_space_cap, available_budget
+from harness.messages import is_oom
 from harness.results import ACCURACY_FIELDS, ResultsStore, cell_key
 
 FLOAT_BYTES = 4  # models train in float32
@@ -95,15 +96,6 @@ def memory_cap(budget: int | None = None) -> contextlib.AbstractContextManager[i
     that cannot fit fails at once (MemoryError, or torch's "can't allocate memory") and is recorded as ``oom``.
     """
     return address_space_cap(available_budget() if budget is None else budget)
-
-
-def is_oom(err: BaseException) -> bool:
-    """An allocation that did not fit: MemoryError (the address-space cap), torch's OutOfMemoryError,
-    or an allocator's "can't allocate memory" RuntimeError."""
-    from harness.messages import looks_like_oom
-
-    oom_types = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
-    return isinstance(err, oom_types) or looks_like_oom(f"{type(err).__name__}: {err}")
 
 
 def plan(job: Job) -> Plan:
@@ -322,5 +314,5 @@ def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progres
     return runner
 
 
-__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "check_lengths_fit", "is_oom",
+__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "check_lengths_fit",
            "memory_cap", "plan", "run_jobs", "short_hash"]

@@ -11,7 +11,7 @@
 - ``train``: refused when the grid is read (training keeps no KV cache to compress).
 
 Rows carry the press (``press``, ``press_spec``, ``press_params``, ``compression_ratio``: Cell fields) and what the
-cache holds (:func:`cache_columns`). Presses that prune compose with our ``full`` variant only
+cache holds (attn.hf.presses.cache_columns). Presses that prune compose with our ``full`` variant only
 (attn.hf.presses.press_unsupported); such a cell, a press that compresses while decoding in a decode
 cell, and a press that fails inside the model (kvpress's observed_attention wants eager attention) are recorded as
 ``unsupported`` with the reason.
@@ -25,33 +25,22 @@ from typing import Any
 import torch
 
 from attn.attention.base import UnsupportedBackend
-from harness.cost.cells import Cell, Measured, json_normal
+from harness.cost.cells import Cell, Measured
 from harness.cost.options import strs
-from harness.messages import looks_like_oom, one_line
 
 
 def parse_presses(value: Any, where: str) -> list[str]:
-    """The ``press`` option: press specs, each validated now (attn.hf.presses.parse_press) -> their labels."""
-    from attn.hf.presses import parse_press
+    """The ``press`` option: press specs, each validated now (harness.presses) -> their labels."""
+    from harness.presses import parse_presses as specs
 
-    out = []
-    for text in strs(split=False)(value, where):  # commas belong to the spec: name:key=v,key=v
-        try:
-            label = parse_press(text).label
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-        if label not in out:
-            out.append(label)
-    return out
+    return [s.label for s in specs(strs(split=False)(value, where), where)]  # commas belong to a spec: name:k=v,k=v
 
 
 def press_fields(text: str) -> dict[str, Any]:
     """The Cell fields of a press spec (every parameter it runs with, defaults included, as rows record them)."""
     from attn.hf.presses import parse_press
 
-    spec = parse_press(text)
-    return {"press": spec.name, "press_spec": spec.label, "press_params": json_normal(spec.all_params),
-            "compression_ratio": spec.ratio}
+    return parse_press(text).columns()
 
 
 def check_press(cell: Cell, config: Any, press: Any) -> None:
@@ -67,22 +56,6 @@ def check_press(cell: Cell, config: Any, press: Any) -> None:
                "step: time it in forward")
     if why is not None:
         raise UnsupportedBackend(why)
-
-
-def refusal(cell: Cell, e: Exception) -> Exception:
-    """A press failing inside the model is a property of the press (unsupported); running out of memory is not."""
-    if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or looks_like_oom(str(e)):
-        return e
-    return UnsupportedBackend(one_line(f"press {cell.press_spec} cannot run here: {type(e).__name__}: {e}"))
-
-
-def cache_columns(cache: Any) -> dict[str, Any]:
-    """What a compressed cache holds: tokens per layer (min, mean, max) and bytes (attn.hf.presses.cache_bytes)."""
-    from attn.hf.presses import cache_bytes, kept_tokens
-
-    kept = kept_tokens(cache)
-    return {"kv_tokens_min": min(kept), "kv_tokens_mean": sum(kept) / len(kept), "kv_tokens_max": max(kept),
-            "kv_cache_bytes": cache_bytes(cache)}
 
 
 def rewind(cache: Any) -> Callable[[], None]:
@@ -107,7 +80,8 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
                 flops: Callable[[list[int] | None], int]) -> Measured:
     """The measured callable of a press cell (forward or decode) on ``model`` with context ``idx`` (B, L).
     ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward)."""
-    from attn.hf.presses import kept_tokens, parse_press, prefill_with
+    from attn.hf.presses import cache_columns, kept_tokens, parse_press, prefill_with
+    from harness.presses import press_refusal
 
     spec = parse_press(cell.press_spec or "")
     press = spec.build()
@@ -121,13 +95,13 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
             try:
                 last.append(prefill_with(model, spec, press, idx))
             except Exception as e:  # noqa: BLE001  (kept as the cell's status)
-                raise refusal(cell, e) from e
+                raise press_refusal(cell.press_spec or "", e) from e
 
         return Measured(prefill, flops(None), B * L, backend, columns=lambda: cache_columns(last[0]))
     try:
         cache = prefill_with(model, spec, press, idx)  # untimed: the compressed context
     except Exception as e:  # noqa: BLE001
-        raise refusal(cell, e) from e
+        raise press_refusal(cell.press_spec or "", e) from e
     token = torch.randint(0, model.config.vocab_size, (B, 1), device=idx.device)
     position = torch.full((B, 1), L, device=idx.device)  # the context's length, not the cache's
     back, columns = rewind(cache), cache_columns(cache)
@@ -141,4 +115,4 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
     return Measured(decode_step, flops(kept_tokens(cache)), B, backend, cache, columns=lambda: columns)
 
 
-__all__ = ["build_press", "cache_columns", "check_press", "parse_presses", "press_fields", "refusal", "rewind"]
+__all__ = ["build_press", "check_press", "parse_presses", "press_fields", "rewind"]

@@ -4,12 +4,13 @@
 its command-line options, its figures) and the hooks the runner calls (plan, run, remote units, summary table), each
 with the plain default; a task overrides only what differs. :class:`TrainedTask` is a task a model is trained on
 (mqar, passkey, ruler, lm: the :class:`harness.accuracy.common.Task` contract); :class:`BuiltOnTask` evaluates models
-trained on another task, ``--base-task`` (fidelity, lengthgen).
+trained on another task, ``--base-task`` (fidelity, lengthgen). :class:`CheckpointTask` is how a task runs on a
+pretrained checkpoint instead (passkey, ruler, lm, selection), declared in the same file as the task's ``pretrained``.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,6 +22,10 @@ from harness.accuracy.jobs import Job, Plan
 
 if TYPE_CHECKING:
     import pandas as pd
+    import torch
+
+    from harness.accuracy.checkpoint import Checkpoint
+    from harness.accuracy.stats import Measure
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,43 @@ class TaskOption:
 EVAL_EXAMPLES = TaskOption("eval_examples", "eval_examples", "test examples per cell.", click.IntRange(min=1))
 
 
+class CheckpointTask:
+    """How a task runs on a pretrained checkpoint: no training, its text or prompts in the checkpoint's tokens, the
+    task's config. Declared in the task's own file, as its class's ``pretrained``; the registry names it."""
+
+    name: ClassVar[str]  # the task's (set by the registry)
+    default: ClassVar[bool] = False  # run when --hf-model is given without --task
+    prompts: ClassVar[bool] = False  # answered after a context (passkey, ruler): what a KV press compresses
+    defaults: ClassVar[dict[str, Any]] = {}  # config fields a checkpoint run sets unless the command line does
+
+    @classmethod
+    def config(cls, params: dict[str, Any]) -> Any:
+        from harness.accuracy.tasks.registry import get_task
+
+        return get_task(cls.name).config_class(**{**cls.defaults, **params})
+
+    @classmethod
+    def prepare(cls, ckpt: Checkpoint, config: Any, lens: Sequence[int]) -> Any:
+        """Check the lengths (ValueError naming one that does not fit) and build what every cell shares (None)."""
+        return None
+
+    @classmethod
+    def cells(cls, config: Any, lens: Sequence[int], data: Any) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        """(cell columns, metrics) of each cell of one setting."""
+        raise NotImplementedError
+
+    @classmethod
+    def eval_id(cls, ckpt: Checkpoint, config: Any, data: Any) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: Any, data: Any, cell: dict[str, Any],
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        """One cell's measures per arm of ``cache`` (the setting's :class:`harness.accuracy.prefill.SharedPrefill`, shared
+        by its cells): None for the plain arm, each press's label for a press arm."""
+        raise NotImplementedError
+
+
 class AccuracyTask:
     """The facts and hooks of a registered task (``@register_task``); subclass :class:`TrainedTask` or
     :class:`BuiltOnTask`."""
@@ -56,6 +98,7 @@ class AccuracyTask:
     options: ClassVar[tuple[TaskOption, ...]] = ()
     figures: ClassVar[tuple[str, ...]] = ("accuracy", "position_heatmap", "tradeoff")  # `attn-bench plot` figures of its rows
     trains: ClassVar[bool] = True  # a model is trained on it (a possible --base-task)
+    pretrained: ClassVar[type[CheckpointTask] | None] = None  # how it runs on a checkpoint (--hf-model); None: it cannot
 
     # -- planning -------------------------------------------------------------------------------------------
     @classmethod
@@ -183,4 +226,4 @@ def comma_floats(what: str) -> Callable[[str], tuple[float, ...]]:
     return parse
 
 
-__all__ = ["EVAL_EXAMPLES", "AccuracyTask", "BuiltOnTask", "TaskOption", "TrainedTask", "comma_floats"]
+__all__ = ["EVAL_EXAMPLES", "AccuracyTask", "BuiltOnTask", "CheckpointTask", "TaskOption", "TrainedTask", "comma_floats"]

@@ -15,19 +15,25 @@ teacher forcing equals greedy decoding of the answer. Keys are split train/test 
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 import torch
 
 from harness.accuracy.common import IGNORE, check_split, predictions, rng_for, split_of, tokens_per_batch_for
-from harness.accuracy.jobs import Job
+from harness.accuracy.jobs import Job, short_hash
+from harness.accuracy.prefill import generate_answers
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
-from harness.accuracy.tasks.base import EVAL_EXAMPLES, TaskOption, TrainedTask, comma_floats
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, CheckpointTask, TaskOption, TrainedTask, comma_floats
 from harness.accuracy.tasks.registry import register_task
+
+if TYPE_CHECKING:
+    from harness.accuracy.checkpoint import Checkpoint, Tokens
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key. "
@@ -119,11 +125,94 @@ def generate(n: int, length: int, depth: float | None, split: str, seed: int, di
             y[i, r] = x[i, r.start + 1 : r.stop + 1]
     return x, y, keys
 
+# -- on a pretrained checkpoint: the prompt in its tokens, answered by greedy generation ----------------------------
+# Landmark attention's / YaRN's passkey instruction, kept: the model is a pretrained LM, not trained on the task.
+INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+               "I will quiz you about the important information there. ")
+ANSWER_SLACK = 10  # tokens generated beyond the key's digits (an instruct model may say "the pass key is" first)
+
+
+def filler_ids(tokens: Tokens, n: int) -> list[int]:
+    """``n`` tokens of the repeated filler paragraph (tokenized whole: a subword tokenizer packs several characters
+    into a token, so the paragraph is repeated until it holds ``n`` tokens)."""
+    reps = n // len(FILLER) + 1
+    while len(ids := tokens.encode(FILLER * reps)) < n:
+        reps *= 2
+    return ids[:n]
+
+
+def passkey_prompt(tokens: Tokens, length: int, depth: float, key: str, filler: list[int]) -> list[int]:
+    """Exactly ``length`` tokens: boundary, instruction, filler with the key sentence after ``depth`` of it, question."""
+    head = [tokens.boundary, *tokens.encode(INSTRUCTION)]
+    needle = tokens.encode(KEY_SENTENCE.format(key=key))
+    question = tokens.encode(QUESTION.rstrip())
+    n = length - len(head) - len(needle) - len(question)
+    if n < 0 or n > len(filler):
+        raise ValueError(f"passkey: length {length} is too short for the prompt (needs >= {length - n} tokens)")
+    before = round(depth * n)
+    return head + filler[:before] + needle + filler[before:n] + question
+
+
+def min_passkey_len(tokens: Tokens, digits: int) -> int:
+    """The shortest prompt, with slack for keys that take more tokens than the sample key."""
+    key = "9" * digits
+    fixed = 1 + len(tokens.encode(INSTRUCTION)) + len(tokens.encode(KEY_SENTENCE.format(key=key)))
+    return fixed + len(tokens.encode(QUESTION.rstrip())) + digits
+
+
+def said_key(text: str) -> str:
+    """The first run of digits the model generated ("" if none)."""
+    found = re.search(r"\d+", text)
+    return found.group() if found else ""
+
+
+def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfig, length: int, depth: float,
+                    cache: Any = None) -> dict[str | None, Measure]:
+    """Exact match over ``eval_examples`` test keys (the same keys for every variant and position), per arm of the
+    cache (see :func:`generate_answers`); the question is the prompt's last sentence."""
+    rng = rng_for(config.data_seed, length, 1 + round(depth * 1e6), config.digits, 1)
+    keys = [draw_key(rng, config.digits, "test") for _ in range(config.eval_examples)]
+    filler = filler_ids(tokens, length)
+    prompts = [passkey_prompt(tokens, length, depth, k, filler) for k in keys]
+    asked = len(tokens.encode(QUESTION.rstrip()))
+    said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens.decode, tokens.boundary, cache,
+                            [len(p) - asked for p in prompts])
+    return {arm: accuracy(sum(said_key(s) == k for s, k in zip(out, keys, strict=True)), len(keys))
+            for arm, out in said.items()}
+
+
+class OnCheckpoint(CheckpointTask):
+    """Passkey on a pretrained checkpoint: the key at each depth of a filler haystack, exactly ``eval_len`` tokens of
+    its tokenizer; exact match of the generated digits."""
+
+    default = True
+    prompts = True
+
+    @classmethod
+    def prepare(cls, ckpt: Checkpoint, config: PasskeyConfig, lens: Sequence[int]) -> None:
+        if lens[0] < (need := min_passkey_len(ckpt.tokens, config.digits)):
+            raise ValueError(f"passkey: eval length {lens[0]} is too short: the prompt takes at least {need} tokens")
+
+    @classmethod
+    def cells(cls, config: PasskeyConfig, lens: Sequence[int], data: Any) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        return [({"eval_len": L, "depth": d}, ("exact_match",)) for L in lens for d in config.depths]
+
+    @classmethod
+    def eval_id(cls, ckpt: Checkpoint, config: PasskeyConfig, data: Any) -> str:
+        return short_hash(dataclasses.asdict(config) | {"tokens": ckpt.tokens.name})
+
+    @classmethod
+    def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: PasskeyConfig, data: Any, cell: dict[str, Any],
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        return {arm: {"exact_match": m}
+                for arm, m in passkey_measure(model, ckpt.tokens, config, cell["eval_len"], cell["depth"], cache).items()}
+
 
 @register_task("passkey", config=PasskeyConfig)
 class Passkey(TrainedTask):
     """Passkey retrieval: copy a key hidden at a depth of filler text (Mohtashami & Jaggi 2023)."""
 
+    pretrained = OnCheckpoint
     vocab_size = 256
     main_metric = "exact_match"
     columns = ("depth",)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from harness.accuracy.jobs import Job
-from harness.accuracy.tasks.base import AccuracyTask, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import AccuracyTask, CheckpointTask, TaskOption, TrainedTask
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +33,8 @@ def register_task(name: str, config: type | None = None) -> Callable[[type], typ
             raise ValueError(f"task {name!r} is already registered (by {_TASKS[name].__module__})")
         cls.name = name
         cls.config_class = config
+        if cls.pretrained is not None:
+            cls.pretrained.name = name
         _TASKS[name] = cls
         return cls
     return decorator
@@ -46,6 +48,19 @@ def task_names() -> list[str]:
 def trained_task_names() -> list[str]:
     """The tasks a model is trained on: the possible ``--base-task``."""
     return [n for n, cls in _TASKS.items() if cls.trains]
+
+
+def checkpoint_task_names() -> list[str]:
+    """The tasks a pretrained checkpoint can be evaluated on (``--hf-model``), in registration order."""
+    return [n for n, cls in _TASKS.items() if cls.pretrained is not None]
+
+
+def get_checkpoint_task(name: str) -> type[CheckpointTask]:
+    """How task ``name`` runs on a checkpoint (ValueError if it cannot)."""
+    face = get_task(name).pretrained
+    if face is None:
+        raise ValueError(f"task {name} trains a model; a checkpoint is evaluated on {', '.join(checkpoint_task_names())}")
+    return face
 
 
 def get_task(name: str) -> type[AccuracyTask]:
@@ -97,7 +112,8 @@ def listing() -> list[dict[str, Any]]:
         params = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
                   for f in dataclasses.fields(config)} if config else {}
         out.append({"name": name, "doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
-                    "trains": cls.trains, "params": params, "main_metric": cls.main_metric,
+                    "trains": cls.trains, "checkpoint": cls.pretrained is not None, "params": params,
+                    "main_metric": cls.main_metric,
                     "default_eval_lens": ", ".join(
                         f"{n}L" if n != 1 else "L" for n in (L // 64 for L in cls.default_eval_lens(64))),
                     "columns": list(cls.columns), "options": [o.decl for o in cls.options], "figures": list(cls.figures),
@@ -105,5 +121,5 @@ def listing() -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["RUN_COLUMNS", "cell_columns", "get_task", "listing", "make_task", "register_task", "table", "task_names",
-           "task_options", "trained_task", "trained_task_names"]
+__all__ = ["RUN_COLUMNS", "cell_columns", "checkpoint_task_names", "get_checkpoint_task", "get_task", "listing",
+           "make_task", "register_task", "table", "task_names", "task_options", "trained_task", "trained_task_names"]

@@ -16,7 +16,7 @@ template with its context and answer prefix -- and the reference strings the ans
 
 The length rule is RULER's: the haystack (sentences, needles or words) is the largest that keeps the prompt plus
 the room for the answer within the target length, counted by a ``Count`` of the example: for a pretrained
-checkpoint its tokenizer and RULER's fixed ``tokens_to_generate`` (:mod:`harness.accuracy.hf_eval`); for a
+checkpoint its tokenizer and RULER's fixed ``tokens_to_generate`` (the task's checkpoint face below); for a
 byte-level model trained on the task, whose answer is exact, the bytes of prompt and answer (:func:`byte_count`)
 -- evaluation generates up to the target length.
 Two deliberate departures, both because the models here are trained on the task from scratch: no Paul Graham essay
@@ -34,18 +34,22 @@ import json
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 import torch
 
 from harness.accuracy.common import IGNORE, check_split, rng_for, split_of
-from harness.accuracy.jobs import Job
+from harness.accuracy.jobs import Job, short_hash
+from harness.accuracy.prefill import SharedPrefill, shared_order
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
-from harness.accuracy.tasks.base import EVAL_EXAMPLES, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, CheckpointTask, TaskOption, TrainedTask
 from harness.accuracy.tasks.registry import register_task
 from harness.accuracy.words import random_value, word_lists
+
+if TYPE_CHECKING:
+    from harness.accuracy.checkpoint import Checkpoint, Tokens
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
@@ -326,11 +330,100 @@ def greedy(model: torch.nn.Module, prompt: bytes, max_len: int) -> str:
         logits = model(torch.tensor([[token]]), state=state)
     return out.decode("utf-8", errors="replace")
 
+# -- on a pretrained checkpoint: the prompt in its tokens, answered by greedy generation ----------------------------
+# RULER's tokens_to_generate (scripts/synthetic.yaml): the room its length rule keeps for the answer.
+RULER_ROOM = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}
+ANSWER_ROOM = 16  # tokens generated beyond the reference answer's
+
+
+def ruler_room(task: str) -> int:
+    return RULER_ROOM["niah" if task in NIAH else task]
+
+
+def ruler_count(tokens: Tokens, task: str) -> Callable[[Any], int]:
+    """RULER's length rule in the checkpoint's tokens: boundary + prompt + the task's tokens_to_generate."""
+    room = ruler_room(task)
+    return lambda ex: 1 + len(tokens.encode(ex.prompt)) + room
+
+
+class AnswerEnded:
+    """Stops greedy generation at the first line break after the answer has started (RULER answers are one line)."""
+
+    def __init__(self, tokens: Tokens, start: int):
+        self.tokens, self.start = tokens, start
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        text = self.tokens.decode(input_ids[0, self.start:].tolist())
+        ended = "\n" in text.lstrip()
+        return torch.full((input_ids.shape[0],), ended, dtype=torch.bool, device=input_ids.device)
+
+
+def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, task: str, length: int,
+                   cache: Any = None) -> dict[str | None, dict[str, Measure]]:
+    """string_match (references found, clustered by example) and all_found over ``eval_examples`` test examples,
+    the same for every variant and position. Generation: greedy, at most the reference answer's tokens + 16 (RULER's
+    room counts in the length rule; a right answer needs no more), cut at the first line break once it starts.
+    Per arm of ``cache`` (:class:`harness.accuracy.prefill.SharedPrefill`). With press arms the prompt is tokenized in
+    two parts, the context up to its last line break and the question after it, so that a press compresses the
+    context alone; the plain arm tokenizes it whole."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    exs = generate(task, config.eval_examples, length, "test", config.data_seed, config, ruler_count(tokens, task))
+    cache = cache or SharedPrefill()
+    split = cache.arms != (None,)
+    parts = [ex.prompt.rpartition("\n") for ex in exs]
+    prompts = ([[tokens.boundary, *tokens.encode(c + nl), *tokens.encode(q)] for c, nl, q in parts] if split
+               else [[tokens.boundary, *tokens.encode(ex.prompt)] for ex in exs])
+    asked = [len(tokens.encode(q)) if split else 0 for _, _, q in parts]
+    said: dict[str | None, list[str]] = {a: [""] * len(exs) for a in cache.arms}
+    for i in shared_order(prompts):
+        room = min(ruler_room(task), len(tokens.encode(exs[i].answer)) + ANSWER_ROOM)
+        gen = GenerationConfig(max_new_tokens=room, do_sample=False, num_beams=1, pad_token_id=tokens.boundary)
+        stop = StoppingCriteriaList([AnswerEnded(tokens, len(prompts[i]))])
+        for arm, new in cache.answers(model, prompts[i], len(prompts[i]) - asked[i], gen, stop).items():
+            said[arm][i] = tokens.decode(new).lstrip().split("\n", 1)[0]
+    totals = [len(ex.references) for ex in exs]
+    out = {}
+    for arm, answers in said.items():
+        found = [string_match_all(a, ex.references) for a, ex in zip(answers, exs, strict=True)]
+        out[arm] = {"string_match": clustered_accuracy(found, totals),
+                    "all_found": accuracy(sum(f == t for f, t in zip(found, totals, strict=True)), len(found))}
+    return out
+
+
+class OnCheckpoint(CheckpointTask):
+    """RULER on a pretrained checkpoint: its prompts fitted in the checkpoint's tokens; ``string_match_all`` of the
+    greedy answer."""
+
+    prompts = True
+    defaults = {"tasks": ("niah_single_1", "niah_multikey_1", "vt")}  # RULER's retrieval core; --subtask for the rest
+
+    @classmethod
+    def prepare(cls, ckpt: Checkpoint, config: RulerConfig, lens: Sequence[int]) -> None:
+        for t in config.tasks:  # too short a length is refused now, naming it
+            generate(t, 1, lens[0], "test", config.data_seed, config, ruler_count(ckpt.tokens, t))
+
+    @classmethod
+    def cells(cls, config: RulerConfig, lens: Sequence[int], data: Any) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        return [({"eval_len": L, "subtask": t}, ("string_match", "all_found")) for L in lens for t in config.tasks]
+
+    @classmethod
+    def eval_id(cls, ckpt: Checkpoint, config: RulerConfig, data: Any) -> str:
+        return short_hash({"eval_examples": config.eval_examples, "data_seed": config.data_seed,
+                           "num_hops": config.num_hops, "alpha": config.alpha, "num_cw": config.num_cw,
+                           "room": RULER_ROOM, "tokens": ckpt.tokens.name})
+
+    @classmethod
+    def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: RulerConfig, data: Any, cell: dict[str, Any],
+                 device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        return ruler_measures(model, ckpt.tokens, config, cell["subtask"], cell["eval_len"], cache)
+
 
 @register_task("ruler", config=RulerConfig)
 class Ruler(TrainedTask):
     """RULER's synthetic tasks (needles, variable tracking, common and frequent words), trained as a mix."""
 
+    pretrained = OnCheckpoint
     vocab_size = 256
     main_metric = "string_match"
     columns = ("subtask",)

@@ -15,11 +15,12 @@ task has: ``random`` (i.i.d. N(0, 1) q and k, near-uniform attention: the worst 
 after rotary positions, that each layer of a model trained with full attention produces on test data); and for a
 selector with trained weights of its own (:func:`learns_selection`), ``own`` (the q and k of a model trained with it,
 its choice made by its trained weights and token inputs). Inside a pretrained transformers model the same numbers come
-from :mod:`harness.accuracy.hf_selection`.
+from its checkpoint face (``OnCheckpoint`` below).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,13 +29,17 @@ import attn
 from attn.attention.base import Attention, UnsupportedBackend
 from harness.accuracy import build
 from harness.accuracy.build import Spec
-from harness.accuracy.jobs import Job, Plan, resolved
+from harness.accuracy.jobs import Job, Plan, resolved, short_hash
 from harness.accuracy.stats import Measure
+from harness.accuracy.tasks.base import CheckpointTask
 from harness.accuracy.tasks.fidelity import Fidelity, Runner, _row, attention_inputs, random_qkv
+from harness.accuracy.tasks.lm import LMConfig, LMText, lm_text, load_corpus
 from harness.accuracy.tasks.registry import register_task
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from harness.accuracy.checkpoint import Checkpoint
 
 RECALL_K = 16
 NAMES = ("mass", "mass_tail", "recall", "kept")
@@ -182,11 +187,96 @@ def run_trained(runner: Runner, p: Plan, run: Any) -> None:
             except Exception as e:
                 runner.fail({**r, **extra}, _metrics(source), e)
 
+# -- on a pretrained checkpoint ---------------------------------------------------------------------------------------
+# ``selection`` on a pretrained checkpoint: how much of full attention each variant's kept keys hold inside the model.
+#
+# The checkpoint reads one window of ``eval_len`` tokens of lm's test text (the lm task's checkpoint face) with full
+# attention, and every layer's queries and keys (after its rotary positions) are recorded; each variant then chooses
+# its keys on them (``Attention.kept_keys``) and is scored against full attention's probabilities by
+# :func:`harness.accuracy.tasks.selection.selection_measures`. One cell per (length, layer), pooled over the layer's
+# query heads (their interval is over heads). The capture is made once per length and RoPE and shared by every variant
+# of the run: it does not depend on the variant, whose model runs full attention for it.
+SOURCE = "checkpoint"
+METRICS = tuple(f"{n}_{SOURCE}" for n in NAMES)
+_CAPTURED: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # the last capture only (key -> per layer q, k)
+
+
+@torch.no_grad()
+def capture(model: torch.nn.Module, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(q, k) each attention layer receives on ``ids`` (1, L), with the model switched to full attention meanwhile."""
+    from attn.hf import set_variant
+
+    before = model.config._attn_implementation
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hook(module: torch.nn.Module, args: tuple, out: Any) -> None:
+        if isinstance(module, Attention):
+            seen.append((args[0].detach().cpu(), args[1].detach().cpu()))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        set_variant(model, "full")
+        model.base_model(input_ids=ids, use_cache=False)
+    finally:
+        handle.remove()
+        model.set_attn_implementation(before)
+    return seen
+
+
+def layers_of(model_config: Any) -> int:
+    return int(model_config.num_hidden_layers)
+
+
+class OnCheckpoint(CheckpointTask):
+    """Full attention's mass on each variant's kept keys, per layer of the checkpoint, on its own text."""
+
+    @classmethod
+    def config(cls, params: dict[str, Any]) -> LMConfig:
+        return LMConfig(**params)  # lm's text source: the corpus and how much of its test split to read
+
+    @classmethod
+    def prepare(cls, ckpt: Checkpoint, config: LMConfig, lens: Sequence[int]) -> tuple[LMText, int]:
+        return lm_text(config, ckpt.tokens, lens[-1]), layers_of(ckpt.config)
+
+    @classmethod
+    def cells(cls, config: LMConfig, lens: Sequence[int], data: tuple[LMText, int]
+              ) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
+        return [({"eval_len": L, "source": SOURCE, "layer": i}, METRICS) for L in lens for i in range(data[1])]
+
+    @classmethod
+    def eval_id(cls, ckpt: Checkpoint, config: LMConfig, data: tuple[LMText, int]) -> str:
+        corpus = load_corpus(config.corpus, config.test_fraction)
+        return short_hash({"corpus": corpus.name, "test_bytes": len(corpus.test), "region": data[0].region_bytes,
+                           "tokens": ckpt.tokens.name, "task": "selection"})
+
+    @classmethod
+    def evaluate(cls, model: torch.nn.Module, ckpt: Checkpoint, config: LMConfig, data: tuple[LMText, int],
+                 cell: dict[str, Any], device: str, cache: Any) -> dict[str | None, dict[str, Measure]]:
+        from attn.hf.interface import check_model_window, config_window, current_variant
+
+        variant = current_variant(model)
+        if variant is None:
+            raise UnsupportedBackend("selection scores one attn-bench variant in every layer; this model runs "
+                                     f"{model.config._attn_implementation}")
+        module = variant.build(check_model_window(variant, config_window(model.config)))
+        L = cell["eval_len"]
+        key = (ckpt.ident, L, repr(getattr(model.config, "rope_parameters", None)),
+               repr(getattr(model.config, "rope_scaling", None)))
+        if key not in _CAPTURED:
+            _CAPTURED.clear()
+            _CAPTURED[key] = capture(model, data[0].ids[:L][None].to(device))
+        q, k = _CAPTURED[key][cell["layer"]]
+        heads = selection_measures(module, q, k)
+        if heads is None:
+            raise UnsupportedBackend(f"{module.name} keeps a state, not a subset of keys: nothing to compare")
+        return {None: {f"{n}_{SOURCE}": m for n, m in pooled(heads).items()}}
+
 
 @register_task("selection")
 class Selection(Fidelity):
     """How much of full attention's probability mass, and of its top keys, each variant's kept keys hold."""
 
+    pretrained = OnCheckpoint
     main_metric = "mass_trained"
     columns = ("source", "layer", "head")
     figures = ("selection",)

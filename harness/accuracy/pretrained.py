@@ -8,13 +8,18 @@ Tokens: the checkpoint's own tokenizer; a directory without one gets UTF-8 bytes
 Every sequence starts with a document-boundary token: BOS, else EOS, in byte mode NUL (the lm corpus's
 document separator).
 
-The tasks are the checkpoint tasks (:mod:`harness.accuracy.hf_tasks`): ``lm`` (:mod:`harness.accuracy.hf_lm`: bits per
-byte of the corpus's test text), ``passkey`` and ``ruler`` (prompts answered by greedy generation,
-:mod:`harness.accuracy.hf_prompts`); this module builds the models and runs their cells.
+The tasks are those of the one task registry (:mod:`harness.accuracy.tasks`) that declare how they run on a checkpoint
+(their ``pretrained`` face, in the task's own file): ``lm`` (bits per byte of the corpus's test text), ``passkey`` and
+``ruler`` (prompts answered by greedy generation), ``selection``; this module builds the models and runs their cells.
 
-Cost: the weights are read once per evaluation (a GGUF file takes a minute to dequantise) and every (variant,
-position) model is built on them; a prompt is prefilled once with the LM head on its last position only and
-decoded greedily through the cache (``generate``); ``lm`` runs the head on the scored positions in chunks.
+Subject, arms: the checkpoint is the subject. A *setting* is an arm that changes the prefill (a variant or layer
+pattern, a RoPE override) and so is a model of its own, built on the weights read once; within a setting, the *press
+arms* (``none``, ``quantized``, kvpress's presses) leave the prefill unchanged and branch from one shared prefill per
+prompt (:class:`harness.accuracy.prefill.SharedPrefill`). ``--dtype`` runs every model in float32 or bfloat16.
+
+Cost: the weights are read once per evaluation (a GGUF file takes a minute to dequantise); a prompt is prefilled once
+per setting, past the prefix it shares with the last prompt, and each arm decodes its answer greedily against its own
+cache; ``lm`` runs the head on the scored positions in chunks.
 
 Layer types (Gemma 3's sliding and global layers): ``--variant`` is a layer spec (:mod:`attn.hf.layers`), by
 default ``own`` (the model's pattern); rows carry ``layer_specs``, the spec each layer type ran.
@@ -32,14 +37,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attn.hf.presses import press_unsupported
-from harness.accuracy import hf_lm, hf_prompts, hf_selection  # noqa: F401  (register the checkpoint tasks)
 from harness.accuracy.build import Spec, parse_variant
-from harness.accuracy.hf_checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
-from harness.accuracy.hf_presses import PressCache, equal_memory_budget, equal_memory_specs, press_columns
-from harness.accuracy.hf_prompts import PrefixCache
-from harness.accuracy.hf_tasks import checkpoint_task_names, get_checkpoint_task
+from harness.accuracy.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from harness.accuracy.jobs import resolved
+from harness.accuracy.prefill import SharedPrefill
 from harness.accuracy.stats import Measure
+from harness.accuracy.tasks import checkpoint_task_names, get_checkpoint_task
 
 if TYPE_CHECKING:
     from attn.hf.presses import PressSpec
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
 
 HF_TASKS = tuple(checkpoint_task_names())
 HF_DEFAULT_TASKS = tuple(t for t in HF_TASKS if get_checkpoint_task(t).default)  # ruler on request: >= ~600 tokens
+SINKS = 4  # the equal-memory window's sinks (StreamingLLM's)
+BLOCK = 128  # the equal-memory block_sparse's block size
 
 
 # -- what runs: one model per (variant, position) ---------------------------------------------------------
@@ -66,7 +71,7 @@ class Setting:
     backend: str = "auto"
     layer_specs: dict[str, str] | None = None  # layer type -> spec, for a model with layer types
     layer_pattern: str | None = None  # "own" (the model's pattern) or "custom", for a model with layer types
-    presses: tuple[PressSpec, ...] = ()  # KV presses, one arm each (:mod:`harness.accuracy.hf_presses`); () none asked
+    presses: tuple[PressSpec, ...] = ()  # KV presses, one arm each (:mod:`harness.accuracy.prefill`); () none asked
     query_aware: bool = False
     only_len: int | None = None  # an equal-memory variant: the one length its budget matches
     columns: tuple[tuple[str, Any], ...] = ()  # row columns of its own (an equal-memory variant's budget)
@@ -117,6 +122,22 @@ def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) ->
                    **cols)
 
 
+def equal_memory_specs(budget: int) -> list[str]:
+    """Variant specs whose decoding state holds ``budget`` tokens (see module docstring)."""
+    blocks = budget // BLOCK
+    # backends pinned as the checkpoint presets pin them (harness/accuracy/presets.py): auto would compile Flex
+    # once per prompt shape
+    specs = [f"sliding_window:window={budget},backend=blocked",
+             f"sliding_window:sinks={SINKS},window={budget - SINKS},backend=blocked"]
+    if blocks >= 2:
+        specs.append(f"block_sparse:block_size={BLOCK},global_blocks=1,local_blocks={blocks - 1},backend=gathered")
+    return specs
+
+
+def equal_memory_budget(length: int, ratio: float) -> int:
+    return int(length * (1 - ratio))
+
+
 # -- the plan and the run -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -129,11 +150,12 @@ class HFPlan:
     eval_lens: list[int]
     configs: dict[str, Any]  # task -> its config (every checkpoint task's, run or not)
     data: dict[str, Any]  # task -> CheckpointTask.prepare's result, for the tasks run
+    dtype: str = "float32"  # what every model of the plan runs in (float32 or bfloat16; rows record it)
 
     def describe(self) -> str:
         c = self.ckpt
         return (f"{c.name} ({c.config.model_type}, trained at {c.train_len}, tokens: {c.tokens.name}): "
-                f"{', '.join(self.tasks)} x {len(self.settings)} (variant, position) x eval {self.eval_lens}")
+                f"{', '.join(self.tasks)} x {len(self.settings)} (variant, position) x eval {self.eval_lens}, {self.dtype}")
 
     def cells(self, only_len: int | None = None) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
         """(cell columns, metrics) per cell of one setting, task by task in the registry's order (``only_len``: the
@@ -153,15 +175,32 @@ def check_tasks(tasks: Sequence[str]) -> None:
         raise ValueError(f"--task {bad[0]} trains a model; with --hf-model only {' and '.join(HF_TASKS)} are evaluated")
 
 
+DTYPES = ("float32", "bfloat16", "auto")
+
+
+def check_dtype(dtype: str) -> str:
+    """``--dtype``: float32 or bfloat16 as given; ``auto``, the faster of the two on this machine (measured once and
+    cached: :func:`harness.environment.faster_dtype`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        from harness.environment import faster_dtype
+
+        return faster_dtype()
+    return dtype
+
+
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
          eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
-         query_aware: bool = False, equal_memory: bool = False) -> HFPlan:
+         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32") -> HFPlan:
     """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus,
     presses. ``configs``: task -> config (a task left out gets its checkpoint defaults). ``presses``: KV press specs,
-    arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length."""
-    from harness.accuracy.hf_presses import parse_presses
+    arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length;
+    ``dtype``: float32, bfloat16 or auto."""
+    from harness.presses import parse_presses
 
     check_tasks(tasks)
+    dtype = check_dtype(dtype)
     specs = parse_presses(presses)
     if (query_aware or equal_memory) and not specs:
         raise ValueError(f"--{'query-aware' if query_aware else 'equal-memory'} needs --press")
@@ -184,7 +223,7 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
                             ("kv_tokens_max", budget))))
     configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in HF_TASKS}
     data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in HF_TASKS if t in tasks}
-    return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data)
+    return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data, dtype)
 
 
 def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
@@ -193,7 +232,9 @@ def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
     c = p.ckpt
     return {
         **environment(device=device_for(), seed=0),
-        "run_id": f"hf|{s.variant_spec}|{s.position_spec}|{c.ident}", "variant": s.variant,
+        # float32 runs keep the run id they had before --dtype existed, so their files resume
+        "run_id": f"hf|{s.variant_spec}|{s.position_spec}|{c.ident}" + ("" if p.dtype == "float32" else f"|{p.dtype}"),
+        "dtype": p.dtype, "variant": s.variant,
         "variant_params": s.variant_params, "backend_requested": s.backend, "layer_specs": s.layer_specs,
         "layer_pattern": s.layer_pattern,
         "position": s.position, "position_params": s.position_params, "variant_spec": s.variant_spec,
@@ -209,8 +250,8 @@ def device_for() -> str:
 
 
 def evaluate_cell(model: torch.nn.Module, p: HFPlan, cell: dict[str, Any], device: str,
-                  cache: PrefixCache | PressCache | None = None) -> dict[str | None, dict[str, Measure]]:
-    """One cell's measures; ``cache``: the setting's prefix cache, shared by its cells (passkey's depths share the
+                  cache: SharedPrefill | None = None) -> dict[str | None, dict[str, Measure]]:
+    """One cell's measures per arm; ``cache``: the setting's shared prefill, shared by its cells (passkey's depths share the
     haystack before the key, RULER's examples the template and the noise before the first needle)."""
     t = cell["task"]
     return get_checkpoint_task(t).evaluate(model, p.ckpt, p.configs[t], p.data[t], cell, device, cache)
@@ -228,7 +269,7 @@ Todo = tuple[dict[str, Any], dict[str, Any], tuple[str, ...], "str | None"]  # r
 def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[Todo]:
     """The rows still to measure: one per cell and press (a setting without presses: one per cell, arm None)."""
     base = base_row(p, s)
-    arms = [(spec.label, {**press_columns(spec, s.query_aware),  # each press its own run (the store's key)
+    arms = [(spec.label, {**spec.columns(s.query_aware),  # each press its own run (the store's key)
                           "run_id": f"{base['run_id']}|press={spec.label}{'|query_aware' if s.query_aware else ''}"})
             for spec in s.presses] or [(None, {})]
     todo = [({**base, **cell, **cols, "eval_id": p.eval_id(cell["task"])}, cell, m, arm)
@@ -252,13 +293,16 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
             runner.fail(row, metrics, UnsupportedBackend(why))
         return
     try:
-        model = load_model(p.ckpt.path, s.spec, s.override, weights=weights, config=p.ckpt.config).to(device)
+        model = load_model(p.ckpt.path, s.spec, s.override, weights=weights, config=p.ckpt.config)
+        model = model.to(device=device, dtype=getattr(torch, p.dtype))
     except Exception as e:  # one failing setting never stops the others
         for row, _, metrics, _ in todo:
             runner.fail(row, metrics, e)
         return
     extra = {"params": sum(t.numel() for t in model.parameters())}
-    fresh = (lambda: PressCache(s.presses, s.query_aware)) if s.presses else PrefixCache
+    def fresh() -> SharedPrefill:
+        return SharedPrefill(s.presses, s.query_aware)
+
     cache = fresh()
     cells: dict[str, list[Todo]] = {}
     for t in todo:  # a cell's presses are answered together (one prefill per prompt)
@@ -271,20 +315,19 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         except Exception as e:
             for row, _, metrics, _ in rows:
                 runner.fail({**row, **extra}, metrics, e)
-            cache = fresh()  # a generate cut short leaves the cache out of step with its tokens
+            cache = fresh()  # an answer cut short leaves the shared cache out of step with its tokens
             continue
         spent = time.perf_counter() - t0
         for row, _, metrics, arm in rows:
-            if isinstance(cache, PressCache) and arm in cache.failed:
+            if arm in cache.failed:
                 runner.fail({**row, **extra}, metrics, cache.failed[arm])
                 continue
-            stats = cache.take_stats(arm) if isinstance(cache, PressCache) else {}
+            stats = cache.take_stats(arm)
             runner.append({**row, **extra, **stats, "backend": backends(model), "eval_seconds": spent}, measures[arm])
             runner.echo(f"  {cell}{' ' + arm if arm else ''}: "
                         + ", ".join(f"{k} {m.value}" for k, m in measures[arm].items()) + f" ({spent:.0f} s)")
-        if isinstance(cache, PressCache):
-            for arm in cache.arms:  # arms already on record were answered too: their statistics are dropped
-                cache.take_stats(arm)
+        for arm in cache.arms:  # arms already on record were answered too: their statistics are dropped
+            cache.take_stats(arm)
 
 
 def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], None] = print) -> Runner:

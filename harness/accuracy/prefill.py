@@ -1,0 +1,222 @@
+"""One prefill per prompt, shared by every arm that leaves the prefill unchanged; each arm branches from it.
+
+A prompt is a context and, after ``question_at``, a question. The context's keys do not depend on what an arm does to
+the cache afterwards -- a KV press prunes or quantizes what the *cache* keeps once a layer has attended over all of
+the context -- so the context is prefilled once (:class:`SharedPrefill`), recording what kvpress's hooks read
+(:class:`attn.hf.presses.Recorder`), and each arm gets a cache of its own from it: ``none`` the keys as they are,
+``quantized`` a quantized copy, a kvpress press its pruned copy (replayed: :func:`attn.hf.presses.compress`). The arm
+then decodes the question and its answer greedily against its own cache, the positions continuing the context's
+(kvpress's protocol), and its cache is freed. Arms whose press cannot be replayed prefill the context themselves.
+
+Consecutive prompts share prefixes (passkey's depths share the haystack before the key, RULER's examples the template
+and the noise before the first needle): the shared prefill runs only past the longest common prefix with the last
+prompt's context (crop, never recompute; causal attention makes the cached keys those a fresh prefill computes).
+
+A run without presses has one plain arm (label ``None``: rows without press columns). It shares nothing with another
+arm, so its context is the whole prompt: the prefill's last logits give the first answer token, exactly as
+``transformers``' ``generate`` on the prompt would, and the answer is decoded into the shared cache, whose prefix the
+next prompt reuses. Arms that change the prefill itself (a variant, a layer pattern, a position override) are other
+models: each is its own setting, with a prefill of its own (:mod:`harness.accuracy.pretrained`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from attn.hf.presses import (
+    NONE,
+    PressSpec,
+    Recorder,
+    cache_columns,
+    compress,
+    decoding_press,
+    language_model,
+    prefill_with,
+    replayable,
+)
+
+Stop = Callable[[torch.Tensor, Any], torch.Tensor]  # a transformers StoppingCriteria: (ids (1, n), scores) -> (1,)
+
+
+class SharedPrefill:
+    """The arms of one setting's prompts: ``specs`` (press specs, one arm each, labelled by the spec) or, with none
+    given, one plain arm labelled ``None``. Each prompt's cache statistics are kept per arm until :meth:`take_stats`;
+    an arm that cannot run is in :attr:`failed` with its exception, and the other arms go on."""
+
+    def __init__(self, specs: Sequence[PressSpec] = (), query_aware: bool = False):
+        self.plain = not specs
+        self.specs = list(specs) or [PressSpec(NONE)]
+        self.presses = [s.build() for s in self.specs]
+        self.query_aware = query_aware
+        self.arms: tuple[str | None, ...] = (None,) if self.plain else tuple(s.label for s in self.specs)
+        self.ids: list[int] = []  # the tokens whose keys the shared cache holds
+        self.cache: Any = None
+        self.recorder: Recorder | None = None
+        self.stats: dict[str | None, list[dict[str, Any]]] = {a: [] for a in self.arms}
+        self.failed: dict[str | None, BaseException] = {}
+
+    # -- the shared prefill -----------------------------------------------------------------------------------
+    def _crop(self, context: list[int], model: Any, record: bool) -> int:
+        """Cut the shared cache back to its longest common prefix with ``context`` (at least one token left to run);
+        returns how many tokens it keeps."""
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache = DynamicCache()
+            self.recorder = Recorder(model) if record else None
+        keep = 0
+        for a, b in zip(self.ids, context[:-1], strict=False):
+            if a != b:
+                break
+            keep += 1
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys[..., :keep, :], layer.values[..., :keep, :]
+        if self.recorder is not None:
+            self.recorder.crop(keep)
+        return keep
+
+    @torch.no_grad()
+    def _prefill(self, model: Any, context: list[int]) -> torch.Tensor | None:
+        """The context's keys in the shared cache, run only past the shared prefix. The plain arm gets the logits of
+        the context's last position (the LM head on it alone); press arms get the layers' inputs recorded instead."""
+        keep = self._crop(context, model, record=not self.plain)
+        x = torch.tensor([context[keep:]], device=model.device)
+        self.ids = list(context)
+        if self.plain:
+            return model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        with self.recorder.recording():  # type: ignore[union-attr]
+            language_model(model)(input_ids=x, past_key_values=self.cache, use_cache=True)
+        return None
+
+    # -- the arms ------------------------------------------------------------------------------------------------
+    def answers(self, model: Any, prompt: list[int], question_at: int, config: Any,
+                stop: Stop | None = None) -> dict[str | None, list[int]]:
+        """Each arm's greedy continuation of ``prompt`` (``config``: a GenerationConfig: ``max_new_tokens``, and with
+        ``min_new_tokens`` exactly that many, the end-of-sequence token suppressed until then, as ``generate`` does;
+        without it, until ``stop`` or the end-of-sequence token)."""
+        greedy = Greedy(model, prompt, config, stop)
+        if self.plain:
+            logits = self._prefill(model, prompt)
+            out = greedy.run(self.cache, [], len(prompt), None, logits)
+            self.ids = prompt + out[:-1]  # the last answer token was never fed: its key is not cached
+            return {None: out}
+        cut = len(prompt) - 1 if self.query_aware else question_at
+        context, question = prompt[:cut], prompt[cut:]
+        if any(replayable(p) for p in self.presses):
+            self._prefill(model, context)
+        said: dict[str | None, list[int]] = {}
+        for spec, press in zip(self.specs, self.presses, strict=True):
+            said[spec.label] = []
+            if spec.label in self.failed:
+                continue
+            try:
+                cache = self._branch(model, spec, press, context)
+                self.stats[spec.label].append({**cache_columns(cache), "context_tokens": len(context)})
+                said[spec.label] = greedy.run(cache, question, len(context), press)
+            except Exception as e:  # this arm cannot run here: its rows say why, the other arms go on
+                from harness.presses import press_refusal
+
+                self.failed[spec.label] = press_refusal(spec.label, e)
+            finally:
+                cache = None  # each branch freed once answered
+        return said
+
+    def _branch(self, model: Any, spec: PressSpec, press: Any, context: list[int]) -> Any:
+        """The arm's own cache of the context: the shared prefill replayed under its press, or its own prefill."""
+        if replayable(press):
+            keys = [layer.keys for layer in self.cache.layers]
+            values = [layer.values for layer in self.cache.layers]
+            return compress(model, spec, press, keys, values, self.recorder)  # type: ignore[arg-type]
+        return prefill_with(model, spec, press, torch.tensor([context], device=model.device))
+
+    def take_stats(self, arm: str | None) -> dict[str, Any]:
+        """Row columns over the prompts answered since the last call (press arms only): cached tokens per layer after
+        compression (min / mean / max over layers and prompts), the cache's bytes and the context's tokens (means over
+        prompts), and the kept fraction."""
+        got, self.stats[arm] = self.stats[arm], []
+        if self.plain or not got:
+            return {}
+        n = len(got)
+        mean = sum(g["kv_tokens_mean"] for g in got) / n  # every prompt's cache has the model's number of layers
+        ctx = sum(g["context_tokens"] for g in got) / n
+        return {"kv_tokens_min": min(g["kv_tokens_min"] for g in got), "kv_tokens_mean": mean,
+                "kv_tokens_max": max(g["kv_tokens_max"] for g in got),
+                "kv_cache_bytes": sum(g["kv_cache_bytes"] for g in got) / n, "context_tokens": ctx,
+                "kv_kept_fraction": mean / ctx}
+
+
+class Greedy:
+    """Greedy decoding of one prompt's answer against a cache: ``generate``'s rules (``min_new_tokens`` suppresses
+    the end-of-sequence token until then; otherwise it ends the answer, as does ``stop`` on prompt + answer)."""
+
+    def __init__(self, model: Any, prompt: list[int], config: Any, stop: Stop | None):
+        self.model, self.prompt, self.stop = model, prompt, stop
+        self.new_tokens = int(config.max_new_tokens)
+        self.exact = config.min_new_tokens is not None
+        self.min_new = int(config.min_new_tokens or 0)
+        eos = model.generation_config.eos_token_id
+        self.eos = sorted(set(eos if isinstance(eos, list) else [] if eos is None else [eos]))
+
+    def pick(self, logits: torch.Tensor, made: int) -> int:
+        if made < self.min_new and self.eos:
+            logits = logits.clone()
+            logits[self.eos] = -float("inf")
+        return int(logits.argmax())
+
+    def ended(self, ids: list[int]) -> bool:
+        if not self.exact and ids[-1] in self.eos:
+            return True
+        return self.stop is not None and bool(self.stop(torch.tensor([self.prompt + ids]), None).all())
+
+    @torch.no_grad()
+    def run(self, cache: Any, question: list[int], start: int, press: Any,
+            logits: torch.Tensor | None = None) -> list[int]:
+        """The question at positions ``start``.. (the context's length, not the cache's: a press's cache is shorter),
+        then greedy tokens; ``logits``: the next-token logits the prefill already gave (no question). Returns the
+        generated ids."""
+        dev = self.model.device
+
+        def step(ids: list[int], at: int) -> torch.Tensor:
+            pos = torch.arange(at, at + len(ids), device=dev)[None]
+            out = self.model(input_ids=torch.tensor([ids], device=dev), past_key_values=cache, position_ids=pos,
+                             logits_to_keep=1, use_cache=True)
+            return out.logits[0, -1]
+
+        with press(self.model) if decoding_press(press) else contextlib.nullcontext():
+            if question:
+                logits = step(question, start)
+            at = start + len(question)
+            ids = [self.pick(logits, 0)]  # type: ignore[arg-type]
+            while len(ids) < self.new_tokens and not self.ended(ids):
+                ids.append(self.pick(step(ids[-1:], at), len(ids)))
+                at += 1
+        return ids
+
+
+def shared_order(prompts: Sequence[list[int]]) -> list[int]:
+    """Indices of the prompts in token order: neighbours share the longest prefixes (the order never changes a score)."""
+    return sorted(range(len(prompts)), key=lambda i: prompts[i])
+
+
+def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, decode: Callable[[list[int]], str],
+                     boundary: int, arms: SharedPrefill | None = None,
+                     question_at: Sequence[int] | None = None) -> dict[str | None, list[str]]:
+    """Greedy continuations of exactly ``new_tokens`` tokens, decoded, in the prompts' order, per arm of ``arms`` (by
+    default one plain arm). ``question_at``: where each question starts."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
+                           pad_token_id=boundary)
+    arms = arms or SharedPrefill()
+    out: dict[str | None, list[str]] = {a: [""] * len(prompts) for a in arms.arms}
+    for i in shared_order(prompts):
+        for arm, new in arms.answers(model, prompts[i], question_at[i] if question_at else len(prompts[i]), gen).items():
+            out[arm][i] = decode(new)
+    return out
+
+
+__all__ = ["Greedy", "SharedPrefill", "generate_answers", "shared_order"]
