@@ -24,14 +24,14 @@ def parse_presses(texts: Iterable[str], where: str = "--press") -> list[PressSpe
 
 
 def press_refusal(label: str, err: BaseException) -> BaseException:
-    """A press failing inside a model is a property of the press (``unsupported``, with the reason: kvpress asserts
-    what it needs, e.g. eager attention weights); running out of memory is not, and stays what it is."""
+    """A press that refuses a model or an attention is ``unsupported``, with its reason (kvpress asserts what it needs,
+    e.g. eager attention weights: AssertionError, NotImplementedError); anything else (running out of memory, a bug)
+    stays the error it is."""
     from attn.attention.base import UnsupportedBackend
 
-    if is_oom(err) or isinstance(err, UnsupportedBackend):
+    if is_oom(err) or not isinstance(err, (AssertionError, NotImplementedError)):
         return err
-    why = str(err) or ("assertion failed" if isinstance(err, AssertionError) else "")
-    return UnsupportedBackend(one_line(f"press {label} cannot run here: {type(err).__name__}: {why}"))
+    return UnsupportedBackend(one_line(f"press {label} cannot run here: {type(err).__name__}: {err or 'assertion failed'}"))
 
 
 __all__ = ["parse_presses", "press_refusal"]

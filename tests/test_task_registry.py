@@ -27,7 +27,8 @@ import torch
 
 from harness.accuracy.common import IGNORE, predictions, rng_for
 from harness.accuracy.stats import accuracy
-from harness.accuracy.tasks import TaskOption, TrainedTask, register_task
+from harness.accuracy.prefill import generate_answers
+from harness.accuracy.tasks import CheckpointTask, TaskOption, TrainedTask, register_task
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,34 @@ class ToyConfig:
     eval_examples: int = 16
 
 
+class OnCheckpoint(CheckpointTask):
+    """On a pretrained checkpoint: the same sequences in its tokens, the first token asked back by greedy decoding."""
+
+    default = True
+    prompts = True
+
+    @classmethod
+    def cells(cls, config, lens, data):
+        return [({"eval_len": L, "toy_offset": L - 1}, ("accuracy",)) for L in lens]
+
+    @classmethod
+    def eval_id(cls, ckpt, config, data):
+        return f"toy-{config.vocab_size}"
+
+    @classmethod
+    def evaluate(cls, model, ckpt, config, data, cell, device, cache):
+        x = Toy(config).batch(99, config.eval_examples, cell["eval_len"] - 1)[0] + 48  # digits in a byte tokenizer
+        prompts = [[ckpt.tokens.boundary, *row.tolist()] for row in x]
+        said = generate_answers(model, prompts, 1, ckpt.tokens.decode, ckpt.tokens.boundary, cache)
+        return {arm: {"accuracy": accuracy(sum(a[:1] == chr(p[1]) for a, p in zip(out, prompts)), len(prompts))}
+                for arm, out in said.items()}
+
+
 @register_task("toy", config=ToyConfig)
 class Toy(TrainedTask):
     """Repeat the first token at the end of the sequence."""
 
+    pretrained = OnCheckpoint  # how it runs on a checkpoint (--hf-model): the same file, no edit anywhere else
     main_metric = "accuracy"
     columns = ("toy_offset",)
     options = (TaskOption("toy_vocab", "vocab_size", "vocabulary of the toy.", click.IntRange(min=4)),)
@@ -116,6 +141,44 @@ def test_a_toy_task_in_one_file_runs_through_accuracy_and_is_listed(tmp_path):
     assert toy["options"] == ["--toy-vocab"] and toy["columns"] == ["toy_offset"] and toy["source"] == "toy_task"
     assert "  toy              Repeat the first token at the end of the sequence." in text
     assert "    from toy_task" in text
+
+
+def test_the_same_task_file_runs_on_a_pretrained_checkpoint(tmp_path):
+    """The toy file's checkpoint face: ``--hf-model`` on a tiny random Llama (bytes as tokens) runs it with its option,
+    its column and its metric, through the plain arm and through two press arms sharing one prefill (kvpress's
+    KNorm beside ``none`` where kvpress is installed)."""
+    from transformers import AutoModelForCausalLM
+
+    from attn import hf
+
+    config = hf.tiny_config("llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "toy_task.py").write_text(TOY)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    presses = ["--press", "none", "--press", "knorm:compression_ratio=0.5"] if _kvpress() else ["--press", "none"]
+    for out, extra in ((tmp_path / "plain.jsonl", []), (tmp_path / "pressed.jsonl", presses)):
+        args = ["accuracy", "--hf-model", str(tmp_path / "ckpt"), "--task", "toy", "--eval-lens", "32,48",
+                "--toy-vocab", "6", "--threads", "1", "--out", str(out), *extra]
+        r = subprocess.run([sys.executable, str(tmp_path / "driver.py"), *args], env=env, capture_output=True,
+                           text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        arms = len(extra) // 2 or 1
+        assert sorted(r_["eval_len"] for r_ in rows) == [32] * arms + [48] * arms
+        for row in rows:
+            assert row["task"] == "toy" and row["status"] == "ok" and row["stage"] == "pretrained", row
+            assert row["toy_offset"] == row["eval_len"] - 1 and row["eval_id"] == "toy-6" and row["n"] == 16
+            assert row["dtype"] == "float32" and (row.get("press_spec") is None) == (not extra)
+
+
+def _kvpress() -> bool:
+    try:
+        import kvpress  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def test_list_shows_every_built_in_task(capsys):

@@ -113,24 +113,24 @@ TRAINING_OPTIONS = ("preset", "seeds", "train_len", "steps", "batch_size", "lr",
 
 
 def hf_refused() -> tuple[str, ...]:
-    from harness.accuracy.pretrained import HF_TASKS
+    from harness.accuracy.tasks import checkpoint_task_names
 
-    only_trained = [dest for dest, (_, tasks, _) in TASK_OPTIONS.items() if not set(tasks) & set(HF_TASKS)]
+    only_trained = [dest for dest, (_, tasks, _) in TASK_OPTIONS.items() if not set(tasks) & set(checkpoint_task_names())]
     return (*TRAINING_OPTIONS, *only_trained, "d_model", "short_conv", "n_layers", "patterns")
 
 
 def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
     """--hf-model: the checkpoint evaluation (harness/accuracy/pretrained.py), every option checked first."""
     from harness.accuracy import pretrained as hf_eval
-    from harness.accuracy.tasks import get_checkpoint_task
+    from harness.accuracy.tasks import checkpoint_task_names, get_checkpoint_task
 
     given = [k for k in hf_refused() if opts[k] not in (None, ())]
     if given:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --hf-model (a pretrained checkpoint "
                                "is evaluated, not trained)")
-    tasks = list(opts["tasks"]) or list(hf_eval.HF_DEFAULT_TASKS)
+    tasks = list(opts["tasks"]) or hf_eval.default_tasks()
     hf_eval.check_tasks(tasks)
-    params: dict[str, dict[str, Any]] = {t: {} for t in hf_eval.HF_TASKS}
+    params: dict[str, dict[str, Any]] = {t: {} for t in checkpoint_task_names()}
     for opt, (fld, applies, parse) in TASK_OPTIONS.items():
         if opts[opt] in (None, ()):
             continue

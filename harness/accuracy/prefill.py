@@ -104,7 +104,7 @@ class SharedPrefill:
             out = greedy.run(self.cache, [], len(prompt), None, logits)
             self.ids = prompt + out[:-1]  # the last answer token was never fed: its key is not cached
             return {None: out}
-        cut = len(prompt) - 1 if self.query_aware else question_at
+        cut = len(prompt) - 1 if self.query_aware else min(question_at, len(prompt) - 1)  # a question of >= 1 token
         context, question = prompt[:cut], prompt[cut:]
         if any(replayable(p) for p in self.presses):
             self._prefill(model, context)

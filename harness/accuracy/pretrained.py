@@ -48,8 +48,11 @@ if TYPE_CHECKING:
     from attn.hf.presses import PressSpec
     from harness.accuracy.runner import Runner
 
-HF_TASKS = tuple(checkpoint_task_names())
-HF_DEFAULT_TASKS = tuple(t for t in HF_TASKS if get_checkpoint_task(t).default)  # ruler on request: >= ~600 tokens
+
+
+def default_tasks() -> list[str]:
+    """The tasks ``--hf-model`` runs without ``--task`` (ruler on request: its prompts need >= ~600 tokens)."""
+    return [t for t in checkpoint_task_names() if get_checkpoint_task(t).default]
 SINKS = 4  # the equal-memory window's sinks (StreamingLLM's)
 BLOCK = 128  # the equal-memory block_sparse's block size
 
@@ -161,7 +164,7 @@ class HFPlan:
         """(cell columns, metrics) per cell of one setting, task by task in the registry's order (``only_len``: the
         cells at that length alone)."""
         lens = [only_len] if only_len is not None else self.eval_lens
-        return [({"task": t, **cell}, metrics) for t in HF_TASKS if t in self.tasks
+        return [({"task": t, **cell}, metrics) for t in checkpoint_task_names() if t in self.tasks
                 for cell, metrics in get_checkpoint_task(t).cells(self.configs[t], lens, self.data[t])]
 
     def eval_id(self, task: str) -> str:
@@ -170,9 +173,10 @@ class HFPlan:
 
 def check_tasks(tasks: Sequence[str]) -> None:
     """A pretrained checkpoint is evaluated as it is: tasks that need training (mqar...) are refused."""
-    bad = [t for t in tasks if t not in HF_TASKS]
+    names = checkpoint_task_names()
+    bad = [t for t in tasks if t not in names]
     if bad:
-        raise ValueError(f"--task {bad[0]} trains a model; with --hf-model only {' and '.join(HF_TASKS)} are evaluated")
+        raise ValueError(f"--task {bad[0]} trains a model; with --hf-model only {', '.join(names)} are evaluated")
 
 
 DTYPES = ("float32", "bfloat16", "auto")
@@ -206,7 +210,7 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
         raise ValueError(f"--{'query-aware' if query_aware else 'equal-memory'} needs --press")
     if specs and (plain := [t for t in tasks if not get_checkpoint_task(t).prompts]):
         raise ValueError(f"--press compresses the context a question is asked about: --task {plain[0]} scores every "
-                         f"position (use {' or '.join(t for t in HF_TASKS if get_checkpoint_task(t).prompts)})")
+                         f"position (use {' or '.join(t for t in checkpoint_task_names() if get_checkpoint_task(t).prompts)})")
     ckpt = load_checkpoint(path)
     settings = [dataclasses.replace(make_setting(ckpt, v, p), presses=tuple(specs), query_aware=query_aware)
                 for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
@@ -221,8 +225,8 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
                         settings.append(dataclasses.replace(make_setting(ckpt, v, p), only_len=n, columns=(
                             ("matched_ratio", ratio), ("kv_tokens_min", budget), ("kv_tokens_mean", budget),
                             ("kv_tokens_max", budget))))
-    configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in HF_TASKS}
-    data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in HF_TASKS if t in tasks}
+    configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in checkpoint_task_names()}
+    data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in checkpoint_task_names() if t in tasks}
     return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data, dtype)
 
 
@@ -359,4 +363,4 @@ def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], 
     return runner
 
 
-__all__ = ["HF_DEFAULT_TASKS", "HF_TASKS", "HFPlan", "Setting", "check_tasks", "plan", "run"]
+__all__ = ["HFPlan", "Setting", "check_tasks", "default_tasks", "plan", "run"]
