@@ -151,7 +151,7 @@ class HFPlan:
     tasks: tuple[str, ...]
     settings: list[Setting]
     eval_lens: list[int]
-    configs: dict[str, Any]  # task -> its config (every checkpoint task's, run or not)
+    configs: dict[str, Any]  # task -> its config, for the tasks run
     data: dict[str, Any]  # task -> CheckpointTask.prepare's result, for the tasks run
     dtype: str = "float32"  # what every model of the plan runs in (float32 or bfloat16; rows record it)
 
@@ -225,8 +225,8 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
                         settings.append(dataclasses.replace(make_setting(ckpt, v, p), only_len=n, columns=(
                             ("matched_ratio", ratio), ("kv_tokens_min", budget), ("kv_tokens_mean", budget),
                             ("kv_tokens_max", budget))))
-    configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in checkpoint_task_names()}
-    data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in checkpoint_task_names() if t in tasks}
+    configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in tasks}
+    data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in tasks}
     return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data, dtype)
 
 

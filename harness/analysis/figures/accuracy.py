@@ -20,17 +20,15 @@ from harness.analysis.figures.registry import own_figures, register_figure
 from harness.analysis.figures.style import (
     Skip,
     accuracy_rows,
-    draw_band,
-    figure_style,
-    finish_figure,
+    drawing,
     frame_palette,
     legend_entries,
     length_axis,
     line_styles,
-    new_figure,
     order_key,
     provenance,
-    save,
+    publish,
+    value_line,
 )
 
 
@@ -79,22 +77,19 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
     pts = D.accuracy_points(df)
     pal = palette or frame_palette(df)
     panels = sorted(pts.groupby(["task", "metric"]).groups)
-    with figure_style():
-        fig, axes = new_figure(len(panels))
+    with drawing(len(panels)) as (fig, axes):
         for ax, (task, metric) in zip(axes, panels, strict=True):
             sub = pts[(pts["task"] == task) & (pts["metric"] == metric)]
             for label, g, colour, style in accuracy_series(sub, pal):
-                ax.plot(g["length"], g["value"], color=colour, label=label, gid=f"accuracy:{label}", markersize=4, **style)
-                draw_band(ax, g, colour, f"band:{label}")
+                value_line(ax, g, colour, label, "accuracy", **style)
             train_marks(ax, sub)
             if F.lower_is_better(metric) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
             length_axis(ax, sub["length"], "evaluation length (tokens)")
             ax.set_ylabel(metric)
             ax.set_title(f"{task} · {metric}")
-        finish_figure(fig, "Accuracy vs evaluation length", provenance(accuracy=df), legend_entries(axes))
-    save(fig, out, "accuracy", formats)
-    return fig
+    return publish(fig, "Accuracy vs evaluation length", provenance(accuracy=df), out, "accuracy", formats,
+                   legend_entries(axes))
 
 
 __all__ = ["accuracy_series", "plot_accuracy", "train_marks"]

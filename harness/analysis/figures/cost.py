@@ -26,18 +26,16 @@ from harness.analysis.figures.style import (
     FAIL_MARKER,
     Skip,
     backend_shade,
+    drawing,
     facet_order,
-    figure_style,
-    finish_figure,
     frame_palette,
     legend_entries,
     length_axis,
     line_styles,
     mem_unit,
-    new_figure,
     order_key,
     provenance,
-    save,
+    publish,
 )
 
 # -- cost figures ------------------------------------------------------------------------------
@@ -92,8 +90,9 @@ def _hollow_note(n: int, clipped: int = 0, peak: float = 1.0) -> str:
 
 def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabel: str, scale: float = 1.0,
                 band: str | None = None, logy: bool = True, palette: dict | None = None,
-                ref_line: tuple[float, str] | None = None, clip_above: float | None = None) -> Figure:
-    """One panel per scope/mode, one line per series; non-ok cells break the line.
+                ref_line: tuple[float, str] | None = None, clip_above: float | None = None,
+                out: str | Path | None = None, formats: Sequence[str] = ("png",)) -> Figure:
+    """One panel per scope/mode, one line per series; non-ok cells break the line. Written to ``out/<name>.<format>``.
 
     Noisy or suspect cells are drawn hollow but kept on the line: dropping them would hide that they
     were measured, and a gap would read as a failure. With ``clip_above`` a value above it (a fraction of
@@ -104,8 +103,7 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
     pal = palette or frame_palette(df)
     styles = line_styles(df["backend_label"])
     facets = facet_order(df)
-    with figure_style():
-        fig, axes = new_figure(len(facets))
+    with drawing(len(facets)) as (fig, axes):
         any_fail = False
         n_hollow = n_clipped = 0
         for ax, facet in zip(axes, facets, strict=True):
@@ -146,8 +144,8 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
             legend.append((Line2D([], [], color="0.2", marker=FAIL_MARKER, linestyle=""), "× = out of memory / timeout"))
         if n_hollow:
             legend.append((Line2D([], [], color="0.2", marker="o", markerfacecolor="none", linestyle=""), HOLLOW_LABEL))
-        finish_figure(fig, title, provenance(df) + _hollow_note(n_hollow, n_clipped, clip_above or 1.0), legend)
-    return fig
+    return publish(fig, title, provenance(df) + _hollow_note(n_hollow, n_clipped, clip_above or 1.0), out, name, formats,
+                   legend)
 
 
 def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) -> None:
@@ -171,10 +169,8 @@ def _reference_line(ax: Axes, y: float, label: str, off_scale: float = 100.0) ->
 def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                  formats: Sequence[str] = ("png",)) -> Figure:
     """Median latency vs length, one panel per mode; the band spans the timing IQR."""
-    fig = _cost_lines(cost, "latency_ms", name="latency", title="Latency", ylabel="latency (ms)",
-                      band="latency_iqr_ms", palette=palette)
-    save(fig, out, "latency", formats)
-    return fig
+    return _cost_lines(cost, "latency_ms", name="latency", title="Latency", ylabel="latency (ms)",
+                       band="latency_iqr_ms", palette=palette, out=out, formats=formats)
 
 
 @register_figure('throughput', 'cost',
@@ -182,10 +178,8 @@ def plot_latency(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
 def plot_throughput(cost: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
                     formats: Sequence[str] = ("png",)) -> Figure:
     """Tokens per second vs length."""
-    fig = _cost_lines(cost, "tokens_per_s", name="throughput", title="Throughput", ylabel="throughput (tokens/s)",
-                      palette=palette)
-    save(fig, out, "throughput", formats)
-    return fig
+    return _cost_lines(cost, "tokens_per_s", name="throughput", title="Throughput", ylabel="throughput (tokens/s)",
+                       palette=palette, out=out, formats=formats)
 
 
 
@@ -199,10 +193,8 @@ def plot_memory(cost: pd.DataFrame, out: str | Path | None = None, *, palette: d
     scale, unit = mem_unit(float(F.ok_rows(df, "peak_mem_bytes")["peak_mem_bytes"].max()))
     limit = D.mem_limit(df)
     ref = (limit / scale, f"memory limit ({limit / 2**30:.1f} GiB)") if limit else None
-    fig = _cost_lines(df, "peak_mem_bytes", name="memory", title="Peak memory", ylabel=f"peak memory ({unit})",
-                      scale=scale, palette=palette, ref_line=ref)
-    save(fig, out, "memory", formats)
-    return fig
+    return _cost_lines(df, "peak_mem_bytes", name="memory", title="Peak memory", ylabel=f"peak memory ({unit})",
+                       scale=scale, palette=palette, ref_line=ref, out=out, formats=formats)
 
 
 @register_figure('flops_fraction', 'cost',
@@ -219,11 +211,9 @@ def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, pa
     if not frac.notna().any():
         raise Skip("rows carry no measured device peak (peak_flops_per_s or peak_fraction)")
     df = df.assign(flops_fraction=frac)
-    fig = _cost_lines(df, "flops_fraction", name="flops_fraction", title="Achieved FLOP/s / measured peak",
-                      ylabel="fraction of peak FLOP/s", palette=palette, ref_line=(1.0, "measured peak"),
-                      clip_above=1.0)
-    save(fig, out, "flops_fraction", formats)
-    return fig
+    return _cost_lines(df, "flops_fraction", name="flops_fraction", title="Achieved FLOP/s / measured peak",
+                       ylabel="fraction of peak FLOP/s", palette=palette, ref_line=(1.0, "measured peak"),
+                       clip_above=1.0, out=out, formats=formats)
 
 
 @register_figure('roofline', 'cost',
@@ -240,11 +230,9 @@ def plot_roofline(cost: pd.DataFrame, out: str | Path | None = None, *, palette:
     if not frac.notna().any():
         raise Skip("rows carry no measured roof (bandwidth_fraction for decode, peak_fraction otherwise)")
     df = df.assign(roof_fraction=frac)
-    fig = _cost_lines(df, "roof_fraction", name="roofline", title="Achieved / roof (decode: memory bandwidth; "
-                      "forward, train: matmul peak)", ylabel="fraction of the roof", palette=palette,
-                      ref_line=(1.0, "measured roof"), clip_above=1.0)
-    save(fig, out, "roofline", formats)
-    return fig
+    return _cost_lines(df, "roof_fraction", name="roofline", title="Achieved / roof (decode: memory bandwidth; "
+                       "forward, train: matmul peak)", ylabel="fraction of the roof", palette=palette,
+                       ref_line=(1.0, "measured roof"), clip_above=1.0, out=out, formats=formats)
 
 
 @register_figure('speedup', 'cost',
@@ -266,8 +254,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
     pal = palette or frame_palette(df)
     styles = line_styles(df["backend_label"])
     facets = facet_order(sp)
-    with figure_style():
-        fig, axes = new_figure(len(facets))
+    with drawing(len(facets)) as (fig, axes):
         n_hollow = 0
         for ax, facet in zip(axes, facets, strict=True):
             sub = sp[sp["facet"] == facet]
@@ -302,9 +289,8 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
         if n_hollow:
             legend.append((Line2D([], [], color="0.2", marker="o", markerfacecolor="none", linestyle=""),
                            HOLLOW_LABEL + " (or its full baseline)"))
-        finish_figure(fig, "Speed-up over full attention", provenance(df) + _hollow_note(n_hollow), legend)
-    save(fig, out, "speedup", formats)
-    return fig
+    return publish(fig, "Speed-up over full attention", provenance(df) + _hollow_note(n_hollow), out, "speedup", formats,
+                   legend)
 
 
 

@@ -13,16 +13,14 @@ from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     accuracy_rows,
     backend_shade,
-    draw_band,
-    figure_style,
-    finish_figure,
+    drawing,
     frame_palette,
     legend_entries,
     length_axis,
-    new_figure,
     order_key,
     provenance,
-    save,
+    publish,
+    value_line,
 )
 
 
@@ -38,8 +36,7 @@ def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
     pts["series"] = [f"{s} [{e}]" if e else s for s, e in zip(pts["series"], pts["extra_label"], strict=True)]
     pal = palette or frame_palette(df)
     metrics = sorted(pts["metric"].unique())
-    with figure_style():
-        fig, axes = new_figure(len(metrics))
+    with drawing(len(metrics)) as (fig, axes):
         for ax, metric in zip(axes, metrics, strict=True):
             sub = pts[pts["metric"] == metric]
             for series, g in sorted(sub.groupby("series"), key=lambda kv: order_key(kv[0])):
@@ -47,17 +44,13 @@ def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
                 colour = pal[g["variant_label"].iloc[0]]
                 if "backend" in g and isinstance(g["backend"].iloc[0], str) and g["backend"].iloc[0]:
                     colour = backend_shade(colour, g["backend"].iloc[0])  # as the cost figures draw this backend
-                ax.plot(g["length"], g["value"], color=colour, marker="o", markersize=4, label=series,
-                        gid=f"fidelity:{series}")
-                draw_band(ax, g, colour, f"band:{series}")
+                value_line(ax, g, colour, series, "fidelity", marker="o")
             if F.lower_is_better(metric) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
             length_axis(ax, sub["length"])
             ax.set_ylabel(f"{metric} vs full attention")
             ax.set_title(metric)
-        finish_figure(fig, "Fidelity to full attention", provenance(accuracy=df), legend_entries(axes))
-    save(fig, out, "fidelity", formats)
-    return fig
+    return publish(fig, "Fidelity to full attention", provenance(accuracy=df), out, "fidelity", formats, legend_entries(axes))
 
 
 __all__ = ["plot_fidelity"]

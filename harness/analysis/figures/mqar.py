@@ -23,15 +23,13 @@ from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    draw_band,
-    figure_style,
-    finish_figure,
+    drawing,
     frame_palette,
     legend_entries,
-    new_figure,
     order_key,
     provenance,
-    save,
+    publish,
+    value_line,
 )
 from harness.analysis.figures.style import palette as stable_palette
 
@@ -105,6 +103,14 @@ def _points(acc: pd.DataFrame) -> tuple[pd.DataFrame, list[str], pd.DataFrame]:
     return pts, notes, df
 
 
+def _known(pts: pd.DataFrame, notes: list[str], column: str, none: str, some: str) -> tuple[pd.DataFrame, list[str]]:
+    """The points with a ``column`` value and the notes plus how many were left out (``some``); Skip(``none``) if none."""
+    unknown = pts[column].isna()
+    if unknown.all():
+        raise Skip(none)
+    return pts[~unknown], notes + ([f"{int(unknown.sum())} {some}"] if unknown.any() else [])
+
+
 def _references(ax: Axes, sub: pd.DataFrame, panel: str) -> None:
     for col, style, label in REFERENCES:
         values = sub[col].dropna() if col in sub else pd.Series(dtype=float)
@@ -118,15 +124,12 @@ def _draw(pts: pd.DataFrame, x: str, curve: pd.Series, colour_of: dict, name: st
     """One panel per training length; one line per ``curve`` label through its points sorted by ``x`` (log2)."""
     pts = pts.assign(curve=curve)
     panels = [p for _, p in sorted({(t, p) for t, p in zip(pts["train_len"], pts["panel"], strict=True)})]
-    with figure_style():
-        fig, axes = new_figure(len(panels), width=4.6, height=3.6)
+    with drawing(len(panels), width=4.6, height=3.6) as (fig, axes):
         for ax, panel in zip(axes, panels, strict=True):
             sub = pts[pts["panel"] == panel]
             for label, g in sorted(sub.groupby("curve"), key=lambda kv: order_key(kv[0])):
                 g = g.sort_values(x)
-                colour = colour_of[g["colour_key"].iloc[0]]
-                ax.plot(g[x], g["value"], color=colour, marker="o", markersize=4, label=label, gid=f"{name}:{label} [{panel}]")
-                draw_band(ax, g, colour, f"band:{label} [{panel}]", x=x)
+                value_line(ax, g, colour_of[g["colour_key"].iloc[0]], label, name, f"{label} [{panel}]", x=x, marker="o")
             _references(ax, sub, panel)
             ax.set_xscale("log", base=2)
             ticks = sorted(set(sub[x]))
@@ -137,11 +140,9 @@ def _draw(pts: pd.DataFrame, x: str, curve: pd.Series, colour_of: dict, name: st
             ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel("accuracy (per query)")
             ax.set_title(panel.replace("train_len=", "trained and evaluated at ").replace(" num_pairs=", " · pairs "))
-        caption = " · ".join(s for s in [provenance(accuracy=df), "best learning rate per seed, mean over seeds, 95% t "
-                                         "interval", *notes] if s)
-        finish_figure(fig, title, caption, legend_entries(axes))
-    save(fig, out, name, formats)
-    return fig
+    caption = " · ".join(s for s in [provenance(accuracy=df), "best learning rate per seed, mean over seeds, 95% t "
+                                     "interval", *notes] if s)
+    return publish(fig, title, caption, out, name, formats, legend_entries(axes))
 
 
 @register_figure('mqar', 'accuracy', tasks=('mqar',),
@@ -155,12 +156,9 @@ def plot_mqar(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict
     whatever changes its state), one panel per training length. Points of models that cannot decode (no state)
     are left out and counted in the caption."""
     pts, notes, df = _points(acc)
-    stateless = pts["state_numbers"].isna()
-    if stateless.all():
-        raise Skip("no mqar rows with a decoding state size (state_numbers): rows written before it cannot be placed")
-    if stateless.any():
-        notes.append(f"{int(stateless.sum())} points without a decoding state left out")
-    pts = pts[~stateless].assign(colour_key=lambda p: p["family"])
+    pts, notes = _known(pts, notes, "state_numbers", "no mqar rows with a decoding state size (state_numbers): rows "
+                        "written before it cannot be placed", "points without a decoding state left out")
+    pts = pts.assign(colour_key=lambda p: p["family"])
     return _draw(pts, "state_numbers", pts["family"] + pts["suffix"], _family_palette(pts["family"], palette), "mqar",
                  "MQAR recall vs state size (Zoology)", "decoding state per layer (numbers)", notes, df, out, formats)
 
@@ -173,12 +171,9 @@ def plot_mqar_width(acc: pd.DataFrame, out: str | Path | None = None, *, palette
     """MQAR accuracy vs model width (``d_model``; the preset's own where a row has none), one line per variant
     spec, one panel per training length."""
     pts, notes, df = _points(acc)
-    unknown = pts["width"].isna()
-    if unknown.all():
-        raise Skip("no mqar rows with a known width (d_model, or a model preset attn knows)")
-    if unknown.any():
-        notes.append(f"{int(unknown.sum())} points of an unknown model preset left out")
-    pts = pts[~unknown].assign(colour_key=lambda p: p["variant_label"])
+    pts, notes = _known(pts, notes, "width", "no mqar rows with a known width (d_model, or a model preset attn knows)",
+                        "points of an unknown model preset left out")
+    pts = pts.assign(colour_key=lambda p: p["variant_label"])
     pal = palette if palette is not None and set(pts["variant_label"]) <= set(palette) else frame_palette(pts)
     return _draw(pts, "width", pts["variant_label"] + pts["suffix"], pal, "mqar-width", "MQAR recall vs width",
                  "model width (d_model)", notes, df, out, formats)

@@ -5,22 +5,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
-from harness.analysis.figures.positions import row_labels
+from harness.analysis.figures.positions import length_heatmap, row_labels
 from harness.analysis.figures.registry import register_figure
-from harness.analysis.figures.style import (
-    Skip,
-    accuracy_rows,
-    figure_style,
-    finish_figure,
-    new_figure,
-    provenance,
-    save,
-)
+from harness.analysis.figures.style import Skip, accuracy_rows, drawing, provenance, publish
 
 
 @register_figure('passkey', 'accuracy',
@@ -35,24 +26,19 @@ def plot_passkey(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
     pts = D.accuracy_points(df[df["depth"].notna()], extra=("depth",))
     pts = pts.assign(row=row_labels(pts))
     panels = sorted(pts.groupby(["row", "metric"]).groups)
-    with figure_style():
-        fig, axes = new_figure(len(panels), width=5.5, height=0.4 * pts["depth"].nunique() + 2.0, ncols=min(len(panels), 2))
+    height = 0.4 * pts["depth"].nunique() + 2.0
+    with drawing(len(panels), width=5.5, height=height, ncols=min(len(panels), 2)) as (fig, axes):
         for ax, (row, metric) in zip(axes, panels, strict=True):
             sub = pts[(pts["row"] == row) & (pts["metric"] == metric)]
             table = sub.pivot_table(index="depth", columns="length", values="value", aggfunc="mean").sort_index()
             higher = not F.lower_is_better(metric)
-            sns.heatmap(table, ax=ax, annot=True, fmt=".2g", cmap="viridis" if higher else "viridis_r",
-                        vmin=0 if higher else None, vmax=1 if higher and table.max().max() <= 1 else None,
-                        cbar_kws={"label": metric}, xticklabels=[F.fmt_len(c) for c in table.columns],
-                        yticklabels=[f"{d:g}" for d in table.index])
-            ax.collections[0].set_gid(f"passkey:{row}:{metric}")
-            ax.tick_params(axis="y", labelrotation=0)
+            length_heatmap(ax, table, metric, f"passkey:{row}:{metric}", ".2g", vmin=0 if higher else None,
+                           vmax=1 if higher and table.max().max() <= 1 else None,
+                           yticklabels=[f"{d:g}" for d in table.index])
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("passkey depth (fraction of context)")
             ax.set_title(row)
-        finish_figure(fig, "Passkey retrieval by length and depth", provenance(accuracy=df))
-    save(fig, out, "passkey", formats)
-    return fig
+    return publish(fig, "Passkey retrieval by length and depth", provenance(accuracy=df), out, "passkey", formats)
 
 
 __all__ = ["plot_passkey"]

@@ -3,23 +3,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import seaborn as sns
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
-from harness.analysis.figures.style import (
-    Skip,
-    accuracy_rows,
-    figure_style,
-    finish_figure,
-    new_figure,
-    provenance,
-    save,
-)
+from harness.analysis.figures.style import Skip, accuracy_rows, drawing, provenance, publish
 
 
 def row_labels(pts: pd.DataFrame) -> pd.Series:
@@ -40,6 +34,14 @@ def position_table(pts: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def length_heatmap(ax: Axes, table: pd.DataFrame, metric: str, gid: str, fmt: str, **kw: Any) -> None:
+    """A score table (columns: lengths) as the annotated heatmap both heatmap figures draw alike; ``kw`` to seaborn."""
+    sns.heatmap(table, ax=ax, annot=True, fmt=fmt, cmap="viridis_r" if F.lower_is_better(metric) else "viridis",
+                cbar_kws={"label": metric}, xticklabels=[F.fmt_len(c) for c in table.columns], **kw)
+    ax.collections[0].set_gid(gid)
+    ax.tick_params(axis="y", labelrotation=0)
+
+
 @register_figure('position_heatmap', 'accuracy',
                  description="Each position method's score per evaluation length.")
 def plot_position_heatmap(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
@@ -50,20 +52,16 @@ def plot_position_heatmap(acc: pd.DataFrame, out: str | Path | None = None, *, p
     if not panels:
         raise Skip("needs accuracy rows of at least two position methods on one task")
     df = accuracy_rows(acc, fidelity=False)
-    with figure_style():
-        fig, axes = new_figure(len(panels), width=6.0, height=0.5 + 0.45 * pts["position_label"].nunique() + 1.5, ncols=1)
+    height = 0.5 + 0.45 * pts["position_label"].nunique() + 1.5
+    with drawing(len(panels), width=6.0, height=height, ncols=1) as (fig, axes):
         for ax, (task, metric) in zip(axes, panels, strict=True):
             table = position_table(pts[(pts["task"] == task) & (pts["metric"] == metric)])
-            sns.heatmap(table, ax=ax, annot=True, fmt=".3g", cmap="viridis_r" if F.lower_is_better(metric) else "viridis",
-                        cbar_kws={"label": metric}, xticklabels=[F.fmt_len(c) for c in table.columns])
-            ax.collections[0].set_gid(f"heatmap:{task}:{metric}")
-            ax.tick_params(axis="y", labelrotation=0)
+            length_heatmap(ax, table, metric, f"heatmap:{task}:{metric}", ".3g")
             ax.set_xlabel("evaluation length (tokens)")
             ax.set_ylabel("position method")
             ax.set_title(f"{task} · {metric}")
-        finish_figure(fig, "Length generalisation by position method", provenance(accuracy=df))
-    save(fig, out, "position_heatmap", formats)
-    return fig
+    return publish(fig, "Length generalisation by position method", provenance(accuracy=df), out, "position_heatmap",
+                   formats)
 
 
-__all__ = ["plot_position_heatmap", "position_table", "row_labels"]
+__all__ = ["length_heatmap", "plot_position_heatmap", "position_table", "row_labels"]

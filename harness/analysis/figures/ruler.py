@@ -19,15 +19,13 @@ from harness.analysis.figures.accuracy import accuracy_series, train_marks
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     Skip,
-    draw_band,
-    figure_style,
-    finish_figure,
+    drawing,
     frame_palette,
     legend_entries,
     length_axis,
-    new_figure,
     provenance,
-    save,
+    publish,
+    value_line,
 )
 
 METRIC = "string_match"
@@ -50,22 +48,17 @@ def plot_ruler(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dic
     pal = palette or frame_palette(df)
     tasks = [t for t in dict.fromkeys(df["subtask"]) if isinstance(t, str)]
     panels = [(t, pts[pts["subtask"] == t]) for t in tasks] + [("mean over tasks", mean)]
-    with figure_style():
-        fig, axes = new_figure(len(panels), width=4.2, height=3.3, ncols=min(len(panels), 4))
+    with drawing(len(panels), width=4.2, height=3.3, ncols=min(len(panels), 4)) as (fig, axes):
         for ax, (name, sub) in zip(axes, panels, strict=True):
             for label, g, colour, style in accuracy_series(sub, pal):
-                ax.plot(g["length"], g["value"], color=colour, label=label, gid=f"ruler:{name}:{label}", markersize=4,
-                        **style)
-                draw_band(ax, g, colour, f"band:{name}:{label}")
+                value_line(ax, g, colour, label, "ruler", f"{name}:{label}", **style)
             train_marks(ax, sub)
             length_axis(ax, sub["length"], "evaluation length (bytes)")
             ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel(METRIC)
             ax.set_title(name)
-        finish_figure(fig, "RULER synthetic tasks: string match vs evaluation length", provenance(accuracy=df),
-                legend_entries(axes))
-    save(fig, out, "ruler", formats)
-    return fig
+    return publish(fig, "RULER synthetic tasks: string match vs evaluation length", provenance(accuracy=df), out, "ruler",
+                   formats, legend_entries(axes))
 
 
 __all__ = ["plot_ruler"]

@@ -14,17 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.analysis.figures.registry import register_figure
-from harness.analysis.figures.style import (
-    Skip,
-    figure_style,
-    finish_figure,
-    legend_entries,
-    length_axis,
-    new_figure,
-    order_key,
-    provenance,
-    save,
-)
+from harness.analysis.figures.style import Skip, drawing, legend_entries, length_axis, order_key, provenance, publish
 from harness.analysis.figures.style import palette as make_palette
 
 
@@ -51,8 +41,7 @@ def plot_selection(acc: pd.DataFrame, out: str | Path | None = None, *, palette:
     pts = selection_points(acc)
     sources = sorted(pts["source"].unique())
     pal = palette or make_palette(pts["variant_label"])
-    with figure_style():
-        fig, axes = new_figure(2 * len(sources), ncols=2)
+    with drawing(2 * len(sources), ncols=2) as (fig, axes):
         for i, source in enumerate(sources):
             sub = pts[pts["source"] == source]
             by_len, by_kept = axes[2 * i], axes[2 * i + 1]
@@ -74,10 +63,8 @@ def plot_selection(acc: pd.DataFrame, out: str | Path | None = None, *, palette:
             by_kept.set_xlabel("fraction of visible keys kept")
             by_kept.set_ylabel("mass on kept keys")
             by_kept.set_title(f"{source}: mass by budget")
-        finish_figure(fig, "Selector fidelity: full attention's mass on the kept keys", provenance(accuracy=acc),
-                      legend_entries(axes))
-    save(fig, out, "selection", formats)
-    return fig
+    return publish(fig, "Selector fidelity: full attention's mass on the kept keys", provenance(accuracy=acc), out,
+                   "selection", formats, legend_entries(axes))
 
 
 __all__ = ["plot_selection", "selection_points"]

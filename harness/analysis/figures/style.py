@@ -163,6 +163,13 @@ def new_figure(n: int, width: float = 5.2, height: float = 4.0, ncols: int | Non
     return fig, axes[:n]
 
 
+@contextlib.contextmanager
+def drawing(n: int, width: float = 5.2, height: float = 4.0, ncols: int | None = None) -> Iterator[tuple[Figure, list[Axes]]]:
+    """A figure of ``n`` panels (:func:`new_figure`) drawn in the figure style: the one way every figure starts."""
+    with figure_style():
+        yield new_figure(n, width, height, ncols)
+
+
 def length_axis(ax: Axes, lengths: Iterable[float], label: str = "sequence length (tokens)") -> None:
     """log2 x-axis with the measured lengths as ticks (512, 1k, 2k, ...)."""
     ticks = sorted({float(x) for x in lengths if np.isfinite(x) and x > 0})
@@ -200,6 +207,15 @@ def save(fig: Figure, out: str | Path | None, name: str, formats: Sequence[str] 
     return paths
 
 
+def publish(fig: Figure, title: str, caption: str, out: str | Path | None, name: str, formats: Sequence[str],
+            legend: Sequence[tuple[Any, str]] = ()) -> Figure:
+    """Title, caption and legend in the figure style, then ``out/<name>.<format>``: the one way every figure ends."""
+    with figure_style():
+        finish_figure(fig, title, caption, legend)
+    save(fig, out, name, formats)
+    return fig
+
+
 def draw_band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str, x: str = "length") -> None:
     """The rows' confidence interval (``ci_low`` to ``ci_high``) as a shaded band along ``x``."""
     if {"ci_low", "ci_high"} <= set(g.columns):
@@ -207,6 +223,14 @@ def draw_band(ax: Axes, g: pd.DataFrame, colour: Any, gid: str, x: str = "length
         if b.any():
             ax.fill_between(g.loc[b, x], g.loc[b, "ci_low"], g.loc[b, "ci_high"], color=colour, alpha=0.2,
                             linewidth=0, gid=gid)
+
+
+def value_line(ax: Axes, g: pd.DataFrame, colour: Any, label: str, figure: str, key: str | None = None,
+               x: str = "length", **style: Any) -> None:
+    """A series' ``value`` along ``x`` and its band (gids ``<figure>:<key>``, ``band:<key>``), alike in every figure."""
+    key = label if key is None else key
+    ax.plot(g[x], g["value"], color=colour, label=label, gid=f"{figure}:{key}", markersize=4, **style)
+    draw_band(ax, g, colour, f"band:{key}", x=x)
 
 
 def legend_entries(axes: Sequence[Axes]) -> list[tuple[Any, str]]:
