@@ -214,6 +214,30 @@ def test_prefix_cache_generates_what_a_fresh_prefill_does(spec):
     assert cache.cache.get_seq_length() < len(base) + 5
 
 
+def test_the_shared_prefill_answers_what_generate_answers_on_real_smollm2(smollm2):
+    """Passkey prompts at three depths (sharing the haystack before the key) through one shared prefill, plain and as
+    a ``none`` press arm, answer with exactly the tokens transformers' ``generate`` gives each prompt from scratch."""
+    from transformers import GenerationConfig
+
+    from attn.hf.presses import parse_press
+    from harness.accuracy.tasks.passkey import ANSWER_SLACK, QUESTION, filler_ids, passkey_prompt
+
+    ckpt, weights = smollm2
+    model = hf.load_model("smollm2-135m", "full", weights=weights)
+    filler = filler_ids(ckpt.tokens, 600)
+    prompts = [passkey_prompt(ckpt.tokens, 600, d, "40213", filler) for d in (1.0, 0.5, 0.0)]
+    n = 5 + ANSWER_SLACK
+    gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1,
+                           pad_token_id=ckpt.tokens.boundary)
+    plain, arm = SharedPrefill(), SharedPrefill([parse_press("none")])
+    asked = len(ckpt.tokens.encode(QUESTION.rstrip()))
+    for p in prompts:
+        fresh = greedy(model, torch.tensor([p]), n=n)
+        assert plain.answers(model, p, len(p), gen)[None] == fresh
+        assert arm.answers(model, p, len(p) - asked, gen)["none"] == fresh
+    assert "40213" in ckpt.tokens.decode(fresh)  # the real model finds the key
+
+
 # -- the figure ------------------------------------------------------------------------------------------
 
 def test_checkpoints_figure_pools_passkey_depths_and_labels_without_backends(tmp_path):
