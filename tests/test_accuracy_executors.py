@@ -232,7 +232,7 @@ def test_a_unit_that_raises_on_its_host_becomes_rows_for_its_missing_cells(tmp_p
     (["--executor", "slurm", "--slurm-cluster", "local", "--slurm-gpus", "x"], "'x' is not a valid integer"),
     (["--executor", "ray", "--detach"], "--detach needs --executor slurm"),
     (["--max-concurrency", "2"], "needs --executor ray or slurm"),
-    (["--executor", "ray", "--hf-model", "some/dir"], "does not apply to --hf-model"),
+    (["--executor", "ray", "--hf-model", "some/dir"], "is not an existing directory"),  # checked before any host starts
 ])
 def test_bad_executor_input_is_one_line_and_exit_2(tmp_path, args, message):
     out = tmp_path / "acc.jsonl"
@@ -261,3 +261,36 @@ def test_slurm_without_a_cluster_says_how_to_run_locally(tmp_path):
     out = tmp_path / "acc.jsonl"
     rc, err = accuracy([*JOB, "--executor", "slurm", "--out", str(out)])
     assert rc == 2 and "sbatch not found" in err and "--slurm-cluster local" in err and not out.exists()
+
+
+def test_a_checkpoint_evaluation_runs_one_unit_per_setting_with_the_local_rows(tmp_path):
+    """--hf-model through the remote path (no engine): one unit per setting (variant x position override, its press
+    arms inside), rows equal to the local evaluation's; the unit pickles as Ray and submitit ship it."""
+    from transformers import AutoModelForCausalLM
+
+    from attn import hf
+    from harness.accuracy import pretrained
+    from harness.accuracy.tasks import get_checkpoint_task
+
+    cloudpickle = pytest.importorskip("cloudpickle")
+    config = hf.tiny_config("llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "ckpt")
+
+    def make():
+        passkey = get_checkpoint_task("passkey").config({"depths": (0.5,), "eval_examples": 2})
+        return pretrained.plan(tmp_path / "ckpt", ("passkey",), ["full", "sliding_window:window=64,backend=blocked"],
+                               ["checkpoint", "rope_yarn:factor=2"], [300], {"passkey": passkey}, ["none"])
+
+    local = tmp_path / "local.jsonl"
+    pretrained.run([make()], local, False, echo=lambda s: None)
+    units = remote.units([make()])
+    assert [u.run for u in units] == [0, 1, 2, 3] and len({remote.unit_key(u) for u in units}) == 4
+    assert remote.unit_key(cloudpickle.loads(cloudpickle.dumps(units[1]))) == remote.unit_key(units[1])
+    out = tmp_path / "remote.jsonl"
+    r = remote.run_remote([make()], out, tmp_path / "ck", False, ExecutorConfig(), threads=1, echo=lambda s: None)
+    assert r.written == len(read_rows(local)) == 4
+    assert_same_rows(read_rows(out), read_rows(local))
+    r = remote.run_remote([make()], out, tmp_path / "ck", True, ExecutorConfig(), threads=1, echo=lambda s: None)
+    assert r.written == 0  # resumed: every cell on record

@@ -247,9 +247,6 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         raise click.UsageError("--dtype applies to --hf-model and the checkpoint presets (trained models run in float32)")
     if hf_model is not None and ckpt_dir is not None:
         raise click.UsageError("--ckpt-dir does not apply to --hf-model (nothing is trained)")
-    if hf_model is not None and executor.kind != "local":
-        raise click.UsageError(f"--executor {executor.kind} does not apply to --hf-model (a checkpoint is evaluated "
-                               "in this process)")
     hf_plans = hf_preset_plans(hf_model, opts) if opts["preset"] in CHECKPOINT_PRESETS else (
         [build_hf_plan(hf_model, opts)] if hf_model is not None else [])
     plans: list[Plan] = [] if hf_plans else [plan(j) for j in build_jobs(opts)]  # every check before any work
@@ -291,7 +288,7 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         def echo(line: str) -> None:
             click.echo(line, err=True)
 
-        if hf_plans:
+        if hf_plans and executor.kind == "local":
             from harness.accuracy import pretrained
 
             runner = pretrained.run(hf_plans, out, resume, echo=echo)
@@ -301,7 +298,8 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         else:
             from harness.accuracy.remote import run_remote
 
-            runner = run_remote(plans, out, ckpt_dir or out.parent / ".ckpt", resume, executor, plugins, threads, echo)
+            runner = run_remote([*hf_plans, *plans], out, ckpt_dir or out.parent / ".ckpt", resume, executor, plugins,
+                                threads, echo)  # a checkpoint's unit: one setting (a variant, a position override)
     click.echo(f"wrote {runner.written} rows to {out}", err=True)
     print_summary(read_rows(out))
 

@@ -203,10 +203,12 @@ def shared_order(prompts: Sequence[list[int]]) -> list[int]:
 
 
 def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, decode: Callable[[list[int]], str],
-                     boundary: int, arms: SharedPrefill | None = None,
-                     question_at: Sequence[int] | None = None) -> dict[str | None, list[str]]:
-    """Greedy continuations of exactly ``new_tokens`` tokens, decoded, in the prompts' order, per arm of ``arms`` (by
-    default one plain arm). ``question_at``: where each question starts."""
+                     boundary: int, arms: SharedPrefill | None = None, question_at: Sequence[int] | None = None,
+                     settled: Callable[[str], bool] | None = None) -> dict[str | None, list[str]]:
+    """Greedy continuations of ``new_tokens`` tokens, decoded, in the prompts' order, per arm of ``arms`` (by default
+    one plain arm). ``question_at``: where each question starts. ``settled(text)``: True once the score of an answer
+    that begins with ``text`` can no longer change (passkey's first run of digits has ended); decoding stops there,
+    which saves the steps and leaves every score as the full answer's (greedy answers are prefixes of each other)."""
     from transformers import GenerationConfig
 
     gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
@@ -214,7 +216,13 @@ def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_token
     arms = arms or SharedPrefill()
     out: dict[str | None, list[str]] = {a: [""] * len(prompts) for a in arms.arms}
     for i in shared_order(prompts):
-        for arm, new in arms.answers(model, prompts[i], question_at[i] if question_at else len(prompts[i]), gen).items():
+        start = len(prompts[i])
+
+        def stop(ids: torch.Tensor, scores: Any, start: int = start) -> torch.Tensor:
+            return torch.tensor([settled(decode(ids[0, start:].tolist()))])  # type: ignore[misc]
+
+        at = question_at[i] if question_at else start
+        for arm, new in arms.answers(model, prompts[i], at, gen, stop if settled else None).items():
             out[arm][i] = decode(new)
     return out
 

@@ -2,7 +2,9 @@
 
 The unit of remote work (:class:`Unit`) is one trained model, a :class:`~harness.accuracy.jobs.Run` of a plan:
 train it or load its checkpoint, then evaluate every pending cell at every stage (for fidelity, also one seed's
-random-input rows). A host (:class:`AccuracyHost`: one Ray actor, one Slurm job) runs units with the local path's
+random-input rows). For a pretrained checkpoint (:class:`~harness.accuracy.pretrained.HFPlan`) it is one setting: the
+model of one variant and position override, with every arm that shares its prefill (its presses), built on the
+weights the host reads once. A host (:class:`AccuracyHost`: one Ray actor, one Slurm job) runs units with the local path's
 own :class:`~harness.accuracy.runner.Runner` and sends their rows back; only the driver appends them, as each unit
 finishes, so ``--resume`` and the store's keys are the local path's, and a killed driver loses only the units that
 had not come back (a detached or interrupted Slurm run is collected by ``--resume``, as for the sweep).
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.accuracy.jobs import Plan, short_hash
+from harness.accuracy.pretrained import HFPlan
 from harness.accuracy.runner import Runner, memory_cap
 from harness.accuracy.tasks import get_task
 from harness.executors import ExecutorConfig, TaskList, Workload, job_minutes, make_executor
@@ -43,13 +46,16 @@ class Unit:
     model (``run`` None: fidelity's random inputs; the task's ``units`` says which). ``done``: keys of its cells
     already in the results file, which the host skips."""
 
-    plan: Plan
+    plan: Plan | HFPlan
     run: int | None
     seed: int
     done: frozenset[str] = frozenset()
 
     @property
     def label(self) -> str:
+        if isinstance(self.plan, HFPlan):
+            s = self.plan.settings[self.run]  # type: ignore[index]
+            return f"{self.plan.ckpt.name} {s.variant_spec} {s.position_spec}"
         if self.run is None:
             return f"{self.plan.job.task} random inputs seed {self.seed}"
         r = self.plan.runs[self.run]
@@ -57,7 +63,10 @@ class Unit:
 
     @property
     def model(self) -> str:
-        """The trained model it needs, as its checkpoint is named (random inputs need none: a model of their own)."""
+        """The trained model it needs, as its checkpoint is named (random inputs need none: a model of their own; a
+        checkpoint's setting is a model of its own, built on the weights)."""
+        if isinstance(self.plan, HFPlan):
+            return f"setting|{unit_key(self)}"
         if self.run is None:
             return f"random|{unit_key(self)}"
         return f"{self.plan.task.name}-{self.plan.runs[self.run].train_id}"
@@ -66,18 +75,45 @@ class Unit:
 def unit_key(u: Unit) -> str:
     """A unit's identity, stable across invocations (a detached Slurm run's jobs are matched by it on --resume):
     the run and the job's settings, not which other variants, positions or seeds the job lists."""
+    if isinstance(u.plan, HFPlan):
+        from harness.accuracy.pretrained import base_row
+
+        p = u.plan
+        cells = {t: p.eval_id(t) for t in p.tasks} | {"lens": p.eval_lens, "only": p.settings[u.run].only_len}  # type: ignore[index]
+        return f"{base_row(p, p.settings[u.run])['run_id']}|{short_hash(cells)}"  # type: ignore[index]
     job = {k: v for k, v in dataclasses.asdict(u.plan.job).items() if k not in ("variants", "positions", "seeds")}
     what = f"random|s{u.seed}" if u.run is None else f"{u.plan.runs[u.run].position.label}|{u.plan.runs[u.run].run_id}"
     return f"{u.plan.job.task}|{what}|{short_hash(job)}"
 
 
-def units(plans: list[Plan]) -> list[Unit]:
+def units(plans: list[Plan | HFPlan]) -> list[Unit]:
     """Every unit of the plans, in the local path's order."""
-    return [Unit(p, run, seed) for p in plans for run, seed in get_task(p.job.task).units(p)]
+    return [Unit(p, i, 0) if isinstance(p, HFPlan) else Unit(p, *unit)
+            for p in plans for i, unit in enumerate(range(len(p.settings)) if isinstance(p, HFPlan)
+                                                    else get_task(p.job.task).units(p))]
+
+
+@functools.lru_cache(maxsize=1)
+def checkpoint_weights(path: Path) -> dict[str, Any] | None:
+    """A checkpoint's weights, read once per host (the last checkpoint's kept); None: each setting reads its own."""
+    from attn.hf.models import load_weights
+
+    try:
+        return load_weights(path)
+    except Exception:  # noqa: BLE001  (run_setting loads, and records the failure, itself)
+        return None
 
 
 def run_unit(runner: Runner, u: Unit) -> None:
-    """Run one unit's pending cells on ``runner``: the local path's code, one trained model at a time."""
+    """Run one unit's pending cells on ``runner``: the local path's code, one trained model (or one checkpoint
+    setting) at a time."""
+    if isinstance(u.plan, HFPlan):
+        from harness.accuracy import pretrained
+
+        p, s = u.plan, u.plan.settings[u.run]  # type: ignore[index]
+        if pretrained.pending_cells(runner, p, s):  # a probe (unit_cells) is answered here, and reads no weights
+            pretrained.run_setting(runner, p, s, pretrained.device_for(), checkpoint_weights(p.ckpt.path))
+        return
     get_task(u.plan.job.task).run_unit(runner, u.plan, u.run, u.seed)
 
 
@@ -163,7 +199,7 @@ def chains(todo: list[Unit]) -> list[TaskList]:
     return [TaskList(g) for g in groups.values()]
 
 
-def run_remote(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, config: ExecutorConfig,
+def run_remote(plans: list[Plan | HFPlan], out: Path, ckpt_dir: Path, resume: bool, config: ExecutorConfig,
                plugins: tuple[str, ...] = (), threads: int | None = None,
                echo: Callable[[str], None] = print) -> Runner:
     """Run the plans' units with ``config``'s executor, appending each unit's rows to ``out`` as it comes back.
@@ -212,10 +248,11 @@ def run_remote(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, confi
     work_chains = chains(todo)
     settings = HostSettings(str(Path(ckpt_dir).resolve()), absolute_plugins(plugins), threads, os.getcwd())
     work = Workload(chains=work_chains, make_host=functools.partial(AccuracyHost, settings), key=unit_key,
-                    lost=lost_unit, gpus=0,  # accuracy models train on the CPU
+                    lost=lost_unit, gpus=0,  # accuracy models train on the CPU; checkpoints are evaluated there
                     task_timeout_s=4 * UNIT_TIME_S, job_minutes=job_minutes([len(c.tasks) for c in work_chains], UNIT_TIME_S))
     if todo:
-        echo(f"executor {config.kind}: {len(todo)} runs in {len(work_chains)} chains (one per trained model)")
+        echo(f"executor {config.kind}: {len(todo)} runs in {len(work_chains)} chains (one per trained model or "
+             "checkpoint setting)")
     executor.run(work, record, started=lambda u: echo(f"started {u.label}"))
     return runner
 

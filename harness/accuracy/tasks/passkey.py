@@ -160,6 +160,11 @@ def min_passkey_len(tokens: Tokens, digits: int) -> int:
     return fixed + len(tokens.encode(QUESTION.rstrip())) + digits
 
 
+def key_said(text: str) -> bool:
+    """Whether the answer's first run of digits has ended (a character follows it): :func:`said_key` is then final."""
+    return re.search(r"\d\D", text) is not None
+
+
 def said_key(text: str) -> str:
     """The first run of digits the model generated ("" if none)."""
     found = re.search(r"\d+", text)
@@ -176,7 +181,7 @@ def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfi
     prompts = [passkey_prompt(tokens, length, depth, k, filler) for k in keys]
     asked = len(tokens.encode(QUESTION.rstrip()))
     said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens.decode, tokens.boundary, cache,
-                            [len(p) - asked for p in prompts])
+                            [len(p) - asked for p in prompts], settled=key_said)
     return {arm: accuracy(sum(said_key(s) == k for s, k in zip(out, keys, strict=True)), len(keys))
             for arm, out in said.items()}
 
