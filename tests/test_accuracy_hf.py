@@ -4,6 +4,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
@@ -140,3 +142,13 @@ def test_bad_input_exits_2_with_one_line_and_no_file(args, message, checkpoint, 
 def test_rows_are_json_lines(rows):
     out, got = rows
     assert [json.loads(line) for line in out.read_text().splitlines()] == got
+
+
+@given(st.text(alphabet="0123456789 .:a\n", max_size=30), st.integers(0, 30))
+def test_a_passkey_answer_settled_early_scores_as_the_whole_answer(text, cut):
+    """Decoding stops once ``key_said``: whatever follows cannot change the key read from the answer."""
+    from harness.accuracy.tasks.passkey import key_said, said_key
+
+    head = text[:cut]
+    if key_said(head):
+        assert said_key(head) == said_key(text)

@@ -6,7 +6,9 @@ through the evaluation pipeline (:mod:`harness.accuracy.pretrained`) with n = 1,
 from one prefill per prompt (:class:`harness.accuracy.prefill.SharedPrefill`) and decodes its own answer, so n arms
 cost one prefill plus n replays and decodes. The time is the pipeline's own ``eval_seconds`` of the cell (the prompts'
 prefills, every arm's compression and answer; not the weights' reading or the model's build, paid once a run), one
-row per n, with its ratio to n = 1 measured in the same run. A timed run: nothing else may share the machine.
+row per n, with its ratio to n = 1 measured in the same run; every arm runs once at 512 tokens before the timed runs,
+so no one-time cost (kvpress's and quanto's first calls) lands in one of them. A timed run: nothing else may share the
+machine.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ def main(out: Path, model: str, length: int, examples: int, dtypes: tuple[str, .
 
     store = ResultsStore(out, ("n_arms", "dtype"))
     for dtype in dtypes:
+        measure(model, 512, 1, len(ARMS), dtype)  # untimed: every arm's first use (kvpress, quanto) paid before timing
         base = None
         for n in COUNTS:
             row = measure(model, length, examples, n, dtype)
