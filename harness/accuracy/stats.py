@@ -110,7 +110,7 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95,
 SUMMARY_KEYS = (
     "task", "variant", "variant_params", "position", "position_params", "train_len", "eval_len", "metric",
     "stage", "source", "layer", "subtask", "num_pairs", "gap", "depth", "model", "steps", "variant_spec", "position_spec",
-    "gap_rule", "d_model", "lr", "short_conv", "press_spec", "query_aware",
+    "gap_rule", "d_model", "lr", "short_conv", "press_spec", "query_aware", "dtype",
 )
 
 

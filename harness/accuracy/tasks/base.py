@@ -171,6 +171,9 @@ class AccuracyTask:
         if s["press_spec"].notna().any():  # KV presses: one line each (harness/accuracy/hf_presses.py)
             s["press_spec"] = s["press_spec"].fillna("-")
             index.insert(1 if index[0] == "variant_spec" else 0, "press_spec")
+        if s["dtype"].nunique(dropna=False) > 1:  # float32 and bfloat16 rows: never one number (--dtype)
+            s["dtype"] = s["dtype"].fillna("float32")
+            index.append("dtype")
         t = s.pivot_table(index=index, columns="eval_len", values="value", aggfunc="mean")
         t.columns.name = f"{cls.name} {metric} at eval length"
         return t
