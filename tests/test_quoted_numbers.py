@@ -768,6 +768,42 @@ quote(README, "a 1 GiB budget holds {} `full` sequences at 128K, {} with the 256
 quote(README, "around 16K decodes a step of `full` in {} ms against {} ms for 32 of 16K",
       *(ms(SR, ".2f", **K16, **B32, ragged=r, variant_spec="full") for r in (0.5, None)))
 
+# -- issue 46: one evaluation pipeline (float32 against bfloat16, n arms sharing a prefill) -------------------------
+DT, AS, BF = "dtype-smollm2-cpu.jsonl", "arms-sharing-cpu.jsonl", "accuracy-smollm2-bf16-cpu.jsonl"
+SINKS_1K = "sliding_window:sinks=4,window=1024,backend=blocked"
+
+
+def bf16_cells(spec: str) -> list[V]:
+    """Passkey k/n at depths 0, 0.5, 1, niah_single_1 and perplexity at 2K: float32 (the committed run), bfloat16."""
+    out = []
+    for file in (SM, BF):
+        out += [kn(file, variant_spec=spec, eval_len=2048, metric="exact_match", depth=d) for d in (0.0, 0.5, 1.0)]
+    out += [kn(f, variant_spec=spec, eval_len=2048, metric="string_match", subtask="niah_single_1") for f in (SM, BF)]
+    out += [val(f, ".3f", variant_spec=spec, eval_len=2048, metric="perplexity") for f in (SM, BF)]
+    return out
+
+
+quote(RESULTS, "| `full` | {} {} {} → {} {} {} | {} → {} | {} → {} |", *bf16_cells("full"))
+quote(RESULTS, "| `sliding_window:sinks=4,window=1024` | {} {} {} → {} {} {} | {} → {} | {} → {} |", *bf16_cells(SINKS_1K))
+quote(RESULTS, "perplexity moves by less than 0.1 % ({} → {} for `full`)",
+      *(val(f, ".3f", variant_spec="full", eval_len=2048, metric="perplexity") for f in (SM, BF)))
+quote(RESULTS, "bfloat16 takes a 4K prefill of SmolLM2 in {} ms against {} ms in float32",
+      *(ms(DT, ".0f", seq_len=4096, dtype=d) for d in ("bfloat16", "float32")))
+quote(RESULTS, "| float32 | {} ms | {} ms |", *(ms(DT, ".0f", seq_len=L, dtype="float32") for L in (2048, 4096)))
+quote(RESULTS, "| bfloat16 | {} ms | {} ms |", *(ms(DT, ".0f", seq_len=L, dtype="bfloat16") for L in (2048, 4096)))
+
+
+def arms(dtype: str, col: str = "eval_seconds", n: tuple[int, ...] = (1, 5, 10, 20), spec: str = ".1f") -> list[V]:
+    return [V(AS, {"dtype": dtype, "n_arms": k}, col, "one", spec) for k in n]
+
+
+for d in ("float32", "bfloat16"):
+    t, r = arms(d), arms(d, "ratio_to_one", (5, 10, 20), ".2f")
+    quote(RESULTS, f"| {d} | {{}} s | {{}} s ({{}}x) | {{}} s ({{}}x) | {{}} s ({{}}x) |", t[0], t[1], r[0], t[2], r[1], t[3], r[2])
+quote(RESULTS, "Ten arms cost {}x one in float32 and {}x in bfloat16",
+      *(V(AS, {"dtype": d, "n_arms": 10}, "ratio_to_one", "one", ".2f") for d in ("float32", "bfloat16")))
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 def committed() -> list[str]:
