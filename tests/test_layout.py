@@ -2,7 +2,7 @@
 
 Layers, bottom to top (a module may import its own layer and the layers its row of MAY_IMPORT names):
 
-    bottom     harness.results, .messages, .plugins, .environment, .memory (and the package ``harness``)
+    bottom     harness.results, .messages, .plugins, .environment, .memory, .presses (and the package ``harness``)
     executors  harness.executors
     cost       harness.cost                 accuracy  harness.accuracy      (never each other)
     analysis   harness.analysis: reads results files, so it may import only the bottom layer
@@ -32,11 +32,14 @@ MAX_LINES = 400
 LONG_MODULES: dict[str, str] = {
     "attn/attention/base.py": "the contract every variant implements: dispatch, the FLOP and byte counts a harness mode "
                               "charges, decoding; splitting the counts out would split one class across modules",
+    "harness/accuracy/tasks/ruler.py": "one task, as a task is one file: RULER's generators and length rule, its "
+                                       "byte-level training and scoring, and its prompts answered by a checkpoint",
     "attn/attention/linear.py": "one variant's feature maps, its chunked, recurrent and fla backends and its state; the "
                                 "chunked form's grouped steps carry their own derivation",
 }
 
-BOTTOM = ("harness.results", "harness.messages", "harness.plugins", "harness.environment", "harness.memory")
+BOTTOM = ("harness.results", "harness.messages", "harness.plugins", "harness.environment", "harness.memory",
+          "harness.presses")
 # layer -> module name prefixes (a prefix matches the module and everything under it)
 LAYERS: dict[str, tuple[str, ...]] = {
     "bottom": BOTTOM,

@@ -799,7 +799,8 @@ def arms(dtype: str, col: str = "eval_seconds", n: tuple[int, ...] = (1, 5, 10, 
 
 for d in ("float32", "bfloat16"):
     t, r = arms(d), arms(d, "ratio_to_one", (5, 10, 20), ".2f")
-    quote(RESULTS, f"| {d} | {{}} s | {{}} s ({{}}x) | {{}} s ({{}}x) | {{}} s ({{}}x) |", t[0], t[1], r[0], t[2], r[1], t[3], r[2])
+    quote(RESULTS, f"| {d} | {{}} s | {{}} s ({{}}x) | {{}} s ({{}}x) | {{}} s ({{}}x) |",
+          t[0], t[1], r[0], t[2], r[1], t[3], r[2])
 quote(RESULTS, "Ten arms cost {}x one in float32 and {}x in bfloat16",
       *(V(AS, {"dtype": d, "n_arms": 10}, "ratio_to_one", "one", ".2f") for d in ("float32", "bfloat16")))
 

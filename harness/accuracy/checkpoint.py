@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.accuracy.common import SEPARATOR
 from harness.accuracy.jobs import short_hash
-from harness.accuracy.tasks.lm import SEPARATOR
 
 CHECKPOINT = "checkpoint"  # --position value: the checkpoint's own RoPE scaling (the default)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

@@ -17,6 +17,9 @@ import torch
 from harness.accuracy.stats import Measure
 
 IGNORE = -100  # target of positions that are not scored (torch cross_entropy's ignore_index)
+# between the lm corpus's documents (files containing NUL are treated as binary and skipped), and a byte-level
+# checkpoint's boundary token
+SEPARATOR = b"\x00"
 SPLITS = ("train", "test")
 
 
@@ -91,4 +94,4 @@ def tokens_per_batch_for(length: int, budget: int = 1 << 15) -> int:
     return max(1, budget // max(1, length))
 
 
-__all__ = ["IGNORE", "SPLITS", "Task", "check_split", "predictions", "rng_for", "split_of", "tokens_per_batch_for"]
+__all__ = ["IGNORE", "SEPARATOR", "SPLITS", "Task", "check_split", "predictions", "rng_for", "split_of", "tokens_per_batch_for"]

@@ -55,15 +55,14 @@ class CheckpointTask:
     task's config. Declared in the task's own file, as its class's ``pretrained``; the registry names it."""
 
     name: ClassVar[str]  # the task's (set by the registry)
+    task: ClassVar[type[AccuracyTask]]  # the task class it is the face of (set by the registry)
     default: ClassVar[bool] = False  # run when --hf-model is given without --task
     prompts: ClassVar[bool] = False  # answered after a context (passkey, ruler): what a KV press compresses
     defaults: ClassVar[dict[str, Any]] = {}  # config fields a checkpoint run sets unless the command line does
 
     @classmethod
     def config(cls, params: dict[str, Any]) -> Any:
-        from harness.accuracy.tasks.registry import get_task
-
-        return get_task(cls.name).config_class(**{**cls.defaults, **params})
+        return cls.task.config_class(**{**cls.defaults, **params})
 
     @classmethod
     def prepare(cls, ckpt: Checkpoint, config: Any, lens: Sequence[int]) -> Any:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from harness.accuracy.common import rng_for, split_of, tokens_per_batch_for
+from harness.accuracy.common import SEPARATOR, rng_for, split_of, tokens_per_batch_for
 from harness.accuracy.jobs import short_hash
 from harness.accuracy.stats import Measure, mean_ci
 from harness.accuracy.tasks.base import CheckpointTask, TaskOption, TrainedTask
@@ -39,7 +39,6 @@ from harness.accuracy.tasks.registry import register_task
 if TYPE_CHECKING:
     from harness.accuracy.checkpoint import Checkpoint, Tokens
 
-SEPARATOR = b"\x00"  # between documents; files containing NUL are treated as binary and skipped
 
 
 @dataclass(frozen=True)

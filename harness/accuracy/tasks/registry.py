@@ -34,7 +34,7 @@ def register_task(name: str, config: type | None = None) -> Callable[[type], typ
         cls.name = name
         cls.config_class = config
         if cls.pretrained is not None:
-            cls.pretrained.name = name
+            cls.pretrained.name, cls.pretrained.task = name, cls
         _TASKS[name] = cls
         return cls
     return decorator
