@@ -224,8 +224,8 @@ def test_the_shared_prefill_answers_what_generate_answers_on_real_smollm2(smollm
 
     ckpt, weights = smollm2
     model = hf.load_model("smollm2-135m", "full", weights=weights)
-    filler = filler_ids(ckpt.tokens, 600)
-    prompts = [passkey_prompt(ckpt.tokens, 600, d, "40213", filler) for d in (1.0, 0.5, 0.0)]
+    filler = filler_ids(ckpt.tokens, 400)
+    prompts = [passkey_prompt(ckpt.tokens, 400, d, "40213", filler) for d in (1.0, 0.5, 0.0)]
     n = 5 + ANSWER_SLACK
     gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1,
                            pad_token_id=ckpt.tokens.boundary)

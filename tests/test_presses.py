@@ -113,6 +113,7 @@ def test_the_quantized_cache_keeps_every_token_at_a_fraction_of_the_bytes(model)
     a, b = cache.take_stats("none"), cache.take_stats(quant.label)
     assert a["kv_tokens_mean"] == b["kv_tokens_mean"] == CONTEXT
     assert 0.1 < b["kv_cache_bytes"] / a["kv_cache_bytes"] < 0.25  # 4 of 32 bits, plus a scale and shift per 64
+    assert (a["kv_cache"], b["kv_cache"]) == ("DynamicCache", "QuantizedCache")
 
 
 def test_equal_memory_variants_hold_the_budget():
@@ -142,6 +143,7 @@ def test_press_rows_through_the_command(checkpoint, tmp_path):
     assert set(full) == {"none", "snapkv:compression_ratio=0.5"} and all(r["status"] == "ok" for r in full.values())
     snap, none = full["snapkv:compression_ratio=0.5"], full["none"]
     assert none["kv_tokens_mean"] == none["context_tokens"] and none["compression_ratio"] == 0.0
+    assert none["kv_cache"] == snap["kv_cache"] == "DynamicCache"  # the cache each arm decoded against
     assert snap["compression_ratio"] == 0.5 and snap["kv_tokens_mean"] == compute_n_kept(int(snap["context_tokens"]), 0.5)
     assert snap["press_params"]["window_size"] == 64 and not snap["query_aware"]
     window = [r for r in rows if r["variant_spec"].startswith("sliding_window:window=64")]

@@ -115,7 +115,8 @@ class SharedPrefill:
                 continue
             try:
                 cache = self._branch(model, spec, press, context)
-                self.stats[spec.label].append({**cache_columns(cache), "context_tokens": len(context)})
+                self.stats[spec.label].append({**cache_columns(cache), "context_tokens": len(context),
+                                               "kv_cache": type(cache).__name__})
                 said[spec.label] = greedy.run(cache, question, len(context), press)
             except Exception as e:  # this arm cannot run here: its rows say why, the other arms go on
                 from harness.presses import press_refusal
@@ -134,11 +135,13 @@ class SharedPrefill:
         return prefill_with(model, spec, press, torch.tensor([context], device=model.device))
 
     def take_stats(self, arm: str | None) -> dict[str, Any]:
-        """Row columns over the prompts answered since the last call (press arms only): cached tokens per layer after
-        compression (min / mean / max over layers and prompts), the cache's bytes and the context's tokens (means over
-        prompts), and the kept fraction."""
+        """Row columns over the prompts answered since the last call: the cache class the arm decoded against
+        (``kv_cache``), and for a press arm the cached tokens per layer after compression (min / mean / max over layers
+        and prompts), the cache's bytes and the context's tokens (means over prompts), and the kept fraction."""
         got, self.stats[arm] = self.stats[arm], []
-        if self.plain or not got:
+        if self.plain:
+            return {"kv_cache": type(self.cache).__name__} if self.cache is not None else {}
+        if not got:
             return {}
         n = len(got)
         mean = sum(g["kv_tokens_mean"] for g in got) / n  # every prompt's cache has the model's number of layers
@@ -146,7 +149,7 @@ class SharedPrefill:
         return {"kv_tokens_min": min(g["kv_tokens_min"] for g in got), "kv_tokens_mean": mean,
                 "kv_tokens_max": max(g["kv_tokens_max"] for g in got),
                 "kv_cache_bytes": sum(g["kv_cache_bytes"] for g in got) / n, "context_tokens": ctx,
-                "kv_kept_fraction": mean / ctx}
+                "kv_kept_fraction": mean / ctx, "kv_cache": got[-1]["kv_cache"]}
 
 
 class Greedy:
