@@ -167,7 +167,7 @@ class AccuracyTask:
             return s
         s["stage"] = s["stage"].fillna("zero_shot")
         index = ["variant_spec", "position_spec", "stage"] if s["variant_spec"].nunique() > 1 else ["position_spec", "stage"]
-        if s["press_spec"].notna().any():  # KV presses: one line each (harness/accuracy/hf_presses.py)
+        if s["press_spec"].notna().any():  # KV presses: one line each (harness/accuracy/prefill.py)
             s["press_spec"] = s["press_spec"].fillna("-")
             index.insert(1 if index[0] == "variant_spec" else 0, "press_spec")
         if s["dtype"].nunique(dropna=False) > 1:  # float32 and bfloat16 rows: never one number (--dtype)
