@@ -161,6 +161,8 @@ def test_press_rows_through_the_command(checkpoint, tmp_path):
     (["--press", "quantized:nbits=3"], "has to be one of [`2`, `4`]"),
     (["--equal-memory"], "--equal-memory needs --press"),
     (["--press", "none", "--task", "lm"], "--task lm scores every position"),
+    (["--press", "none", "--task", "passkey", "--variant", "sliding_window:window=64"],
+     "cannot run on any --variant given: sliding_window selects keys by position"),
 ])
 def test_bad_presses_exit_2_with_one_line(args, message, checkpoint, tmp_path, capsys):
     out = tmp_path / "acc.jsonl"

@@ -214,6 +214,9 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     ckpt = load_checkpoint(path)
     settings = [dataclasses.replace(make_setting(ckpt, v, p), presses=tuple(specs), query_aware=query_aware)
                 for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
+    refused = [why for s in settings if specs and (why := press_unsupported(s.variant, s.layer_specs))]
+    if refused and len(refused) == len(settings):  # in a grid where some setting can, the others are recorded
+        raise ValueError(f"--press cannot run on any --variant given: {refused[0]}")
     L = ckpt.train_len
     lens = sorted(set(eval_lens or [L, 2 * L, 4 * L]))
     if equal_memory:
