@@ -296,26 +296,6 @@ def prefill_with(model: Any, spec: PressSpec, press: Any, context: torch.Tensor)
     return cache
 
 
-@torch.no_grad()
-def decode(model: Any, press: Any, cache: Any, question: list[int], start: int, new_tokens: int,
-           stop: Any = None) -> list[int]:
-    """kvpress's ``generate_answer``: the question at positions ``start``.. (the context's length, not the cache's),
-    then greedy tokens; ``stop(generated ids)`` True ends it. Returns the generated ids."""
-    dev = model.device
-    pos = torch.arange(start, start + len(question), device=dev)[None]
-    with press(model) if decoding_press(press) else contextlib.nullcontext():
-        out = model(input_ids=torch.tensor([question], device=dev), past_key_values=cache, position_ids=pos,
-                    logits_to_keep=1, use_cache=True)
-        ids = [int(out.logits[0, -1].argmax())]
-        nxt = pos[:, -1:] + 1
-        while len(ids) < new_tokens and not (stop is not None and stop(ids)):
-            out = model(input_ids=torch.tensor([[ids[-1]]], device=dev), past_key_values=cache, position_ids=nxt,
-                        logits_to_keep=1, use_cache=True)
-            ids.append(int(out.logits[0, -1].argmax()))
-            nxt = nxt + 1
-    return ids
-
-
 def press_unsupported(variant: str, layer_specs: dict[str, str] | None) -> str | None:
     """Why presses cannot run on this setting (None: they can). A press prunes cache entries by content, so a variant
     that picks keys by their position (a window, blocks) would see the kept keys as if they were contiguous."""
@@ -361,7 +341,6 @@ def cache_columns(cache: Any) -> dict[str, Any]:
             "kv_cache_bytes": cache_bytes(cache)}
 
 
-
-__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "cache_columns", "compress", "decode",
+__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "cache_columns", "compress",
            "decoding_press", "kept_tokens", "language_model", "parse_press", "press_catalog", "press_classes",
            "press_name", "press_params", "press_unsupported", "prefill_with", "replayable"]

@@ -17,6 +17,7 @@ import click
 
 from harness.accuracy.jobs import Job, Plan
 from harness.accuracy.presets import CHECKPOINT_PRESETS
+from harness.accuracy.pretrained import DTYPES
 from harness.accuracy.tasks import get_task, task_names, task_options, trained_task, trained_task_names
 from harness.executors import EXECUTOR_KEYS, executor_options
 
@@ -214,7 +215,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               "query_aware) instead of decoding it after the compression.")
 @click.option("--equal-memory", is_flag=True, help="With --press: also run sliding_window (+ 4 sinks) and block_sparse "
               "with the number of tokens each press ratio keeps, at each length (harness/accuracy/pretrained.py).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "auto"]),
+@click.option("--dtype", type=click.Choice(DTYPES),
               help="With --hf-model or a checkpoint preset: what the model runs in (default float32; auto: the faster "
                    "of the two on this machine, measured once and cached). Rows record it.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
