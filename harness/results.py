@@ -36,6 +36,16 @@ ACCURACY_FIELDS = (
     "run_id", "task", "variant", "variant_params", "position", "position_params", "train_len", "eval_len",
     "metric", "value", "ci_low", "ci_high", "n", "seed",
 )
+# The identity of a cost cell, defined once for every consumer: the sweep and --resume (harness.cost), compare, the
+# report and the plots (harness.analysis.frames.cell_identity). Rows that differ in any field are different
+# measurements; rows equal in all are one cell measured twice, and the later supersedes the earlier.
+COST_KEY_FIELDS = (
+    "variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device",
+    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config", "docs",
+    "press", "press_params",  # None in cells without a press: rows written before presses keep their keys
+    "queries", "budget_bytes",  # None in plain decode cells (one token a step, the grid's batch)
+    "ragged",  # None unless a decode cell's sequences hold different contexts
+)
 STATUSES = ("ok", "oom", "timeout", "error", "unsupported", "skipped")
 # Accuracy metrics that are proportions, in [0, 1]: an interval over seeds is clipped to that range.
 PROPORTIONS = ("accuracy", "exact_match", "digit_accuracy", "string_match", "all_found")
@@ -362,6 +372,6 @@ class ResultsStore:
 
 
 __all__ = [
-    "ACCURACY_FIELDS", "COST_FIELDS", "PROPORTIONS", "ROW_KEYS", "STATUSES", "ResultsStore", "best_lr", "cell_key",
-    "check_rows", "check_writable", "exclusive", "numbered_rows", "read_rows", "scan_rows", "warn_skipped",
+    "ACCURACY_FIELDS", "COST_FIELDS", "COST_KEY_FIELDS", "PROPORTIONS", "ROW_KEYS", "STATUSES", "ResultsStore", "best_lr",
+    "cell_key", "check_rows", "check_writable", "exclusive", "numbered_rows", "read_rows", "scan_rows", "warn_skipped",
 ]

@@ -152,3 +152,33 @@ def test_a_parameter_added_since_the_base_run_does_not_split_the_cells(tmp_path,
     new_rows[0]["variant_params"] = {"softcap": 50.0}
     assert run(["compare", base, write(tmp_path / "new2.jsonl", new_rows)]) == 0
     assert "5 matched cell(s) (1 only in BASE, 1 only in NEW)" in capsys.readouterr().out
+
+
+# A value other than the base row's for each identity field (harness.results.COST_KEY_FIELDS).
+OTHER = {
+    "variant": "linear", "variant_params": {"window": 128}, "backend_requested": "flex", "position": "rope",
+    "position_params": {"rope_theta": 500000.0}, "scope": "op", "mode": "decode", "device": "cuda", "dtype": "bfloat16",
+    "batch_size": 2, "num_heads": 4, "num_kv_heads": 1, "head_dim": 32, "seq_len": 2048, "causal": False, "layers": 4,
+    "hf_config": "smollm2-135m", "docs": 4, "press": "snapkv", "press_params": {"compression_ratio": 0.5}, "queries": 4,
+    "budget_bytes": 2**30, "ragged": "lognormal",
+}
+
+
+def test_every_identity_field_keeps_two_cells_apart_in_every_consumer(tmp_path):
+    """Two rows that differ in one identity field only are two cells for the sweep's --resume, for compare, for
+    the report's and the plots' cells and for the series they are drawn in: none merges or drops one of them."""
+    from harness.cost import KEY_FIELDS
+    from harness.results import COST_KEY_FIELDS, cell_key
+
+    assert KEY_FIELDS == COST_KEY_FIELDS and set(OTHER) == set(COST_KEY_FIELDS)
+    base = {**rows()[3], "variant_params": {"window": 64}, "backend_requested": "auto", "scope": "model", "layers": 2}
+    for field, value in OTHER.items():
+        other = {**base, field: value}
+        assert cell_key(base, KEY_FIELDS) != cell_key(other, KEY_FIELDS), field  # sweep, --resume
+        path = write(tmp_path / f"{field}.jsonl", [base, other])
+        cost = F.load_results([path]).cost
+        assert len(C.compare_frames(cost, cost)) == 2, field  # compare
+        drawn = F.cells(cost)  # the report's and the plots' cells
+        assert len(drawn) == 2, field
+        assert len(drawn.groupby(["device_key", "facet", "series", "seq_len"])) == 2, (field, list(drawn["series"]))
+        assert C._load(path, "BASE").shape[0] == 2, field  # the loader compare reads with keeps both

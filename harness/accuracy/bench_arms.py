@@ -63,7 +63,8 @@ def main(out: Path, model: str, length: int, examples: int, dtypes: tuple[str, .
             row = measure(model, length, examples, n, dtype)
             base = base or row["eval_seconds"]
             row = {"task": "arms_sharing", "metric": "eval_seconds", "value": row["eval_seconds"], "status": "ok",
-                   **row, "eval_len": length, "ratio_to_one": row["eval_seconds"] / base, "variant_spec": "full"}
+                   **row, "eval_len": length, "ratio_to_one": row["eval_seconds"] / base, "variant": "full",
+                   "variant_spec": "full"}
             store.append(row)
             click.echo(f"{dtype} n={n}: {row['eval_seconds']:.1f} s ({row['ratio_to_one']:.2f}x one arm)", err=True)
 

@@ -8,9 +8,7 @@ error) is a regression too.
 """
 from __future__ import annotations
 
-import functools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,22 +18,11 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import frames as F
+from harness.results import COST_KEY_FIELDS
 
-# What makes two cost rows the same measurement (device *type*, so a rerun on another box still matches).
-# The backend is the one *requested*: a failed cell has no backend that ran, and must still match.
-KEY = ("variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device", "dtype",
-       "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "docs", "press", "press_params")
 DEFAULT_TOL = 0.05
 
 
-# What a row that lacks an optional key column (written before the column existed, or by another tool)
-# meant by it: the values the sweep writes by default (harness.cost.Cell). ``backend_requested`` is apart.
-OPTIONAL_DEFAULTS: dict[str, Any] = {
-    "variant_params": {}, "position": "none", "position_params": {}, "scope": "op", "causal": True, "layers": None,
-    "num_kv_heads": None,  # multi-head: as many key/value heads as query heads
-    "docs": None,  # one document per sequence
-    "press": None, "press_params": {},  # no KV press (sweep --press)
-}
 # The numbers compare reads from each row; anything else there is named, with its file and line.
 NUMERIC = ("seq_len", "batch_size", "num_heads", "head_dim", "latency_ms", "latency_iqr_ms", "peak_mem_bytes")
 
@@ -46,75 +33,14 @@ def _shorten(value: Any, quote: bool = True) -> str:
     return shorten(value, quote=quote)
 
 
-def _absent(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _norm(c: str, v: Any) -> Any:
-    """One spelling per value (JSON, pandas and numpy give 2, 2.0 and np.int64(2)), so keys compare equal."""
-    if c.endswith("_params"):
-        return json.dumps(F.params_dict(v), sort_keys=True, default=str)
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        return None if math.isnan(v) else (int(v) if float(v).is_integer() else float(v))
-    return v
-
-
-@functools.cache
-def _defaults(variant: str) -> dict[str, Any] | None:
-    """The variant's parameter defaults, if it is registered here (a plugin's rows keep every parameter)."""
-    from attn.registry import ATTENTION  # lazily: attn imports the models
-
-    try:
-        return ATTENTION.get(variant).params()
-    except ValueError:
-        return None
-
-
-def _without_defaults(variant: Any, params: Any) -> Any:
-    """Parameters that differ from today's defaults: a parameter added since a row was written (its default then
-    implied) does not make the row a different measurement."""
-    defaults = _defaults(variant) if isinstance(variant, str) else None
-    if not defaults or not isinstance(params, dict):
-        return params
-    return {k: v for k, v in params.items() if not (k in defaults and defaults[k] == v)}
-
-
-def _key_values(row: pd.Series) -> dict[str, Any]:
-    """The key fields of one row, a missing optional one at the value it stands for."""
-    vals = {}
-    for c in KEY:
-        v = row.get(c)
-        vals[c] = _norm(c, OPTIONAL_DEFAULTS[c] if _absent(v) and c in OPTIONAL_DEFAULTS else v)
-    if vals["scope"] == "op":
-        vals["layers"] = None  # no backbone, no depth
-    raw = row.get("variant_params")
-    params = F.params_dict(OPTIONAL_DEFAULTS["variant_params"] if _absent(raw) else raw)
-    vals["variant_params"] = _norm("variant_params", _without_defaults(vals["variant"], params))
-    if _absent(row.get("backend_requested")):  # older rows: only the backend that ran (auto if none did)
-        ran = row.get("backend")
-        vals["backend_requested"] = ran if isinstance(ran, str) and ran else "auto"
-    return vals
-
-
-def _key(df: pd.DataFrame) -> pd.Series:
-    def one(row: pd.Series) -> str:
-        return json.dumps(_key_values(row), sort_keys=True, default=str)
-
-    return df.apply(one, axis=1) if len(df) else pd.Series(dtype=str)
-
-
 def _auto_alias(df: pd.DataFrame) -> pd.Series:
     """Per row, the key it has under ``backend_requested=auto`` plus the backend that ran; None where that
     does not apply. A row without ``backend_requested`` and an ``auto`` row that ran the same backend share it."""
     def one(row: pd.Series) -> str | None:
         ran, requested = row.get("backend"), row.get("backend_requested")
-        if not (isinstance(ran, str) and ran) or not (_absent(requested) or requested == "auto"):
+        if not (isinstance(ran, str) and ran) or not (F.absent(requested) or requested == "auto"):
             return None
-        return json.dumps({**_key_values(row), "backend_requested": "auto"}, sort_keys=True, default=str) + "|" + ran
+        return json.dumps({**F.cell_values(row), "backend_requested": "auto"}, sort_keys=True, default=str) + "|" + ran
 
     return df.apply(one, axis=1) if len(df) else pd.Series(dtype=object)
 
@@ -123,7 +49,7 @@ def _adopt(rows: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     """Rows lacking ``backend_requested`` take the key of the other run's ``auto`` row that ran their backend."""
     if len(rows) == 0 or len(other) == 0:
         return rows
-    lacking = rows["backend_requested"].map(_absent) if "backend_requested" in rows else pd.Series(True, rows.index)
+    lacking = rows["backend_requested"].map(F.absent) if "backend_requested" in rows else pd.Series(True, rows.index)
     if not lacking.any():
         return rows
     auto = other[other["backend_requested"] == "auto"] if "backend_requested" in other else other.iloc[0:0]
@@ -141,9 +67,9 @@ def _adopt(rows: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
 def match_keys(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Give both runs' rows the keys they are matched on; idempotent, so callers may count on the result."""
     if "key" not in base:
-        base = base.assign(key=_key(base))
+        base = base.assign(key=F.cell_identity(base))
     if "key" not in new:
-        new = new.assign(key=_key(new))
+        new = new.assign(key=F.cell_identity(new))
     return _adopt(base, new), _adopt(new, base)
 
 
@@ -181,7 +107,7 @@ def _load(path: str, role: str) -> pd.DataFrame:
     if len(res.cost) == 0:
         raise ValueError(f"{role} {path} holds no cost rows (compare needs cost rows: {', '.join(F.COST_REQUIRED)})")
     F.require_ok(res.cost, [path])
-    cost = res.cost.assign(key=_key(res.cost))
+    cost = res.cost.assign(key=F.cell_identity(res.cost))
     return cost.drop_duplicates("key", keep="last")  # a re-run supersedes what came before
 
 
@@ -232,16 +158,16 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, tol: float = DEFAULT_T
 def _first_difference(b: pd.DataFrame, n: pd.DataFrame) -> str:
     """``"; e.g. dtype: float32 in BASE, bfloat16 in NEW"``: the first key field the two runs share no value of."""
     def values(df: pd.DataFrame) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {c: set() for c in KEY}
+        out: dict[str, set[str]] = {c: set() for c in COST_KEY_FIELDS}
         for _, row in df.iterrows():
-            for c, v in _key_values(row).items():
+            for c, v in F.cell_values(row).items():
                 out[c].add(json.dumps(v, default=str))
-            if _absent(row.get("backend_requested")):
+            if F.absent(row.get("backend_requested")):
                 out["backend_requested"].add(json.dumps("auto"))  # may match an auto row (see _adopt)
         return out
 
     vb, vn = values(b), values(n)
-    for c in KEY:
+    for c in COST_KEY_FIELDS:
         sb, sn = vb[c], vn[c]
         if not sb & sn:
             def show(s: set[str]) -> str:
@@ -295,4 +221,4 @@ def compare_command(base: str, new: str, fail_tol: float | None) -> None:
         sys.exit(1)  # not click's Exit: harness.cli.main() drops the code click returns for it
 
 
-__all__ = ["DEFAULT_TOL", "KEY", "OPTIONAL_DEFAULTS", "compare_command", "compare_frames", "match_keys"]
+__all__ = ["DEFAULT_TOL", "compare_command", "compare_frames", "match_keys"]

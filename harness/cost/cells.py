@@ -32,19 +32,13 @@ from attn.attention.base import TRAIN_FLOPS_FACTOR, UnsupportedBackend
 from attn.attention.documents import even_documents
 from attn.attention.documents import lengths as document_lengths
 from attn.registry import ATTENTION
-from harness.results import cell_key
+from harness.results import COST_KEY_FIELDS, cell_key
 
 MODES = ("forward", "train", "decode")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Identity of a cell in a results file: --resume skips rows with the same key.
-KEY_FIELDS = (
-    "variant", "variant_params", "backend_requested", "position", "position_params", "scope", "mode", "device",
-    "dtype", "batch_size", "num_heads", "num_kv_heads", "head_dim", "seq_len", "causal", "layers", "hf_config", "docs",
-    "press", "press_params",  # None in cells without a press: rows written before presses keep their keys
-    "queries", "budget_bytes",  # None in plain decode cells (one token a step, the grid's batch)
-    "ragged",  # None unless a decode cell's sequences hold different contexts
-)
+# Identity of a cell in a results file (--resume skips rows with the same key): the one definition every consumer uses.
+KEY_FIELDS = COST_KEY_FIELDS
 
 
 @dataclass(frozen=True)
