@@ -30,7 +30,7 @@ COST_FIELDS = (
     "loadavg_1m", "noisy", "noisy_reason", "attempts",
     # the bandwidth roofline: bytes the call must move, the memory bandwidth timed beside the matmul peak
     "bytes", "achieved_bytes_per_s", "bandwidth_peak_bytes_per_s", "bandwidth_fraction", "arithmetic_intensity",
-    "roofline_fraction",
+    "roofline_fraction", "bandwidth_level",
 )
 ACCURACY_FIELDS = (
     "run_id", "task", "variant", "variant_params", "position", "position_params", "train_len", "eval_len",

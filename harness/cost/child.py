@@ -37,24 +37,29 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
     Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
     the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
     buffers are then handed back to the OS), the timed calls with the CPU snapshots around them,
-    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype), each with the memory bandwidth
-    (``time_bandwidth``). ``peaks`` names which of the two to time (the sweep times one per chain on CUDA:
-    harness.cost.sweep.CellMeasurer.peaks_for).
+    the peak again (``harness.cost.noise.time_peak``, in the cell's dtype), each with the bandwidth of the memory
+    level the call's working set lives in (``time_bandwidth``, ``bandwidth_level``). ``peaks`` names which of the
+    two to time (the sweep times one per chain on CUDA: harness.cost.sweep.CellMeasurer.peaks_for).
     """
     import torch
 
     from attn.attention.base import UnsupportedBackend
     from harness.cost.cells import DTYPES, Cell, build
-    from harness.cost.noise import cpu_snapshot, load_average, other_cpu, time_bandwidth, time_peak, usable_cpus
+    from harness.cost.noise import cpu_snapshot, load_average, memory_level, other_cpu, time_bandwidth, time_peak, usable_cpus
     from harness.cost.timing import first_call, time_callable
     from harness.memory import PeakMemory, release_freed_memory
 
     cell = Cell.from_row(cell_row)
     mem = PeakMemory(cell.device)
-    def peak(when: str) -> tuple[float | None, float | None]:  # (matmul FLOP/s, memory bytes/s)
-        if when not in peaks:
-            return None, None
-        return time_peak(cell.device, DTYPES[cell.dtype]), time_bandwidth(cell.device)
+    cuda = cell.device.startswith("cuda")
+    working_set: int | None = None  # the bytes one call moves, known once the warm-up instance is built
+
+    def peak(when: str) -> tuple[float | None, float | None]:  # (matmul FLOP/s, bytes/s of the call's level)
+        # the bandwidth at the call's own working set, around every cell (on CUDA before it: a chain's cells
+        # grow out of the L2 one by one), the matmul peak as ``peaks`` says
+        flops = time_peak(cell.device, DTYPES[cell.dtype]) if when in peaks else None
+        timed = when in peaks or (cuda and when == "before")
+        return flops, time_bandwidth(cell.device, working_set) if timed and working_set else None
 
     try:
         # Warm-up on a throwaway instance: compilation, autotuning and lazy initialisation
@@ -62,6 +67,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         torch.manual_seed(seed)
         measured = build(cell)
         warmup_s = first_call(measured.fn)
+        working_set = measured.bytes
         del measured
         peak_before = peak("before")
         mem.baseline()
@@ -101,6 +107,7 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         "achieved_bytes_per_s": None if moved is None else moved / median,
         "peak_before_flops_per_s": peak_before[0], "peak_after_flops_per_s": peak_after[0],
         "bandwidth_before_bytes_per_s": peak_before[1], "bandwidth_after_bytes_per_s": peak_after[1],
+        "bandwidth_level": memory_level(cell.device, moved) if moved else None,
         "peak_dtype": cell.dtype if peaks else None,
         "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
         "num_threads": torch.get_num_threads(), "cpus": usable_cpus(),

@@ -14,15 +14,18 @@ row carries both. A cell is ``noisy`` (its status stays ``ok``) when
   the siblings use cores of their own and do not count against each other.
 
 The load average is recorded too, but not judged: it counts the measuring process's own threads.
-A ``peak_fraction`` above 1 is not "noisy" (re-measuring does not fix a wrong count): plots and the
-report treat it as *suspect* (harness.analysis.derive).
+A row faster than its roof (``peak_fraction`` above 1, or ``bandwidth_fraction`` above 1 against the bandwidth of
+the level its working set lives in) is noisy too, and so measured again: a peak timed low is the usual cause. If
+it stays above, plots and the report treat it as *suspect* (harness.analysis.derive).
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -131,6 +134,12 @@ def noisy_reason(row: dict[str, Any], config: NoiseConfig = NoiseConfig()) -> st
     latency, iqr = row.get("latency_ms"), row.get("latency_iqr_ms")
     if latency and iqr is not None and iqr > config.iqr * latency:
         reasons.append(f"latency IQR {iqr / latency:.0%} of the median (limit {config.iqr:.0%})")
+    level = row.get("bandwidth_level")
+    for column, roof in (("peak_fraction", "the matmul peak timed beside it"),
+                         ("bandwidth_fraction", f"the {level} bandwidth timed at its working set" if level else None)):
+        fraction = row.get(column)
+        if roof and fraction is not None and fraction > 1:
+            reasons.append(f"{column} {fraction:.2f}: faster than {roof}, so a count, the timing or the roof is wrong")
     if row.get("timing_samples") == 1:
         reasons.append("one timed sample: no spread to judge it by")
     other = row.get("other_cpu")
@@ -172,17 +181,57 @@ def peak_matmul(device: str, dtype: Any) -> tuple[Callable[[], Any], int]:
     return (lambda: torch.mm(a, b, out=out)), 2 * n**3
 
 
-# Bytes of each of STREAM's three arrays: far past any last-level cache (a few tens of MiB on CPUs, 50-60 MiB of L2
-# on an H100/H200), so the triad streams from memory, as STREAM's rule (4x the caches) asks.
+# Bytes of each of STREAM's three arrays when a working set is past every cache: far past any last-level cache (a
+# few tens of MiB on CPUs, 50-60 MiB of L2 on an H100/H200), so the triad streams from memory, as STREAM's rule (4x
+# the caches) asks.
 STREAM_ARRAY_BYTES = {"cpu": 64 << 20, "cuda": 512 << 20}
+SMALLEST_TRIAD_BYTES = 3 * (16 << 10)  # below this one call's launch, not the memory, is what a triad times
 
 
-def stream_triad(device: str) -> tuple[Callable[[], Any], int]:
+@functools.cache
+def cache_levels(device: str) -> tuple[tuple[str, int], ...]:
+    """The data caches a working set can live in, smallest first: ``(("L2", 1 MiB), ("L3", 32 MiB))``. CPU: the
+    unified and data caches of CPU 0 in sysfs (L1 left out: a call's bookkeeping alone outgrows it); CUDA: the L2.
+    Empty where unknown, and then every working set is compared with the memory (DRAM)."""
+    if device.startswith("cuda"):
+        import torch
+
+        size = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0)
+        return (("L2", int(size)),) if size else ()
+    levels: dict[int, int] = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind in ("Data", "Unified") and int(level) >= 2 and size[:-1].isdigit():
+            levels[int(level)] = int(size[:-1]) << {"K": 10, "M": 20, "G": 30}.get(size[-1], 0)
+    return tuple((f"L{k}", levels[k]) for k in sorted(levels))
+
+
+def memory_level(device: str, working_set: int | None) -> str:
+    """The smallest level a working set of ``working_set`` bytes fits in (``L2``, ``L3``, ``DRAM``): a call
+    repeated over the same bytes is served from there, and can be no faster than that level's bandwidth."""
+    if working_set is not None:
+        for name, size in cache_levels(device):
+            if working_set <= size:
+                return name
+    return "DRAM"
+
+
+def stream_triad(device: str, working_set: int | None = None) -> tuple[Callable[[], Any], int]:
     """STREAM's triad ``a = b + s c`` over fp32 arrays on ``device`` and the bytes it moves (STREAM's count: two
-    arrays read, one written, 3 x the array; the write-allocate read is not counted, as STREAM does not)."""
+    arrays read, one written, 3 x the array; the write-allocate read is not counted, as STREAM does not).
+
+    The three arrays hold ``working_set`` bytes together (at least ``SMALLEST_TRIAD_BYTES``), so the triad runs in
+    the level a call of that working set runs in; past the caches, or with no size, STREAM's memory-sized arrays."""
     import torch
 
-    n = STREAM_ARRAY_BYTES["cuda" if device.startswith("cuda") else "cpu"] // 4
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if working_set is None or memory_level(device, working_set) == "DRAM":
+        n = STREAM_ARRAY_BYTES[kind] // 4
+    else:
+        n = max(working_set, SMALLEST_TRIAD_BYTES) // 12
     a = torch.empty(n, device=device)
     b, c = torch.full((n,), 1.0, device=device), torch.full((n,), 2.0, device=device)
     return (lambda: torch.add(b, c, alpha=3.0, out=a)), 3 * n * 4
@@ -211,12 +260,15 @@ def time_peak(device: str, dtype: Any) -> float | None:
     return _rate(lambda: peak_matmul(device, dtype), TimingConfig(min_run_time=0.3, max_run_time=1.0, threshold=0.05))
 
 
-def time_bandwidth(device: str) -> float | None:
-    """The device's memory bandwidth in bytes/s (:func:`stream_triad`, the threads the process uses), timed beside
-    the matmul peak: what a memory-bound call (a decoding step) is judged against. None if it failed."""
+def time_bandwidth(device: str, working_set: int | None = None) -> float | None:
+    """The bandwidth in bytes/s of the level a working set of ``working_set`` bytes lives in (:func:`stream_triad`
+    of that size, the threads the process uses), timed beside the matmul peak: what a memory-bound call (a decoding
+    step) is judged against. A decoding step over 16 MiB of KV cache repeated in a timing loop reads the L3, not
+    DRAM: judged against DRAM's triad it claimed 1.1-1.8x the machine. None if it failed."""
     from harness.cost.timing import TimingConfig
 
-    return _rate(lambda: stream_triad(device), TimingConfig(min_run_time=0.1, max_run_time=0.25, threshold=0.05))
+    return _rate(lambda: stream_triad(device, working_set),
+                 TimingConfig(min_run_time=0.1, max_run_time=0.25, threshold=0.05))
 
 
 
@@ -263,6 +315,7 @@ def least_noisy(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 __all__ = [
-    "CpuSnapshot", "NoiseConfig", "PEAK_SIZE", "assess", "cpu_snapshot", "least_noisy", "load_average", "noisy_reason",
+    "CpuSnapshot", "NoiseConfig", "PEAK_SIZE", "assess", "cache_levels", "cpu_snapshot", "least_noisy", "load_average",
+    "memory_level", "noisy_reason",
     "other_cpu", "peak_matmul", "peak_spread", "stream_triad", "time_bandwidth", "time_peak", "usable_cpus",
 ]

@@ -94,8 +94,8 @@ class CellMeasurer:
         self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes, "host_limit_bytes": host_bytes,
                                       "host_limit_rule": rule}
         self.run_peaks: dict[str, list[float]] = {}  # dtype -> every matmul peak this host timed in the run
-        # CUDA: (configuration key, matmul peak, memory bandwidth) of the chain being measured -- see peaks_for
-        self._chain_peak: tuple[str, float, float | None] | None = None
+        # CUDA: (configuration key, matmul peak) of the chain being measured -- see peaks_for
+        self._chain_peak: tuple[str, float] | None = None
 
     def peaks_for(self, cell: Cell) -> tuple[str, ...]:
         """Which matmul peaks the worker times around ``cell``: before and after it on CPU, where the
@@ -144,12 +144,13 @@ class CellMeasurer:
         if "after" in peaks:
             return {**result, "peak_timing": "cell"}
         if "before" in peaks:
-            peak, bandwidth = result.get("peak_before_flops_per_s"), result.get("bandwidth_before_bytes_per_s")
-            self._chain_peak = (cell.config_key(), peak, bandwidth) if peak else None
+            peak = result.get("peak_before_flops_per_s")
+            self._chain_peak = (cell.config_key(), peak) if peak else None
             return {**result, "peak_timing": "chain"}
         assert self._chain_peak is not None  # peaks_for times none only once the chain has its peak
-        return {**result, "peak_before_flops_per_s": self._chain_peak[1],
-                "bandwidth_before_bytes_per_s": self._chain_peak[2], "peak_dtype": cell.dtype, "peak_timing": "chain"}
+        # the bandwidth is the cell's own (timed at its working set before it): only the matmul peak is handed on
+        return {**result, "peak_before_flops_per_s": self._chain_peak[1], "peak_dtype": cell.dtype,
+                "peak_timing": "chain"}
 
     def close(self) -> None:
         self.worker.close()
