@@ -33,6 +33,27 @@ def device_name(device: str) -> str:
     return f"{cpu_name()} ({os.cpu_count()} cores)"
 
 
+@functools.cache
+def code_commit() -> str | None:
+    """The commit of the checkout this code runs from (``-dirty`` if tracked files differ from it), or None outside
+    a git checkout: which code produced a row, so a later change to that code marks the row stale
+    (harness.analysis.freshness)."""
+    import subprocess
+
+    root = Path(attn.__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
 def environment(device: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """The environment columns carried by every results row (DESIGN.md, Results)."""
     cap = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else ""
@@ -44,6 +65,7 @@ def environment(device: str = "cpu", seed: int = 0) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "project_version": attn.__version__,
+        "code_commit": code_commit(),
         "hostname": socket.gethostname(),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "seed": seed,
