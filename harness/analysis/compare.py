@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import frames as F
+from harness.analysis import identity as I
 from harness.results import COST_KEY_FIELDS
 
 DEFAULT_TOL = 0.05
@@ -38,9 +39,9 @@ def _auto_alias(df: pd.DataFrame) -> pd.Series:
     does not apply. A row without ``backend_requested`` and an ``auto`` row that ran the same backend share it."""
     def one(row: pd.Series) -> str | None:
         ran, requested = row.get("backend"), row.get("backend_requested")
-        if not (isinstance(ran, str) and ran) or not (F.absent(requested) or requested == "auto"):
+        if not (isinstance(ran, str) and ran) or not (I.absent(requested) or requested == "auto"):
             return None
-        return json.dumps({**F.cell_values(row), "backend_requested": "auto"}, sort_keys=True, default=str) + "|" + ran
+        return json.dumps({**I.cell_values(row), "backend_requested": "auto"}, sort_keys=True, default=str) + "|" + ran
 
     return df.apply(one, axis=1) if len(df) else pd.Series(dtype=object)
 
@@ -49,7 +50,7 @@ def _adopt(rows: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     """Rows lacking ``backend_requested`` take the key of the other run's ``auto`` row that ran their backend."""
     if len(rows) == 0 or len(other) == 0:
         return rows
-    lacking = rows["backend_requested"].map(F.absent) if "backend_requested" in rows else pd.Series(True, rows.index)
+    lacking = rows["backend_requested"].map(I.absent) if "backend_requested" in rows else pd.Series(True, rows.index)
     if not lacking.any():
         return rows
     auto = other[other["backend_requested"] == "auto"] if "backend_requested" in other else other.iloc[0:0]
@@ -67,9 +68,9 @@ def _adopt(rows: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
 def match_keys(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Give both runs' rows the keys they are matched on; idempotent, so callers may count on the result."""
     if "key" not in base:
-        base = base.assign(key=F.cell_identity(base))
+        base = base.assign(key=I.cell_identity(base))
     if "key" not in new:
-        new = new.assign(key=F.cell_identity(new))
+        new = new.assign(key=I.cell_identity(new))
     return _adopt(base, new), _adopt(new, base)
 
 
@@ -107,7 +108,7 @@ def _load(path: str, role: str) -> pd.DataFrame:
     if len(res.cost) == 0:
         raise ValueError(f"{role} {path} holds no cost rows (compare needs cost rows: {', '.join(F.COST_REQUIRED)})")
     F.require_ok(res.cost, [path])
-    cost = res.cost.assign(key=F.cell_identity(res.cost))
+    cost = res.cost.assign(key=I.cell_identity(res.cost))
     return cost.drop_duplicates("key", keep="last")  # a re-run supersedes what came before
 
 
@@ -160,9 +161,9 @@ def _first_difference(b: pd.DataFrame, n: pd.DataFrame) -> str:
     def values(df: pd.DataFrame) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {c: set() for c in COST_KEY_FIELDS}
         for _, row in df.iterrows():
-            for c, v in F.cell_values(row).items():
+            for c, v in I.cell_values(row).items():
                 out[c].add(json.dumps(v, default=str))
-            if F.absent(row.get("backend_requested")):
+            if I.absent(row.get("backend_requested")):
                 out["backend_requested"].add(json.dumps("auto"))  # may match an auto row (see _adopt)
         return out
 

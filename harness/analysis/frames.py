@@ -7,10 +7,9 @@ Nothing here measures anything (STYLE.md: measure, aggregate, plot).
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.results import COST_KEY_FIELDS, STATUSES, scan_rows, warn_skipped
+from harness.analysis.identity import apart, cell_identity, params_dict, registered_defaults, same_value
+from harness.results import STATUSES, scan_rows, warn_skipped
 
 # The least a row needs to be drawn at all; every other column is optional (figures say what they lack).
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
@@ -78,19 +78,6 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
-def params_dict(params: Any) -> dict[str, Any]:
-    """A row's params as a dict: JSON text, None and NaN (absent) are accepted."""
-    if isinstance(params, dict):
-        return params
-    if isinstance(params, str) and params.strip():
-        try:
-            loaded = json.loads(params)
-        except json.JSONDecodeError:
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
-    return {}
-
-
 @functools.cache
 def preset_width(model: str) -> float:
     """``d_model`` of a model preset (``attn.PRESETS``): the width of rows that set none; NaN if unknown."""
@@ -100,24 +87,6 @@ def preset_width(model: str) -> float:
         return float(attn.PRESETS[model]["d_model"])
     except Exception:  # plotting old results must not depend on the models importing
         return math.nan
-
-
-@functools.cache
-def registered_defaults(kind: str, name: str) -> dict[str, Any] | None:
-    """Config fields and defaults of a registered variant (``kind="attention"``) or position; None if unknown."""
-    try:
-        import attn
-
-        specs = attn.list_attention() if kind == "attention" else attn.list_positions()
-    except Exception:  # plotting old results must not depend on the models importing
-        return None
-    return next((dict(s["params"]) for s in specs if s["name"] == name), None)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
-        return float(a) == float(b)
-    return json.dumps(a, default=str) == json.dumps(b, default=str)
 
 
 def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
@@ -131,7 +100,7 @@ def spec_label(name: Any, params: Any, kind: str = "attention") -> str:
     defaults = registered_defaults(kind, str(name)) or {}
     first = next(iter(defaults), None) if kind == "attention" else None
     p = {k: v for k, v in params_dict(params).items()
-         if k not in _LABEL_SKIP and k != "backend" and (k == first or k not in defaults or not _same(v, defaults[k]))}
+         if k not in _LABEL_SKIP and k != "backend" and (k == first or k not in defaults or not same_value(v, defaults[k]))}
     inner = ", ".join(f"{k}={fmt_value(v)}" for k, v in p.items())
     return f"{name}({inner})" if inner else str(name)
 
@@ -145,69 +114,6 @@ def variant_labels(df: pd.DataFrame) -> list[str]:
     return [str(spec) if v == LAYERS and isinstance(spec, str) and spec else
             (f"layers({p.get('pattern')})" if v == LAYERS else spec_label(v, p))
             for v, p, spec in zip(df["variant"], df["variant_params"], specs, strict=True)]
-
-
-# What a row that lacks an optional key column (written before the column existed, or by another tool) meant by it:
-# the values the sweep writes by default (harness.cost.Cell). ``backend_requested`` is apart (:func:`cell_values`).
-OPTIONAL_DEFAULTS: dict[str, Any] = {
-    "variant_params": {}, "position": "none", "position_params": {}, "scope": "op", "causal": True, "layers": None,
-    "num_kv_heads": None,  # multi-head: as many key/value heads as query heads
-    "docs": None,  # one document per sequence
-    "press": None, "press_params": {},  # no KV press (sweep --press)
-    "hf_config": None,  # scope op/model: no transformers config
-    "queries": None, "budget_bytes": None, "ragged": None,  # one token a step, the grid's batch, equal contexts
-}
-
-
-def absent(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _norm(c: str, v: Any) -> Any:
-    """One spelling per value (JSON, pandas and numpy give 2, 2.0 and np.int64(2)), so keys compare equal."""
-    if c.endswith("_params"):
-        return json.dumps(params_dict(v), sort_keys=True, default=str)
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        return None if math.isnan(v) else (int(v) if float(v).is_integer() else float(v))
-    return v
-
-
-def _without_defaults(variant: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """Parameters that differ from today's defaults: a parameter added since a row was written (its default then
-    implied) does not make the row a different measurement."""
-    defaults = registered_defaults("attention", variant) if isinstance(variant, str) else None
-    if not defaults:
-        return params
-    return {k: v for k, v in params.items() if not (k in defaults and _same(defaults[k], v))}
-
-
-def cell_values(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The cell identity fields (harness.results.COST_KEY_FIELDS) of one row, normalised: a missing optional field
-    at the value it stands for, parameters at their defaults left out, an older row's backend as requested."""
-    vals = {}
-    for c in COST_KEY_FIELDS:
-        v = row.get(c)
-        vals[c] = _norm(c, OPTIONAL_DEFAULTS[c] if absent(v) and c in OPTIONAL_DEFAULTS else v)
-    if vals["scope"] == "op":
-        vals["layers"] = None  # no backbone, no depth
-    raw = row.get("variant_params")
-    params = params_dict(OPTIONAL_DEFAULTS["variant_params"] if absent(raw) else raw)
-    vals["variant_params"] = _norm("variant_params", _without_defaults(vals["variant"], params))
-    if absent(row.get("backend_requested")):  # older rows: only the backend that ran (auto if none did)
-        ran = row.get("backend")
-        vals["backend_requested"] = ran if isinstance(ran, str) and ran else "auto"
-    return vals
-
-
-def cell_identity(df: pd.DataFrame) -> pd.Series:
-    """Each row's cell, as one string: rows with the same string are the same measurement (the later supersedes)."""
-    if not len(df):
-        return pd.Series(dtype=str, index=df.index)
-    return df.apply(lambda row: json.dumps(cell_values(row), sort_keys=True, default=str), axis=1)
 
 
 def _spec_text_label(spec: Any) -> str | None:
@@ -309,24 +215,7 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
 
     df["series"] = df["label"] + (df.apply(suffix, axis=1) if varying and len(df) else "")
     df["cell"] = cell_identity(df)
-    return _apart(df)
-
-
-def _apart(df: pd.DataFrame) -> pd.DataFrame:
-    """Series that hold two different cells at one length (two configs, say, or ``backend_requested`` auto and
-    flex) gain the identity fields that tell their rows apart, so no figure or table draws them as one point."""
-    at = ["device_key", "facet", "series", "seq_len"]
-    if not len(df) or not (df.groupby(at, dropna=False)["cell"].nunique() > 1).any():
-        return df
-    values = pd.DataFrame([cell_values(r) for _, r in df.iterrows()], index=df.index).astype(str)
-    series = df["series"].copy()
-    for _, g in df.groupby(["device_key", "facet", "series"], dropna=False):
-        if not (g.groupby("seq_len")["cell"].nunique() > 1).any():
-            continue
-        differ = [c for c in COST_KEY_FIELDS if c != "seq_len" and values.loc[g.index, c].nunique() > 1]
-        series.loc[g.index] = [f"{s} [{' '.join(f'{c}={values.at[i, c]}' for c in differ)}]"
-                               for i, s in zip(g.index, g["series"], strict=True)]
-    return df.assign(series=series)
+    return apart(df)
 
 
 def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
@@ -475,8 +364,7 @@ def cells(cost: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = [
-    "ACCURACY_REQUIRED", "COST_REQUIRED", "OPTIONAL_DEFAULTS", "Results", "absent", "cell_identity", "cell_values",
-    "cells", "check_single_device", "devices", "fmt_len", "fmt_value",
-    "latest", "load_results", "lower_is_better", "ok_rows", "params_dict", "prepare_accuracy", "prepare_cost", "preset_width",
+    "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "cells", "check_single_device", "devices", "fmt_len", "fmt_value",
+    "latest", "load_results", "lower_is_better", "ok_rows", "prepare_accuracy", "prepare_cost", "preset_width",
     "require_ok", "select_device", "spec_label", "status_counts",
 ]

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, figure_style, finish_figure, new_figure, save
+from harness.analysis.identity import params_dict
 
 
 def _default_build(name: str, **params: Any) -> Any:
@@ -38,7 +39,7 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
     length_col = "seq_len" if "seq_len" in rows else "length"
     configs: dict[str, tuple[dict[str, Any], list[float]]] = {}
     for params, length in zip(rows["variant_params"], rows[length_col], strict=True):
-        p = {k: v for k, v in F.params_dict(params).items() if k != "backend"}
+        p = {k: v for k, v in params_dict(params).items() if k != "backend"}
         entry = configs.setdefault(F.spec_label("block_sparse", p), (p, []))
         if pd.notna(length):
             entry[1].append(float(length))
