@@ -182,3 +182,13 @@ def test_every_identity_field_keeps_two_cells_apart_in_every_consumer(tmp_path):
         assert len(drawn) == 2, field
         assert len(drawn.groupby(["device_key", "facet", "series", "seq_len"])) == 2, (field, list(drawn["series"]))
         assert C._load(path, "BASE").shape[0] == 2, field  # the loader compare reads with keeps both
+
+
+def test_one_machine_name_on_two_vector_units_is_two_machines(tmp_path, capsys):
+    """"AMD EPYC (2 cores)" names AVX2 and AVX-512 machines whose peaks differ by 2x: readers see the unit too."""
+    avx2 = write(tmp_path / "avx2.jsonl", [{**r, "cpu_capability": "AVX2"} for r in rows()])
+    avx512 = write(tmp_path / "avx512.jsonl", [{**r, "cpu_capability": "AVX512"} for r in rows()])
+    both = F.load_results([avx2, avx512]).cost
+    assert F.devices(both) == ["CI box AVX2", "CI box AVX512"]
+    assert run(["compare", avx2, avx512]) == 0
+    assert "note: BASE ran on CI box AVX2; NEW on CI box AVX512" in capsys.readouterr().out

@@ -177,6 +177,15 @@ def backend_labels(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def machine_label(name: Any, device: Any, capability: Any) -> str:
+    """The machine as readers see it: its name, and on CPU the vector units torch dispatched to (``AVX2``,
+    ``AVX512``, ``AMX`` ...): one name, say "AMD EPYC (2 cores)", covers machines whose matmul peaks differ by 2x,
+    so a table or figure is never one machine's when it mixes them."""
+    label = str(name) if isinstance(name, str) and name else str(device)
+    cpu = not str(device).startswith("cuda")
+    return f"{label} {capability}" if cpu and isinstance(capability, str) and capability else label
+
+
 def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     """Add the derived columns (labels, device key, facet, series) to raw cost rows; idempotent."""
     df = df.copy()
@@ -195,7 +204,8 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
         df["variant_label"] = [lab if not isinstance(p, str) else f"{lab} + {p}"
                                for lab, p in zip(df["variant_label"], df["press_spec"], strict=True)]
     name = df["device_name"] if "device_name" in df else pd.Series([None] * len(df), index=df.index)
-    df["device_key"] = [str(n) if isinstance(n, str) and n else str(d) for n, d in zip(name, df["device"], strict=True)]
+    cap = df["cpu_capability"] if "cpu_capability" in df else pd.Series(None, index=df.index, dtype=object)
+    df["device_key"] = [machine_label(n, d, c) for n, d, c in zip(name, df["device"], cap, strict=True)]
     df["scope"] = df["scope"].fillna("op") if "scope" in df else "op"
     df["facet"] = df["scope"].astype(str) + " · " + df["mode"].astype(str)
     df["backend_label"] = backend_labels(df)
@@ -365,6 +375,6 @@ def cells(cost: pd.DataFrame) -> pd.DataFrame:
 
 __all__ = [
     "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "cells", "check_single_device", "devices", "fmt_len", "fmt_value",
-    "latest", "load_results", "lower_is_better", "ok_rows", "prepare_accuracy", "prepare_cost", "preset_width",
+    "latest", "load_results", "lower_is_better", "machine_label", "ok_rows", "prepare_accuracy", "prepare_cost", "preset_width",
     "require_ok", "select_device", "spec_label", "status_counts",
 ]
