@@ -35,6 +35,7 @@ PATTERNS: dict[str, str] = {
     "jamba": "mamba2*4; full; mamba2*3",
 }
 
+MAX_UNIT_LAYERS = 1024  # deeper than any model: a longer unit fits no depth (and ``*N`` would build N specs)
 _REPEAT = re.compile(r"^(?P<spec>.*?)\s*\*\s*(?P<n>\d+)\s*$")
 
 
@@ -89,6 +90,9 @@ def parse_pattern(text: str | list[str] | tuple[str, ...]) -> LayerPattern:
         spec, n = (m.group("spec").strip(), int(m.group("n"))) if m else (part, 1)
         check(spec != "", f"layer pattern {shorten(text)}: an empty layer (two ';' in a row?)")
         check(n >= 1, f"layer pattern {shorten(text)}: a repeat must be >= 1, got *{n}")
+        check(len(unit) + n <= MAX_UNIT_LAYERS, f"layer pattern {shorten(text)}: a unit of at most "
+                                                f"{MAX_UNIT_LAYERS} layers, got {shorten(str(n), quote=False)} more "
+                                                f"after {len(unit)}")
         if ":" not in spec and spec not in ATTENTION.names():
             valid = ", ".join(PATTERNS)
             raise ValueError(f"unknown layer pattern or variant {shorten(spec)}; named patterns: {valid}; "

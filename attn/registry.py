@@ -49,6 +49,11 @@ class Entry:
         ]
 
 
+class NameTaken(ValueError):
+    """A name registered twice. From a ``--plugin`` it is refused, not skipped like other plugin failures: the command
+    would otherwise run the built-in under the name the user meant for their own variant."""
+
+
 class Registry:
     """Name -> (class, config dataclass). Entry-point plugins load lazily on first lookup."""
 
@@ -61,6 +66,7 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._entry_points_loaded = False
         self.plugin_errors: dict[str, str] = {}
+        self.name_clashes: dict[str, str] = {}  # plugin label -> its NameTaken message (also in plugin_errors)
         self._loading_source = "builtin"
 
     # -- registration -------------------------------------------------------------------
@@ -72,7 +78,7 @@ class Registry:
             self._check_class(name, cls)
             check_config_defaults(f"{self.kind} {shorten(name)}", config)
             if name in self._entries:
-                raise ValueError(
+                raise NameTaken(
                     f"{self.kind} {shorten(name)} is already registered "
                     f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"
                 )
@@ -140,11 +146,14 @@ class Registry:
         try:
             loader()
             self.plugin_errors.pop(label, None)
+            self.name_clashes.pop(label, None)
             return True
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # a broken plugin (even one calling sys.exit) must not break the others
             self.plugin_errors[label] = one_line(e)
+            if isinstance(e, NameTaken):
+                self.name_clashes[label] = str(e)
             return False
         finally:
             self._loading_source = previous
@@ -279,6 +288,11 @@ def load_plugin(path_or_module: str) -> bool:
     return ATTENTION.load_plugin(path_or_module)
 
 
+def name_clashes() -> dict[str, str]:
+    """Plugins that registered a name already taken (a built-in's, another plugin's): label -> the message."""
+    return {**POSITIONS.name_clashes, **ATTENTION.name_clashes}
+
+
 def plugin_errors() -> dict[str, str]:
     ATTENTION.load_entry_points()
     POSITIONS.load_entry_points()
@@ -286,8 +300,8 @@ def plugin_errors() -> dict[str, str]:
 
 
 __all__ = [
-    "ATTENTION", "POSITIONS", "Entry", "Registry", "Variant", "build_attention", "build_position", "check",
+    "ATTENTION", "POSITIONS", "Entry", "NameTaken", "Registry", "Variant", "build_attention", "build_position", "check",
     "check_backend", "resolve_variant",
-    "list_attention", "list_positions", "load_plugin", "parse_spec", "plugin_errors",
+    "list_attention", "list_positions", "load_plugin", "name_clashes", "parse_spec", "plugin_errors",
     "register_attention", "register_position", "shorten",
 ]

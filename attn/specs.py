@@ -5,11 +5,13 @@ The registry checks every variant's params through these, so all variants get th
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
 ECHO_LIMIT = 80  # characters of a user's value an error message repeats
+INT_LIMIT = 2**63 - 1  # the largest int a spec takes: what a torch int64 holds
 
 
 def shorten(value: Any, limit: int = ECHO_LIMIT, quote: bool = True) -> str:
@@ -75,9 +77,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return int(value)
         if isinstance(value, str):
             try:
-                return int(value.replace("_", ""))
+                number = int(value.replace("_", ""))
             except ValueError:
                 pass
+            else:  # a count, size or seed beyond 64 bits is a typo, and torch cannot hold it: refused here, not in a cell
+                if abs(number) > INT_LIMIT:
+                    raise ValueError(f"{where} must be an int of at most 64 bits, got {shorten(value)}")
+                return number
         raise ValueError(f"{where} must be an int, got {shorten(value)}")
     if tp is float:
         if isinstance(value, bool):
@@ -86,9 +92,13 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
             return float(value)
         if isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+            else:  # '1e400' overflows to inf: refused unless inf was written as such
+                if math.isinf(number) and "inf" not in value.lower():
+                    raise ValueError(f"{where} must be a float, got {shorten(value)}, which overflows to infinity")
+                return number
         raise ValueError(f"{where} must be a float, got {shorten(value)}")
     if tp is str:
         if isinstance(value, str):

@@ -22,6 +22,7 @@ COMMANDS = {
     "plot": "harness.analysis.figures:plot_command",
     "report": "harness.analysis.report:report_command",
     "compare": "harness.analysis.compare:compare_command",
+    "stale": "harness.analysis.freshness:stale_command",
 }
 
 
@@ -35,8 +36,8 @@ class LazyGroup(click.Group):
         module, _, attr = COMMANDS[name].partition(":")
         try:
             return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            reason = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 -- a broken optional install raises anything: costs this command only
+            reason = f"{type(e).__name__}: {one_error_line(e)}"
 
             @click.command(name, help=f"(unavailable: {reason})")
             def unavailable() -> None:
@@ -172,21 +173,20 @@ def _print_checkpoints(checkpoints: list[dict[str, Any]]) -> None:
 
 
 def _presses() -> tuple[dict[str, dict[str, Any]], str | None]:
-    """(press name -> its parameters, None) when kvpress is installed, else ({}, how to install it)."""
-    try:
-        from attn.hf.presses import INSTALL, press_catalog
-    except ImportError as e:  # no transformers: attn.hf cannot load
-        return {}, f"needs transformers ({e.name} is not installed): pip install 'attn-bench[kv]'"
+    """(press name -> its parameters, None) when kvpress imports, else ({}, why not: missing or broken, with how to
+    install it). A broken kvpress (an import raising anything) costs the presses only, never the listing."""
+    from attn.hf.presses import press_catalog
+
     try:
         return press_catalog(), None
-    except ImportError:
-        return {}, INSTALL
+    except ImportError as e:  # attn.optional.Unavailable: kvpress missing, or its import failed
+        return {}, str(e)
 
 
 def _print_presses(presses: dict[str, dict[str, Any]], install: str | None) -> None:
     click.secho("KV presses (sweep --scope hf / accuracy --hf-model: --press NAME[:key=value,...])", bold=True)
     if install is not None:
-        click.echo(f"  not installed: {install}")
+        click.echo(f"  unavailable: {install}")
     for name, params in presses.items():
         click.echo(f"  {name:<26} {_fmt_params(params)}")
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
+from attn.registry import shorten
+
 
 def warn_plugin(label: str, error: str) -> None:
     """The one line that says a plugin failed; every command words it the same."""
-    from attn.registry import shorten
-
     click.echo(f"attn-bench: plugin {shorten(label, quote=False)} failed to load: {error}", err=True)
 
 
@@ -19,12 +19,19 @@ def load_plugins(plugins: tuple[str, ...], report: bool = True) -> set[str]:
 
     Returns the labels that failed. ``report=False`` leaves the warning to :func:`report_plugins`, so a
     command can validate first: a bad spec then ends with one line (which names the failed plugins).
+
+    A plugin registering a name already taken (``full``) is refused instead, ValueError naming the plugin and the
+    name, before anything is written: going on would measure the built-in under the name meant for the plugin's own.
     """
     import attn
+    from attn.registry import name_clashes
 
     failed: set[str] = set()
     for p in dict.fromkeys(plugins):  # a plugin given twice is loaded (and reported) once
         if not attn.load_plugin(p):
+            if p in name_clashes():
+                raise ValueError(f"--plugin {shorten(p, quote=False)}: {name_clashes()[p]}; a plugin's variants "
+                                 "need names of their own")
             if report:
                 warn_plugin(p, attn.plugin_errors()[p])
             failed.add(p)

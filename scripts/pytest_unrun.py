@@ -34,8 +34,8 @@ class Unrun:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
-        if not self.collected:
-            tr.write_line("not run: stopped before the cases were collected")
+        if not self.collected:  # a section, as below: gpu_check.sh copies its title line into its log
+            tr.section("not run: every case, the cut came before collection finished")
             return
         unrun = [i for i in self.collected if i not in self.finished]
         if not unrun:

@@ -300,3 +300,126 @@ def test_accuracy_rerun_over_a_corrupt_checkpoint_retrains_once(tmp_path):
     assert len(list((tmp_path / "ck").glob("*.corrupt-*"))) == 1
     state = torch.load(ckpt, weights_only=True)  # retrained and saved again: the next rerun resumes from it
     assert state["step"] == 2
+
+
+# -- optional parts fail alone: a broken install (an import raising anything) costs only its feature -----------
+
+BROKEN = ("kvpress", "transformers", "fla", "xformers", "ray", "submitit", "gguf")
+
+
+def broken_site(root: Path, packages: tuple[str, ...] = BROKEN) -> dict[str, str]:
+    """An environment whose ``packages`` are found first and raise RuntimeError on import, as a compiled extension
+    built for another torch does; returns the env for a subprocess."""
+    site = root / "broken-site"
+    for name in packages:
+        (site / name).mkdir(parents=True, exist_ok=True)
+        (site / name / "__init__.py").write_text(f"raise RuntimeError('broken {name} extension\\nsecond line')\n")
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200",
+            "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_try_import_gives_the_module_or_one_line_saying_why(tmp_path, monkeypatch):
+    from attn.optional import Unavailable, require, try_import, unavailable
+
+    (tmp_path / "attn_test_broken_ext.py").write_text("raise RuntimeError('ABI mismatch\\nmore')\n")
+    (tmp_path / "attn_test_fine_ext.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert try_import("attn_test_fine_ext").X == 1 and unavailable("attn_test_fine_ext") is None
+    assert try_import("attn_test_broken_ext", "pip install it") == (
+        "attn_test_broken_ext does not import: RuntimeError: ABI mismatch (pip install it)")
+    assert try_import("attn_test_absent_ext.sub") == "attn_test_absent_ext is not installed"
+    with pytest.raises(Unavailable, match="^attn_test_broken_ext does not import: RuntimeError: ABI mismatch$") as e:
+        require("attn_test_broken_ext")
+    assert isinstance(e.value, ImportError)  # what callers of a missing package already catch
+
+
+def test_list_survives_broken_optional_installs_and_says_what_is_unavailable(tmp_path):
+    r = subprocess.run([EXE, "list"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=broken_site(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "Attention variants" in r.stdout and "Accuracy tasks" in r.stdout
+    presses = r.stdout.split("KV presses")[1].splitlines()
+    assert presses[1].startswith("  unavailable: kvpress does not import: RuntimeError: broken kvpress extension ("), presses
+    assert "[unavailable: fla.ops.linear_attn does not import: RuntimeError: broken fla extension" in r.stdout
+
+
+@pytest.mark.parametrize("command", ["sweep", "accuracy"])
+def test_sweep_and_accuracy_of_plain_variants_survive_broken_optional_installs(tmp_path, command):
+    argv = ([*TINY_SWEEP] if command == "sweep" else
+            ["--task", "mqar", "--steps", "1", "--batch-size", "2", "--no-progress", "--out", "o.jsonl"])
+    r = subprocess.run([EXE, command, "--variant", "full", *argv], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env=broken_site(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert rows and all(row.get("status", "ok") == "ok" for row in rows), rows
+
+
+def _hf_sweep(*extra: str) -> list[str]:
+    return ["sweep", "--scope", "hf", "--variant", "full", "--lengths", "32", *extra, "--out", "o.jsonl"]
+
+
+@pytest.mark.parametrize("package, argv, expected", [
+    ("ray", ["sweep", "--executor", "ray", "--variant", "full", *TINY_SWEEP],
+     "--executor ray needs ray: ray does not import: RuntimeError: broken ray extension"),
+    ("submitit", ["accuracy", "--task", "mqar", "--executor", "slurm", "--slurm-cluster", "local", "--out", "o.jsonl"],
+     "--executor slurm needs submitit: submitit does not import: RuntimeError: broken submitit extension"),
+    ("kvpress", _hf_sweep("--press", "snapkv"), "needs kvpress: kvpress does not import: RuntimeError: broken kvpress"),
+    ("transformers", _hf_sweep(), "scope hf needs transformers"),
+    ("gguf", _hf_sweep("--hf-config", "smollm2-135m"),
+     "checkpoint 'smollm2-135m' is a GGUF file, which needs gguf: gguf does not import: RuntimeError: broken gguf"),
+])
+def test_the_feature_of_a_broken_optional_install_is_refused_in_one_line(tmp_path, package, argv, expected):
+    if package == "gguf":
+        from attn.checkpoints import CHECKPOINTS
+
+        if CHECKPOINTS["smollm2-135m"].missing():
+            pytest.skip("the SmolLM2 checkpoint is not installed")
+    run = tmp_path / "run"
+    run.mkdir()
+    r = subprocess.run([EXE, *argv], cwd=run, capture_output=True, text=True, timeout=300,
+                       env=broken_site(tmp_path, (package,)))
+    assert expected in refused(r)
+    assert snapshot(run) == {}
+
+
+# -- command lines strict: huge numbers and re-registered names are one line and exit 2 --------------------------
+
+HUGE = "99999999999999999999"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["sweep", "--scope", "model", "--pattern", f"full*{HUGE}", *TINY_SWEEP], "a unit of at most 1024 layers"),
+    (["accuracy", "--task", "mqar", "--pattern", f"full*{HUGE}", "--steps", "1", "--out", "o.jsonl"],
+     "a unit of at most 1024 layers"),
+    (["sweep", "--variant", f"sliding_window:window={HUGE}", *TINY_SWEEP],
+     f"sliding_window.window must be an int of at most 64 bits, got '{HUGE}'"),
+    (["accuracy", "--task", "mqar", "--variant", f"sliding_window:window={HUGE}", "--steps", "1", "--out", "o.jsonl"],
+     f"sliding_window.window must be an int of at most 64 bits, got '{HUGE}'"),
+    (["sweep", "--variant", "full:softcap=1e400", *TINY_SWEEP], "full.softcap must be a float, got '1e400', which overflows"),
+])
+def test_huge_numbers_in_patterns_and_params_are_one_line(tmp_path, argv, expected):
+    assert expected in refused(cli(*argv, cwd=tmp_path))
+    assert snapshot(tmp_path) == {}
+
+
+def test_spec_numbers_in_range_still_parse():
+    from attn.patterns import parse_pattern
+    from attn.specs import coerce
+
+    assert coerce(str(2**63 - 1), int, "x") == 2**63 - 1 and coerce("-inf", float, "x") == float("-inf")
+    assert coerce("1e300", float, "x") == 1e300 and len(parse_pattern("full*1024").unit) == 1024
+    with pytest.raises(ValueError, match="at most 64 bits"):
+        coerce(str(2**63), int, "x")
+
+
+@pytest.mark.parametrize("command", ["list", "sweep", "accuracy"])
+def test_a_plugin_re_registering_a_built_in_name_is_refused_by_every_command(tmp_path, command):
+    plugin = tmp_path / "shadow.py"
+    plugin.write_text("from dataclasses import dataclass\nimport attn\n\n@dataclass(frozen=True)\nclass C:\n    pass\n\n"
+                      "@attn.register_attention('full', config=C)\nclass Shadow(attn.Attention):\n    pass\n")
+    argv = {"list": ["list"], "sweep": ["sweep", "--variant", "full", *TINY_SWEEP],
+            "accuracy": ["accuracy", "--task", "mqar", "--variant", "full", "--steps", "1", "--out", "o.jsonl"]}[command]
+    before = snapshot(tmp_path)
+    line = refused(cli(*argv, "--plugin", str(plugin), cwd=tmp_path))
+    assert f"--plugin {plugin}:" in line and "attention variant 'full' is already registered" in line, line
+    assert snapshot(tmp_path) == before  # nothing written

@@ -4,6 +4,7 @@ status, bad press input is one line, and without --press the cells are what they
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -138,10 +139,11 @@ def test_list_shows_the_presses_or_how_to_install_them(capsys, monkeypatch):
 
     import attn.hf.presses
 
-    def missing():
-        raise ImportError("No module named 'kvpress'")
-
-    monkeypatch.setattr(attn.hf.presses, "press_catalog", missing)
-    assert main(["list"]) == 0
+    monkeypatch.setitem(sys.modules, "kvpress", None)  # what `import kvpress` meets without it
+    attn.hf.presses.press_classes.cache_clear()
+    try:
+        assert main(["list"]) == 0
+    finally:
+        attn.hf.presses.press_classes.cache_clear()  # the real kvpress again, for the tests after this one
     text = capsys.readouterr().out
-    assert f"not installed: {attn.hf.presses.INSTALL}" in text.split("KV presses")[1]
+    assert f"unavailable: kvpress is not installed ({attn.hf.presses.INSTALL})" in text.split("KV presses")[1]

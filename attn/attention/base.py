@@ -25,6 +25,7 @@ from attn.attention.masks import causal_mask, visible_pairs
 from attn.attention.ragged import RAGGED_CACHES, stacked
 from attn.attention.state import KVCache, checked
 from attn.attention.token_inputs import TokenInput
+from attn.optional import unavailable
 from attn.registry import check_backend
 
 MODES = ("forward", "backward", "decode")
@@ -78,26 +79,13 @@ def have_module(module: str, why: str = "") -> Callable[[], str | None]:
     dependency fails (fla without fla-core's ``fla.ops``, or without einops) must say so, not claim to be
     available and fail inside a measured cell. The answer is cached per process.
     """
+    hint = why.strip().removeprefix("(").removesuffix(")")
 
     @functools.cache
     def probe() -> str | None:
-        import importlib
-
-        try:
-            importlib.import_module(module)
-        except Exception as e:  # noqa: BLE001 -- ImportError, or whatever the package raises at import
-            missing = isinstance(e, ModuleNotFoundError) and e.name is not None and module.startswith(e.name)
-            if missing:
-                return f"{e.name} is not installed{why}"
-            return f"{module} does not import: {type(e).__name__}: {_first_line(e)}{why}"
-        return None
+        return unavailable(module, hint)
 
     return probe
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else ""
 
 
 def needs_cuda() -> str | None:

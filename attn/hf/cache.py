@@ -22,6 +22,10 @@ beam search and other batch reordering of a filled state, bidirectional attentio
 """
 from __future__ import annotations
 
+from attn.hf.needs import transformers as _transformers  # noqa: F401  (first: a broken install is an ImportError)
+
+# isort: split
+
 from typing import Any
 
 import torch

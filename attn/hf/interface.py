@@ -27,6 +27,10 @@ layers of hybrids) use the spec's window, or the variant's default.
 """
 from __future__ import annotations
 
+from attn.hf.needs import transformers as _transformers  # noqa: F401  (first: a broken install is an ImportError)
+
+# isort: split
+
 import math
 import re
 from dataclasses import dataclass

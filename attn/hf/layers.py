@@ -15,6 +15,10 @@ untouched) and the layer's attention ignores the window transformers passes. Row
 """
 from __future__ import annotations
 
+from attn.hf.needs import transformers as _transformers  # noqa: F401  (first: a broken install is an ImportError)
+
+# isort: split
+
 import re
 from dataclasses import dataclass
 from typing import Any

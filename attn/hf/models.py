@@ -6,6 +6,10 @@ Nothing is ever downloaded: a config is a preset name or a local path; a checkpo
 """
 from __future__ import annotations
 
+from attn.hf.needs import transformers as _transformers  # noqa: F401  (first: a broken install is an ImportError)
+
+# isort: split
+
 import copy
 import functools
 from pathlib import Path
@@ -19,6 +23,7 @@ from attn.checkpoints import CHECKPOINTS, resolve
 from attn.hf.interface import check_model_window, config_window, register, variant_of
 from attn.hf.layers import layer_plan, register_layers
 from attn.hf.rope import override_rope
+from attn.optional import unavailable
 from attn.registry import shorten
 
 # A small Llama shape (~44M parameters, 30M of them the untied 32K-token embeddings), head_dim 64, GQA 4:1;
@@ -51,11 +56,20 @@ def tiny_config(kind: str, **overrides: Any) -> PreTrainedConfig:
     return cls(**{**SMALL, **extra, **overrides})
 
 
+class NoGGUF(ValueError):
+    """A GGUF checkpoint found, but gguf (what transformers reads it with) does not import: said as it is, not
+    reworded as "not a checkpoint"."""
+
+
 def source(name_or_path: str | Path) -> tuple[Path, str | None]:
     """(folder, GGUF file name or None) of a checkpoint: a named one, a ``.gguf`` file or a folder with a config.json;
-    ValueError (one line) otherwise. Never downloads."""
+    ValueError (one line) otherwise, and for a GGUF file when gguf, which transformers reads it with, does not import
+    (missing, or broken: whatever its import raised). Never downloads."""
     path = resolve(name_or_path)
     if path.is_file() and path.suffix == ".gguf":
+        why = unavailable("gguf", "pip install 'attn-bench[models]'")
+        if why is not None:
+            raise NoGGUF(f"checkpoint {shorten(str(name_or_path))} is a GGUF file, which needs gguf: {why}")
         return path.parent, path.name
     if not (path / "config.json").is_file():
         raise ValueError(f"checkpoint {shorten(str(name_or_path))} is not an existing directory with a config.json, a "
@@ -92,6 +106,8 @@ def load_config(name_or_path: str | Path) -> PreTrainedConfig:
         return AutoConfig.from_pretrained(str(path), local_files_only=True)
     try:
         return pretrained_config(name_or_path)
+    except NoGGUF:
+        raise
     except ValueError:
         raise ValueError(f"model config {shorten(str(name_or_path))} is neither a preset ({', '.join(PRESETS)}), a named "
                          f"checkpoint ({', '.join(CHECKPOINTS)}), a .gguf file, nor an existing config.json or directory "
@@ -150,5 +166,5 @@ def load_model(path: str | Path, spec: str, position: str | None = None, dtype: 
                                                 dtype=dtype, local_files_only=True).eval()
 
 
-__all__ = ["file_version", "PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model", "load_weights",
-           "pretrained_config", "source", "tiny_config"]
+__all__ = ["file_version", "NoGGUF", "PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model",
+           "load_weights", "pretrained_config", "source", "tiny_config"]

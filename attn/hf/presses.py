@@ -34,6 +34,7 @@ from typing import Any, get_type_hints
 
 import torch
 
+from attn.optional import require, unavailable
 from attn.specs import coerce, parse_spec, shorten
 
 NONE = "none"
@@ -52,13 +53,12 @@ def press_name(cls_name: str) -> str:
 
 @functools.cache
 def press_classes() -> dict[str, type]:
-    """Our name -> kvpress press class, every concrete press kvpress exports (ImportError if it is not installed)."""
-    import kvpress
-    from kvpress import BasePress, ScorerPress
-
-    abstract = {BasePress, ScorerPress}
+    """Our name -> kvpress press class, every concrete press kvpress exports (ImportError, saying why, if kvpress is
+    not installed or its import fails in any way: :class:`attn.optional.Unavailable`)."""
+    kvpress = require("kvpress", INSTALL)
+    base, abstract = kvpress.BasePress, {kvpress.BasePress, kvpress.ScorerPress}
     found = {press_name(n): c for n in kvpress.__all__ if isinstance(c := getattr(kvpress, n), type)
-             and issubclass(c, BasePress) and c not in abstract}
+             and issubclass(c, base) and c not in abstract}
     return dict(sorted(found.items()))
 
 
@@ -156,10 +156,9 @@ def parse_press(text: str) -> PressSpec:
     if name == QUANTIZED:
         types = {k: tp for k, (tp, _) in QUANTIZED_PARAMS.items()}
         spec = PressSpec(QUANTIZED, _coerced(name, raw, types))
-        try:
-            import optimum.quanto  # noqa: F401
-        except ImportError:
-            raise ValueError(f"press quantized needs optimum-quanto, which is not installed: {INSTALL}") from None
+        why = unavailable("optimum.quanto", INSTALL)
+        if why is not None:
+            raise ValueError(f"press quantized needs optimum-quanto: {why}")
         from transformers import LlamaConfig
 
         try:
@@ -169,8 +168,8 @@ def parse_press(text: str) -> PressSpec:
         return spec
     try:
         classes = press_classes()
-    except ImportError:
-        raise ValueError(f"press {shorten(name)} needs kvpress, which is not installed: {INSTALL}") from None
+    except ImportError as e:
+        raise ValueError(f"press {shorten(name)} needs kvpress: {e}") from None
     if name not in classes:
         raise ValueError(f"unknown press {shorten(name)}; valid: {NONE}, {QUANTIZED}, {', '.join(classes)} "
                          "(attn-bench list shows their parameters)")

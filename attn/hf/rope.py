@@ -19,6 +19,10 @@ longrope, proportional, ...            refused: no attn-bench position computes 
 """
 from __future__ import annotations
 
+from attn.hf.needs import transformers as _transformers  # noqa: F401  (first: a broken install is an ImportError)
+
+# isort: split
+
 from typing import Any
 
 from transformers import PreTrainedConfig, PreTrainedModel

@@ -3,11 +3,12 @@
 imports an optional engine (ray, submitit) or says how to install it, and :func:`check_engine`."""
 from __future__ import annotations
 
-import importlib
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from attn.optional import try_import
 
 EXECUTORS = ("local", "ray", "slurm")
 EXTRAS = {"ray": ("ray", "ray"), "slurm": ("submitit", "slurm")}  # executor -> (module, pip extra)
@@ -94,10 +95,11 @@ def require(kind: str) -> Any:
     if kind not in EXTRAS:
         return None
     module, extra = EXTRAS[kind]
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ValueError(f"--executor {kind} needs {module}: pip install 'attn-bench[{extra}]'") from None
+    found = try_import(module)  # a broken engine (an import raising anything) fails here, not inside a job
+    if isinstance(found, str):
+        why = "" if found.endswith(" is not installed") else f"{found}; "
+        raise ValueError(f"--executor {kind} needs {module}: {why}pip install 'attn-bench[{extra}]'")
+    return found
 
 
 __all__ = ["EXECUTORS", "EXECUTOR_KEYS", "EXTRAS", "SLURM_CLUSTERS", "ExecutorConfig", "check_engine", "config_from",
