@@ -1182,7 +1182,8 @@ SETTINGS: dict[str, tuple[str, ...]] = {
         "A call slower than 50 ms", "= 20 ms (a 0.2 ms decoding step", "one 4 KiB page",
         "an extra 64 MiB buffer during its call is reported 64 MiB (within 4 MiB)",
         "overstated a step 255× at 512",  # the old count's ratio, (L + 1) keys against one read of the state
-        "arrays of 64 MiB (512 MiB on CUDA)", "moves at least 64 MiB", "(its `bytes`, at least 48 KiB)", "a 0.2 s window resolves about 0.05 cores",
+        "arrays of 64 MiB (512 MiB on CUDA)", "moves at least 64 MiB",
+        "(its `bytes`, at least 48 KiB)", "a 0.2 s window resolves about 0.05 cores",
         "more than 15 %", "exceeds 20 % of the median", "plus 0.25 cores", "reached 90 % of the limit",
         "under 5 % of its memory", "(Python ≥ 3.11;", "on 3.10)",
     ),
