@@ -396,6 +396,9 @@ HUGE = "99999999999999999999"
     (["accuracy", "--task", "mqar", "--variant", f"sliding_window:window={HUGE}", "--steps", "1", "--out", "o.jsonl"],
      f"sliding_window.window must be an int of at most 64 bits, got '{HUGE}'"),
     (["sweep", "--variant", "full:softcap=1e400", *TINY_SWEEP], "full.softcap must be a float, got '1e400', which overflows"),
+    (["sweep", "--variant", "full", "--lengths", HUGE + "000", "--out", "o.jsonl"], "lengths must be between 1 and"),
+    (["sweep", "--variant", "full", "--lengths", "1K", "--heads", HUGE, "--out", "o.jsonl"], "positive integers up to"),
+    (["sweep", "--variant", "full", "--lengths", "1K", "--batch", HUGE, "--out", "o.jsonl"], "positive integers up to"),
 ])
 def test_huge_numbers_in_patterns_and_params_are_one_line(tmp_path, argv, expected):
     assert expected in refused(cli(*argv, cwd=tmp_path))

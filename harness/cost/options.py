@@ -13,6 +13,9 @@ from typing import Any
 Parser = Callable[[Any, str], Any]  # (value, where it came from) -> the value; ValueError naming ``where`` if bad
 
 _LENGTH = re.compile(r"^(\d+)([kKmM]?)$")
+# The largest length, head count, batch or size a cell may ask for: past it tensor sizes overflow int64 before any
+# memory check can refuse them (a --lengths of 10^23 ended in an OverflowError inside the cell, and a file written).
+MAX_COUNT = 2**40
 
 
 def parse_length(token: str | int, where: str) -> int:
@@ -26,8 +29,8 @@ def parse_length(token: str | int, where: str) -> int:
         if not m:
             raise ValueError(f"{where}: malformed length {token!r}; expected e.g. 4096, 4K or 1M")
         n = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
-    if n < 1:
-        raise ValueError(f"{where}: lengths must be >= 1, got {token!r}")
+    if not 1 <= n <= MAX_COUNT:
+        raise ValueError(f"{where}: lengths must be between 1 and {MAX_COUNT} (1T), got {token!r}")
     return n
 
 
@@ -80,7 +83,7 @@ def sizes(value: Any, where: str) -> list[int]:
     out = []
     for v in items:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(v))
-        if not m or float(m.group(1)) * SIZE_UNITS[m.group(2) or ""] < 1:
+        if not m or not 1 <= float(m.group(1)) * SIZE_UNITS[m.group(2) or ""] <= 2**60:
             raise ValueError(f"{where}: expected sizes such as 1GiB, 512MiB or bytes, got {v!r}")
         out.append(int(float(m.group(1)) * SIZE_UNITS[m.group(2) or ""]))
     if not out:
@@ -101,8 +104,8 @@ def ints(value: Any, where: str) -> list[int]:
             n = int(v) if not isinstance(v, (bool, float)) else None
         except ValueError:
             n = None
-        if n is None or n < 1:
-            raise ValueError(f"{where}: expected positive integers, got {v!r}")
+        if n is None or not 1 <= n <= MAX_COUNT:
+            raise ValueError(f"{where}: expected positive integers up to {MAX_COUNT}, got {str(v)[:40]!r}")
         out.append(n)
     if not out:
         raise ValueError(f"{where}: empty list")

@@ -209,9 +209,9 @@ class HfScope(Scope):
     def prepare(self, grid: Any) -> dict[tuple[str, int | None], list[dict[str, Any]]]:
         try:
             fields = hf_grid_fields(grid.hf_config, grid.position, grid.kv_heads or (None,))
-        except ImportError as e:
-            raise ValueError(f"scope hf needs transformers ({e.name} is not installed: pip install 'attn-bench[hf]')"
-                             ) from None
+        except ImportError as e:  # attn.optional.Unavailable says whether it is missing or broken, and why
+            why = str(e) if str(e) else f"{e.name} is not installed"
+            raise ValueError(f"scope hf needs transformers ({why}; pip install 'attn-bench[hf]')") from None
         if grid.docs != (1,):
             raise ValueError("--docs needs scope op or model (transformers models get packed documents another way)")
         return fields
