@@ -1,8 +1,11 @@
-"""The HTML report has every section, and its numbers are the ones the data define."""
+"""The HTML report has every section, and its numbers are the ones the data define; the committed report
+covers every committed results file as committed, with its command, in under 3 MB."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from harness.analysis import findings as FI  # noqa: E402
@@ -115,12 +119,18 @@ def test_every_section_present(html):
 
 def test_self_contained_with_figures_embedded(html):
     assert "<link" not in html and "<script" not in html and 'src="http' not in html
-    images = html.split('src="data:image/png;base64,')[1:]
+    images = html.split('src="data:image/webp;base64,')[1:]
     skipped = table(html, "skipped-table") if "skipped-table" in html else {}
     figures = html.count("<figure ")
     assert figures == len(images) >= 4
     for img in images:
-        assert base64.b64decode(img.split('"', 1)[0])[:8] == b"\x89PNG\r\n\x1a\n"
+        webp = base64.b64decode(img.split('"', 1)[0])
+        # lossless WebP (VP8L) no wider than the page, at the size the <img> says: a report of every run stays a page
+        assert webp[:4] == b"RIFF" and webp[8:16] == b"WEBPVP8L" and webp[20] == 0x2F
+        bits = int.from_bytes(webp[21:25], "little")
+        width, height = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        assert width <= 1200 and f'width="{width}" height="{height}" loading="lazy" src="data:image/webp;base64,{img[:40]}' \
+            in html
     assert "speedup" in html.split('<section id="figures">')[1] and "latency" not in skipped
 
 
@@ -251,8 +261,6 @@ def test_suspect_and_noisy_cells_are_listed_and_suspect_ones_kept_out_of_fits(tm
 def test_findings_state_only_what_enough_lengths_support():
     """Fits need 3 lengths (a line through 2 always fits); a negative exponent is flagged, not stated;
     a crossover needs 2 matched lengths; a variant that ran nowhere says why; at most MAX_FINDINGS lines."""
-    import pandas as pd
-
     from harness.analysis import derive as D
 
     def row(variant, L, ms, status="ok", error=None, backend="sdpa"):
@@ -279,3 +287,145 @@ def test_findings_state_only_what_enough_lengths_support():
     many = [row(f"v{i}", L, 1.0, backend="b") for i in range(20) for L in (1024, 2048, 4096)]
     lines = FI.findings(F.prepare_cost(pd.DataFrame(rows + many)), pd.DataFrame())
     assert len(lines) == FI.MAX_FINDINGS and lines[-1].endswith("more finding(s) in the tables below.")
+
+
+# -- one run per file, grouped by kind, each with its command --------------------------------------------------------
+
+COMMANDS = """# Runs
+
+### `op.jsonl`
+
+`attn-bench sweep --preset quick --out op.jsonl`: the first [variants](../docs/x.md)
+at 4 < 8 lengths.
+
+![a figure](figures/x.png)
+
+### `trained.jsonl`
+
+The same command with `--task lm`, **two** seeds.
+
+## Accuracy runs
+
+### `pretrained.jsonl`
+
+```bash
+attn-bench accuracy --preset smollm2-cpu
+```
+"""
+
+
+def test_run_commands_are_the_first_paragraph_of_each_files_section():
+    got = R.run_commands(COMMANDS)
+    assert list(got) == ["op.jsonl", "trained.jsonl", "pretrained.jsonl"]
+    assert got["op.jsonl"] == ("<code>attn-bench sweep --preset quick --out op.jsonl</code>: the first variants\n"
+                               "at 4 &lt; 8 lengths.")
+    assert got["trained.jsonl"] == "The same command with <code>--task lm</code>, <b>two</b> seeds."
+    assert got["pretrained.jsonl"] == "<code>attn-bench accuracy --preset smollm2-cpu</code>"
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory) -> tuple[str, dict[str, Path]]:
+    d = tmp_path_factory.mktemp("grouped")
+    serving = [dict(r, batch_size=8) for r in cost_rows()]
+    hf = [dict(r, scope="hf") for r in cost_rows()]
+    trained = [dict(r, steps=100) for r in acc_rows()]
+    pretrained = [dict(r, value=1 - r["value"], model="smollm2-135m") for r in acc_rows()]
+    files = {name: write_jsonl(d / f"{name}.jsonl", rows) for name, rows in
+             (("op", cost_rows()), ("serving", serving), ("hf", hf), ("trained", trained), ("pretrained", pretrained))}
+    (d / "COMMANDS.md").write_text(COMMANDS)
+    out = d / "report.html"
+    assert main(["report", *map(str, files.values()), "--commands", str(d / "COMMANDS.md"), "--out", str(out)]) == 0
+    return out.read_text(), files
+
+
+def articles(page: str) -> dict[str, str]:
+    """Each run's article, by the file name it shows."""
+    found = re.findall(r'<article class="run" id="[^"]+" data-file="([^"]+)">(.*?)</article>', page, re.S)
+    return dict(found)
+
+
+def test_each_file_is_one_run_in_its_kinds_group_with_its_command(grouped):
+    page, files = grouped
+    groups = re.findall(r'<section class="kind" id="kind-(\w+)"><h2>[^<]*</h2>(.*?)</section>\n?'
+                        r'(?=<section class="kind"|</body>)', page, re.S)
+    assert [(g, list(articles(body))) for g, body in groups] == [
+        ("op", ["op.jsonl"]), ("serving", ["serving.jsonl"]), ("hf", ["hf.jsonl"]),
+        ("trained", ["trained.jsonl"]), ("pretrained", ["pretrained.jsonl"])]
+    runs = articles(page)
+    assert f'<p class="command">{R.run_commands(COMMANDS)["op.jsonl"]}</p>' in runs["op.jsonl"]
+    assert '<p class="command">The same command with <code>--task lm</code>' in runs["trained.jsonl"]
+    assert "no command recorded in " in runs["serving.jsonl"] and "COMMANDS.md" in runs["serving.jsonl"]
+    # accuracy files are never pooled: each has its own table of its own values (inverted in the second file)
+    best = {}
+    for name in ("trained.jsonl", "pretrained.jsonl"):
+        tid = re.search(r'id="(positions-table(?:-\d+)?)"', runs[name]).group(1)
+        parser = Tables()
+        parser.feed(runs[name])
+        header, *body = parser.tables[tid]
+        best[name] = {row[header.index("eval length")]: row[header.index("best position")] for row in body}
+    assert best["trained.jsonl"]["1k"] == "alibi_like(slope=0.5)" and best["pretrained.jsonl"]["1k"] == "rope"
+    # the contents list reaches every run, under its group
+    contents = page.split('<nav id="contents">')[1].split("</nav>")[0]
+    assert all(f'href="#kind-{g}"' in contents for g, _ in groups)
+    assert len(re.findall(r'href="#run(?:-\d+)?"', contents)) == len(files)
+
+
+def test_run_kind_is_read_from_the_rows():
+    cost = F.prepare_cost(pd.DataFrame(cost_rows()))
+    assert R.run_kind(cost, accuracy=False) == "op"
+    assert R.run_kind(cost.assign(mode="decode"), accuracy=False) == "decode"
+    assert R.run_kind(cost.assign(mode="decode", queries=4.0), accuracy=False) == "serving"
+    assert R.run_kind(cost.assign(scope="model"), accuracy=False) == "model"
+    acc = F.prepare_accuracy(pd.DataFrame(acc_rows()))
+    assert R.run_kind(acc, accuracy=True) == "pretrained"
+    assert R.run_kind(acc.assign(steps=[None] * (len(acc) - 1) + [10.0]), accuracy=True) == "trained"
+
+
+def test_sources_table_records_each_files_rows_and_sha256(grouped):
+    page, files = grouped
+    sources = table(page, "sources-table")
+    assert set(sources) == {p.name for p in files.values()}
+    for p in files.values():
+        assert sources[p.name]["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()
+        assert sources[p.name]["rows"] == str(len(p.read_text().splitlines()))
+
+
+# -- the committed report: pure file reads, fast enough for every run of the suite -------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = ROOT / "results" / "report.html"
+REBUILD = "attn-bench report results/*.jsonl --commands results/README.md --out results/report.html"
+
+
+@pytest.fixture(scope="module")
+def committed() -> str:
+    return COMMITTED.read_text(encoding="utf-8")
+
+
+def test_the_committed_report_loads_like_a_page():
+    assert COMMITTED.stat().st_size < 3_000_000, f"results/report.html is {COMMITTED.stat().st_size:,} bytes"
+
+
+def test_the_committed_report_is_of_every_committed_results_file_as_committed(committed):
+    sources = committed.split('<section id="sources">')[1].split("</section>")[0]
+    shown = {name: row["sha256"] for name, row in table(sources, "sources-table").items()}
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "results").glob("*.jsonl")}
+    assert shown == files, f"results/report.html is stale: rebuild it with `{REBUILD}`"
+    assert sorted(articles(committed)) == sorted(files), f"results/report.html lacks a run: rebuild it with `{REBUILD}`"
+
+
+def test_the_committed_report_shows_each_runs_command_from_results_readme(committed):
+    # the command itself (the paragraph's first code), not its prose: editing a section's wording needs no rebuild
+    commands = R.run_commands((ROOT / "results" / "README.md").read_text(encoding="utf-8"))
+    for name, body in articles(committed).items():
+        shown = re.search(r'<p class="command">(.*?)</p>', body, re.S)
+        code = re.search(r"<code>.*?</code>", commands[name], re.S)
+        assert shown and (code.group(0) if code else commands[name]) in shown.group(1), \
+            f"{name}: its command in results/report.html is not results/README.md's: rebuild it with `{REBUILD}`"
+
+
+def test_the_page_leaves_diagnostic_figures_to_plot_unless_asked(html, tmp_path):
+    assert 'id="fig-latency"' in html and "fig-throughput" not in html and "fig-flops_fraction" not in html
+    out = tmp_path / "all.html"
+    assert main(["report", str(write_jsonl(tmp_path / "c.jsonl", cost_rows())), "--all-figures", "--out", str(out)]) == 0
+    assert 'id="fig-throughput"' in out.read_text()

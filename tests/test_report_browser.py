@@ -1,6 +1,7 @@
 """The report in a real browser: headless Chromium (Debian's package; scripts/test.sh installs it where it
-can) at a laptop's 1400 px: no horizontal scroll, a contents list that reaches every run, and a caption
-above each figure. Skipped, saying why, where Chromium cannot be found."""
+can) at a laptop's 1400 px: no horizontal scroll even with every run and table unfolded, one run open and the
+others folded, a contents list that reaches every run under its group, and a caption above each figure.
+Skipped, saying why, where Chromium cannot be found."""
 import re
 import shutil
 import subprocess
@@ -17,6 +18,25 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 PROBE = ("<script>window.addEventListener('load', () => { const d = document.documentElement;"
          " document.body.setAttribute('data-size', [d.scrollWidth, d.clientWidth, d.scrollHeight].join('x')); });</script>")
+# As the page loads: how many of the open run's figures, of the folded runs' sections and of the folded tables are
+# shown; then with every <details> opened, how many tables are shown and whether anything is wider than the window.
+FOLDS = ("<script>window.addEventListener('load', () => { const n = s => [...document.querySelectorAll(s)]"
+         ".filter(e => e.checkVisibility()).length; const d = document.documentElement;"
+         " const shown = [n('article.run > details[open] figure img'), n('article.run > details:not([open]) section'),"
+         " n('details.table > table')];"
+         " document.querySelectorAll('details').forEach(e => { e.open = true; });"
+         " document.body.setAttribute('data-folds', [...shown, n('details.table > table'), d.scrollWidth, d.clientWidth]"
+         ".join('x')); });</script>")
+
+# Every figure decoded by the browser itself (the report embeds lossless WebP), loaded eagerly so that the load event
+# waits for them all: how many have a picture (a broken image has no natural width), of how many.
+DECODE = ("<script>window.addEventListener('load', () => { const imgs = [...document.images];"
+          " const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;"
+          " document.body.setAttribute('data-decoded', ok + 'x' + imgs.length); });</script>")
+
+
+def eager(page: str) -> str:
+    return page.replace(' loading="lazy"', "")
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
@@ -49,15 +69,55 @@ def test_the_report_fits_a_laptop_screen_without_horizontal_scroll(report, tmp_p
     assert header[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(header[16:20], "big") == 1400
 
 
+def test_the_report_opens_one_run_and_folds_the_rest_and_unfolded_still_fits(report, tmp_path):
+    probe = tmp_path / "folds.html"
+    probe.write_text(report.read_text().replace("</body>", FOLDS + "</body>"))
+    r = chromium("--virtual-time-budget=5000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
+    folds = re.search(r'data-folds="(\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)"', r.stdout)
+    assert folds, r.stderr[-1000:]
+    open_figures, folded_runs, folded_tables, unfolded_tables, scroll_width, client_width = map(int, folds.groups())
+    assert open_figures > 0 and folded_runs == 0 and folded_tables == 0 and unfolded_tables > 0
+    assert scroll_width <= client_width, (scroll_width, client_width)
+
+
+def test_every_figure_decodes_in_the_browser(report, tmp_path):
+    probe = tmp_path / "decode.html"
+    probe.write_text(eager(report.read_text()).replace("</body>", DECODE + "</body>"))
+    r = chromium("--virtual-time-budget=5000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
+    decoded = re.search(r'data-decoded="(\d+)x(\d+)"', r.stdout)
+    assert decoded, r.stderr[-1000:]
+    ok, total = map(int, decoded.groups())
+    assert ok == total == report.read_text().count("<figure ") > 0
+
+
 def test_the_report_is_grouped_by_run_with_contents_and_captions(report):
     page = report.read_text()
-    runs = re.findall(r'<article class="run" id="([^"]+)"><details(?: open)?><summary><h2 class="run-title">([^<]+)</h2>', page)
-    assert [t for _, t in runs] == ["Run: big.jsonl", "Run: small.jsonl", "Accuracy"]
+    runs = re.findall(r'<article class="run" id="([^"]+)" data-file="([^"]+)"><details(?: open)?><summary>'
+                      r'<h3 class="run-title">([^<]+)</h3>', page)
+    assert [(f, t) for _, f, t in runs] == [("big.jsonl",) * 2, ("small.jsonl",) * 2, ("acc.jsonl",) * 2]
     assert page.count("<details open>") == 1  # the first run open, the others one click away
     contents = page.split('<nav id="contents">')[1].split("</nav>")[0]
-    for anchor, _ in runs:
+    for anchor, _, _ in runs:
         assert f'href="#{anchor}"' in contents
+    # grouped: the two cost runs under one heading, the accuracy run under another, in the contents as on the page
+    assert re.findall(r'<li><a href="#kind-(\w+)">', contents) == ["op", "pretrained"]
+    assert contents.index("#kind-op") < contents.index(f'#{runs[0][0]}"') < contents.index("#kind-pretrained") \
+        < contents.index(f'#{runs[2][0]}"')
     figures = re.findall(r"<figure[^>]*>(.*?)</figure>", page)
     assert figures and all(f.startswith("<figcaption><b>") and "<img" in f.split("</figcaption>")[1] for f in figures)
     # each run says its own shape: the pooled "H=4/8" header is gone
     assert "H=2" in page.split('id="run-2"')[0] and "H=4" in page.split('id="run-2"')[1].split('id="run-3"')[0]
+
+
+def test_the_committed_report_loads_fits_and_every_figure_decodes(tmp_path):
+    committed = Path(__file__).resolve().parents[1] / "results" / "report.html"
+    probe = tmp_path / "committed.html"
+    probe.write_text(eager(committed.read_text(encoding="utf-8")).replace("</body>", PROBE + DECODE + "</body>"),
+                     encoding="utf-8")
+    r = chromium("--virtual-time-budget=20000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
+    size, decoded = re.search(r'data-size="(\d+)x(\d+)x\d+"', r.stdout), re.search(r'data-decoded="(\d+)x(\d+)"', r.stdout)
+    assert size and decoded, r.stderr[-1000:]
+    scroll_width, client_width = map(int, size.groups())
+    assert scroll_width <= client_width, (scroll_width, client_width)
+    ok, total = map(int, decoded.groups())
+    assert ok == total == committed.read_text(encoding="utf-8").count("<figure ") > 100

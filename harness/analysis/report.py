@@ -1,21 +1,26 @@
-"""``attn-bench report``: one self-contained HTML page of a sweep -- environment, findings, tables, figures.
+"""``attn-bench report``: one self-contained HTML page of some results files -- per file its command,
+environment, findings, tables and figures, the files grouped by kind of run.
 
 Everything is recomputed from the results files (via :mod:`harness.analysis.frames` and
-:mod:`harness.analysis.derive`); the figures are the ones ``attn-bench plot`` draws, embedded as base64
-PNG so the page can be mailed or attached to a pull request as one file.
+:mod:`harness.analysis.derive`); the figures are the ones ``attn-bench plot`` draws, embedded as palette
+PNGs at screen resolution so the page can be mailed or attached to a pull request as one file and still
+loads like a page. The sources table holds each file's SHA-256, so a test can tell, by reading files alone,
+that a committed report no longer matches the results it claims to show.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import click
 import pandas as pd
+from PIL import Image
 
 from harness.analysis import derive as D
 from harness.analysis import figures as P
@@ -35,9 +40,11 @@ h3{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.15em;margin-top:
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0 1em}th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.muted{color:#666;font-size:.9em}
 figure{margin:1.5em 0}img{max-width:100%;height:auto;display:block}figcaption{color:#333;font-size:.9em;margin-bottom:.4em}
-article.run{border-top:3px solid #888;margin-top:2.5em}h2.run-title{border:none;font-size:1.4em;display:inline}
+article.run{border-top:3px solid #888;margin-top:1.5em}h3.run-title{border:none;font-size:1.3em;display:inline;margin:0}
 summary{cursor:pointer;padding:.6em 0}
-table{display:block;overflow-x:auto;max-width:100%}nav ol{columns:2}
+table{display:block;overflow-x:auto;max-width:100%}nav ol ol{columns:2}
+section.kind>h2{margin-top:2.5em}p.command{background:#f6f6f6;border-left:3px solid #888;padding:.5em .8em;overflow-wrap:anywhere}
+details.table>summary{padding:.3em 0;font-weight:600}details.table{margin:.2em 0}
 """
 
 
@@ -50,25 +57,25 @@ def fmt_num(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _compact(table_html: str) -> str:
+    """pandas' table HTML without its indentation and per-row styles: a third of the bytes, the same table."""
+    table_html = table_html.replace(' class="dataframe"', "").replace(' style="text-align: right;"', "")
+    return re.sub(r">\s+<", "><", table_html)
+
+
 def _table(df: pd.DataFrame, table_id: str, index: bool = False) -> str:
     if len(df) == 0:
         return '<p class="muted">nothing to show</p>'
-    return df.to_html(index=index, table_id=table_id, border=0, na_rep="—", escape=True)
+    return _compact(df.to_html(index=index, table_id=table_id, border=0, na_rep="—", escape=True))
+
+
+def _folded(title: str, body: str) -> str:
+    """A table one click away: a run's tables are reference, its findings and figures the reading."""
+    return f'<details class="table"><summary>{html.escape(title)}</summary>{body}</details>'
 
 
 def _section(sid: str, title: str, body: str, level: int = 2) -> str:
     return f'<section id="{sid}"><h{level}>{html.escape(title)}</h{level}>\n{body}\n</section>\n'
-
-
-def _sources(results: F.Results) -> pd.DataFrame:
-    rows = []
-    for kind, df in (("cost", results.cost), ("accuracy", results.accuracy)):
-        if len(df) == 0:
-            continue
-        for src, g in df.groupby("results_file", sort=True):
-            status = F.status_counts(g) if kind == "cost" else f"{g['value'].notna().sum()} with a value"
-            rows.append({"file": src, "kind": kind, "rows": len(g), "status": status})
-    return pd.DataFrame(rows)
 
 
 def environment_table(results: F.Results) -> pd.DataFrame:
@@ -210,15 +217,37 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-REPORT_DPI = 80  # figures are ~2000 px wide at the plot command's 150 dpi; a page shows them at <= 1150 px
-COST_FIGURE_KINDS = ("cost", "variants")
+REPORT_DPI = 64  # the widest figures are ~18 in: ~1150 px at 64 dpi, the page's width (the plot command draws at 150)
+PALETTE_COLOURS = 32  # enough for a dozen series, the grid and the bands
+# The figures each kind of run shows. Left to `attn-bench plot`: throughput (latency again: tokens/s = B·L / latency,
+# and in the summary tables), flops_fraction and roofline (per-cell diagnostics: the suspect section lists the cells
+# they would flag), and the "both" figures (tradeoff, patterns), which pair a cost run with an accuracy run.
+RUN_FIGURES = {"cost": ("latency", "memory", "speedup", "kvpress_cost", "block_sparse_layout"),
+               "accuracy": tuple(f.name for f in P.FIGURES if f.needs == "accuracy")}
+# The groups runs are shown in, in page order. A run's group is read from its rows (run_kind), not its file name.
+KINDS = {
+    "op": "Cost: attention operators",
+    "decode": "Cost: decoding steps",
+    "serving": "Cost: serving (batches, draft tokens, ragged contexts, capacity)",
+    "model": "Cost: our backbone (model scope)",
+    "hf": "Cost: transformers models (hf scope)",
+    "trained": "Accuracy: small models trained on a task",
+    "pretrained": "Accuracy: pretrained checkpoints",
+}
 
 
-def _png(fig) -> str:
+def _image(fig) -> tuple[str, int, int]:
+    """A figure as (data URI, width, height): 32 colours at screen resolution in lossless WebP, a fifth of the bytes
+    of the RGBA PNG (a fifth smaller than the same pixels as a palette PNG), so ~150 figures load as one page."""
     buf = io.BytesIO()
     with figure_style():
         fig.savefig(buf, format="png", dpi=REPORT_DPI)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    buf.seek(0)
+    img = Image.open(buf).convert("RGB").quantize(PALETTE_COLOURS, method=Image.Quantize.FASTOCTREE,
+                                                  dither=Image.Dither.NONE).convert("RGB")
+    out = io.BytesIO()
+    img.save(out, format="WEBP", lossless=True, quality=100, method=4)  # method 6: 1% smaller, 50x slower
+    return "data:image/webp;base64," + base64.b64encode(out.getvalue()).decode("ascii"), *img.size
 
 
 class _Ids:
@@ -243,16 +272,29 @@ def _figures_html(data: F.Results, only: Sequence[str], ids: _Ids) -> tuple[str,
         base = name.split(" [")[0]
         title = base.replace("_", " ").capitalize()
         text = described[base]
+        uri, width, height = _image(fig)  # the size given: a folded or lazily loaded figure keeps its place
         figs.append(f'<figure id="{ids("fig-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name))}"><figcaption><b>{html.escape(title)}'
                     f"</b>{html.escape(name[len(base):])} — {html.escape(text)}</figcaption>"
-                    f'<img alt="{html.escape(name)}" src="data:image/png;base64,{_png(fig)}"></figure>')
+                    f'<img alt="{html.escape(name)}" width="{width}" height="{height}" loading="lazy" src="{uri}"></figure>')
     return "".join(figs), skipped
 
 
-def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], ids: _Ids) -> list[str]:
+def _figure_sections(data: F.Results, kind: str, ids: _Ids, all_figures: bool = False) -> list[str]:
+    needs = ("cost", "variants") if kind == "cost" else ("accuracy",)
+    only = [f.name for f in P.FIGURES if f.needs in needs] if all_figures else RUN_FIGURES[kind]
+    figs, skipped = _figures_html(data, only, ids)
+    return [_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3),
+            _section(ids("skipped"), "Figures not drawn",
+                     _folded(f"{len(skipped)} figure(s), each with why", _table(pd.DataFrame(skipped), ids("skipped-table")))
+                     if skipped else '<p class="muted">none</p>', 3)]
+
+
+def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], ids: _Ids,
+              all_figures: bool = False) -> list[str]:
     """One run's sections: environment, suspect cells, findings, tables, figures."""
     data = F.Results(cost=cost, accuracy=acc_empty, sources=sources)
-    parts = [_section(ids("environment"), "Environment", _table(environment_table(data), ids("environment-table")), 3)]
+    parts = [_section(ids("environment"), "Environment",
+                      _folded("device, versions, timestamps", _table(environment_table(data), ids("environment-table"))), 3)]
     parts.append(_section(ids("suspect"), "Suspect and noisy cells", suspect_section(cost), 3))
     items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(cost, acc_empty))
     body = f"<ul>{items}</ul>" if items else '<p class="muted">no findings: too little data</p>'
@@ -272,67 +314,156 @@ def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], i
                                 ("peak_mem_bytes", "Peak memory (MiB)", 2.0**20)):
         if column in cost:
             for facet, table in pivot_cost(cost, column, scale).items():
-                tables.append(f"<h4>{html.escape(name)} · {html.escape(facet)}</h4>" + table.to_html(border=0, escape=True))
+                tables.append(_folded(f"{name} · {facet}", _compact(table.to_html(border=0, escape=True))))
     parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
-    figs, skipped = _figures_html(data, [f.name for f in P.FIGURES if f.needs in COST_FIGURE_KINDS], ids)
-    parts.append(_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3))
-    parts.append(_section(ids("skipped"), "Figures not drawn", _table(pd.DataFrame(skipped), ids("skipped-table")), 3))
-    return parts
+    return parts + _figure_sections(data, "cost", ids, all_figures)
 
 
-def _accuracy_group(cost: pd.DataFrame, acc: pd.DataFrame, sources: list[str], ids: _Ids) -> list[str]:
-    data = F.Results(cost=cost, accuracy=acc, sources=sources)
-    items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(cost.iloc[0:0], acc))
+def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str], ids: _Ids,
+                  all_figures: bool = False) -> list[str]:
+    """One accuracy file's sections: findings, best positions, tables, figures (never pooled with another file's
+    rows: runs of different protocols would stand in one table as if comparable)."""
+    data = F.Results(cost=cost_empty, accuracy=acc, sources=sources)
+    items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(cost_empty, acc))
     sub = _section(ids("positions"), "Best position method per evaluation length",
                    _table(positions_table(acc), ids("positions-table")), 4)
     parts = [_section(ids("findings"), "Findings", (f"<ul>{items}</ul>" if items else "") + sub, 3)]
-    tables = [f"<h4>{html.escape(name)}</h4>" + table.to_html(border=0, escape=True)
-              for name, table in pivot_accuracy(acc).items()]
+    tables = [_folded(name, _compact(table.to_html(border=0, escape=True))) for name, table in pivot_accuracy(acc).items()]
     parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
-    figs, skipped = _figures_html(data, [f.name for f in P.FIGURES if f.needs in ("accuracy", "both")], ids)
-    parts.append(_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3))
-    parts.append(_section(ids("skipped"), "Figures not drawn", _table(pd.DataFrame(skipped), ids("skipped-table")), 3))
-    return parts
+    return parts + _figure_sections(data, "accuracy", ids, all_figures)
 
 
-def build_report(results: F.Results, device: str | None = None, title: str = "attn-bench report") -> str:
-    """The whole report as one HTML string: a contents list, then one group per run (each cost results
-    file: its environment, findings, tables and figures), then the accuracy rows as one group."""
+def run_kind(rows: pd.DataFrame, accuracy: bool) -> str:
+    """The group (a key of :data:`KINDS`) of one file's rows of one kind, read from the rows themselves."""
+    if accuracy:
+        return "trained" if "steps" in rows and rows["steps"].notna().any() else "pretrained"
+    scopes = set(rows["scope"].dropna()) if "scope" in rows else set()
+    if "hf" in scopes:
+        return "hf"
+    if "model" in scopes:
+        return "model"
+    batched = "batch_size" in rows and (pd.to_numeric(rows["batch_size"], errors="coerce") > 1).any()
+    if batched or any(c in rows and rows[c].notna().any() for c in ("queries", "budget_bytes", "ragged")):
+        return "serving"
+    return "decode" if "mode" in rows and set(rows["mode"].dropna()) == {"decode"} else "op"
+
+
+def _markdown_inline(text: str) -> str:
+    """One Markdown paragraph as HTML: code spans and fenced code kept as code, links as their text, the rest escaped."""
+    if text.startswith("```"):
+        return "<code>" + html.escape("\n".join(line for line in text.splitlines() if not line.startswith("```"))) + "</code>"
+    out = []
+    for part in re.split(r"(`[^`]*`)", text):
+        if len(part) >= 2 and part[0] == part[-1] == "`":
+            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+        else:
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", part))))
+    return "".join(out)
+
+
+def run_commands(markdown: str) -> dict[str, str]:
+    """Each results file's command, from a document laid out as results/README.md: the first paragraph of the
+    ``### `<file name>` `` section (the command and what it ran), as HTML, keyed by file name in document order.
+
+    The rows do not record the command line; the document that introduces each committed run does."""
+    out = {}
+    for m in re.finditer(r"^### `([^`\n]+)`[ \t]*\n(.*?)(?=^#{1,3} |\Z)", markdown, re.S | re.M):
+        out[m.group(1)] = _markdown_inline(re.split(r"\n[ \t]*\n", m.group(2).strip(), maxsplit=1)[0].strip())
+    return out
+
+
+def file_digest(path: str | Path) -> str:
+    """The SHA-256 of a results file as the report records it: a test compares it with the committed file."""
+    p = Path(path)
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+
+
+def _runs(cost: pd.DataFrame, acc: pd.DataFrame, commands: Mapping[str, str]) -> list[tuple[str, str, str, pd.DataFrame]]:
+    """(kind, group, file, rows) per results file and kind of row, in page order: by group, then in the commands
+    document's order (related runs sit together there), then by name."""
+    runs = []
+    for kind, df in (("cost", cost), ("accuracy", acc)):
+        if len(df) == 0:
+            continue
+        files = df["results_file"] if "results_file" in df else pd.Series("", index=df.index)
+        for src, g in df.groupby(files, sort=False):
+            runs.append((kind, run_kind(g, kind == "accuracy"), str(src), g))
+    order = {name: i for i, name in enumerate(commands)}
+    groups = list(KINDS)
+    return sorted(runs, key=lambda r: (groups.index(r[1]), order.get(Path(r[2]).name, len(order)), Path(r[2]).name))
+
+
+def _sources_table(runs: list[tuple[str, str, str, pd.DataFrame]]) -> pd.DataFrame:
+    rows = []
+    for kind, group, src, g in runs:
+        status = F.status_counts(g) if kind == "cost" else f"{g['value'].notna().sum()} with a value"
+        rows.append({"file": Path(src).name, "group": KINDS[group], "rows": len(g), "status": status,
+                     "sha256": file_digest(src)})
+    return pd.DataFrame(rows)
+
+
+def build_report(results: F.Results, device: str | None = None, title: str = "attn-bench report",
+                 commands: Mapping[str, str] | None = None, commands_source: str | None = None,
+                 all_figures: bool = False) -> str:
+    """The whole report as one HTML string: a contents list, the sources (each file's rows and SHA-256), then each
+    results file as one folded run -- its command (from ``commands``, file name -> HTML), environment, findings,
+    tables and figures -- grouped by kind of run. ``all_figures``: every figure ``plot`` draws, not the page's set."""
     P.check_plottable(results)
+    commands = commands or {}
     cost = F.select_device(results.cost, device)
     acc = results.accuracy
     ids = _Ids()
-    groups: list[tuple[str, str, list[str]]] = []  # (anchor, heading, sections)
-    runs = sorted(cost["results_file"].unique()) if len(cost) and "results_file" in cost else ([None] if len(cost) else [])
-    for src in runs:
-        run = cost if src is None else cost[cost["results_file"] == src]
-        F.check_single_device(run)
+    runs = _runs(cost, acc, commands)
+    articles: dict[str, list[str]] = {}
+    contents: dict[str, list[str]] = {}
+    for i, (kind, group, src, rows) in enumerate(runs):
+        name = Path(src).name
         anchor = ids("run")
-        caption = provenance(run)
-        groups.append((anchor, f"Run: {Path(str(src)).name if src else 'cost'}",
-                       [f'<p class="muted">{html.escape(str(src or ""))} · {html.escape(caption)}</p>',
-                        *_cost_run(run, acc.iloc[0:0], [str(src)] if src else results.sources, ids)]))
-    if len(acc):
-        srcs = sorted(acc["results_file"].unique()) if "results_file" in acc else []
-        anchor = ids("run")
-        head = f'<p class="muted">{html.escape(", ".join(map(str, srcs)))} · {html.escape(provenance(None, acc))}</p>'
-        groups.append((anchor, "Accuracy", [head, *_accuracy_group(cost, acc, srcs, ids)]))
-    contents = "".join(f'<li><a href="#{a}">{html.escape(h)}</a></li>' for a, h, _ in groups)
-    parts = [f"<h1>{html.escape(title)}</h1>",
-             f'<nav id="contents"><h2>Contents</h2><ol><li><a href="#sources">Sources</a></li>{contents}</ol></nav>',
-             _section("sources", "Sources", _table(_sources(F.Results(cost=cost, accuracy=acc, sources=results.sources)),
-                                                   "sources-table"))]
-    for i, (anchor, heading, sections) in enumerate(groups):
+        if name in commands:
+            command = f'<p class="command">{commands[name]}</p>'
+        else:
+            where = f" in {commands_source}" if commands_source else " (attn-bench report --commands gives it)"
+            command = f'<p class="command muted">no command recorded{html.escape(where)}</p>'
+        if kind == "cost":
+            F.check_single_device(rows)
+            caption = provenance(rows)
+            sections = _cost_run(rows, acc.iloc[0:0], [src], ids, all_figures)
+        else:
+            caption = provenance(None, rows)
+            sections = _accuracy_run(rows, cost.iloc[0:0], [src], ids, all_figures)
+        size = f"{len(rows)} {kind} row{'s' if len(rows) != 1 else ''}"
         # each run folds (the first is open): the page is a contents list and the run you are reading
-        head = (f'<article class="run" id="{anchor}"><details{" open" if i == 0 else ""}><summary>'
-                f'<h2 class="run-title">{html.escape(heading)}</h2></summary>\n')
-        parts.append(head + "".join(sections) + "</details></article>")
+        articles.setdefault(group, []).append(
+            f'<article class="run" id="{anchor}" data-file="{html.escape(name)}"><details{" open" if i == 0 else ""}>'
+            f'<summary><h3 class="run-title">{html.escape(name)}</h3> <span class="muted">{html.escape(size)}</span>'
+            f"</summary>\n{command}"
+            f'<p class="muted">{html.escape(src)} · {html.escape(caption)}</p>' + "".join(sections) + "</details></article>")
+        contents.setdefault(group, []).append(f'<li><a href="#{anchor}">{html.escape(name)}</a></li>')
+    nav = "".join(f'<li><a href="#kind-{g}">{html.escape(KINDS[g])}</a><ol>{"".join(contents[g])}</ol></li>'
+                  for g in KINDS if g in contents)
+    n_files = len({src for _, _, src, _ in runs})
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f'<p class="muted">{n_files} results file(s), {len(runs)} run(s). Each run folds open from the contents; its '
+             "tables fold too. <code>attn-bench plot</code> draws what the page leaves out: "
+             + ("" if all_figures else "throughput, the FLOP/s fraction and roofline figures (or <code>report "
+                "--all-figures</code>), and ") + "the figures pairing a cost run with an accuracy run (tradeoff, patterns).</p>",
+             f'<nav id="contents"><h2>Contents</h2><ol><li><a href="#sources">Sources</a></li>{nav}</ol></nav>',
+             _section("sources", "Sources", _folded(f"{n_files} file(s): rows, status and SHA-256 of each",
+                                                    _table(_sources_table(runs), "sources-table")))]
+    for g in KINDS:
+        if g in articles:
+            parts.append(f'<section class="kind" id="kind-{g}"><h2>{html.escape(KINDS[g])}</h2>\n'
+                         + "\n".join(articles[g]) + "</section>")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "</body></html>\n")
 
 
-def write_report(paths: Sequence[str], out: str | Path, device: str | None = None) -> Path:
-    text = build_report(F.load_results(paths), device)
+def write_report(paths: Sequence[str], out: str | Path, device: str | None = None,
+                 commands: str | Path | None = None, all_figures: bool = False) -> Path:
+    """Build the report of ``paths`` (each file's command from the ``commands`` document, if given) into ``out``."""
+    table = run_commands(Path(commands).read_text(encoding="utf-8")) if commands else None
+    text = build_report(F.load_results(paths), device, commands=table, commands_source=str(commands) if commands else None,
+                        all_figures=all_figures)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
@@ -345,14 +476,20 @@ def write_report(paths: Sequence[str], out: str | Path, device: str | None = Non
 @click.argument("results", nargs=-1, required=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
 @click.option("--device", default=None, help="Only cost rows whose device (name) contains this text.")
-def report_command(results: tuple[str, ...], out: str, device: str | None) -> None:
-    """Write one self-contained HTML report (figures embedded) of the RESULTS files."""
+@click.option("--commands", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Markdown with a '### `<file name>`' section per results file opening with the command that made it "
+                   "(results/README.md): shown with each run.")
+@click.option("--all-figures", is_flag=True,
+              help="Every figure `plot` draws (throughput, FLOP/s fraction, roofline too): for a report of a run or two.")
+def report_command(results: tuple[str, ...], out: str, device: str | None, commands: str | None,
+                   all_figures: bool) -> None:
+    """Write one self-contained HTML report (figures embedded) of the RESULTS files, one run per file."""
     from harness.results import check_writable
 
     check_writable(out, what="report")  # before the figures are drawn
-    path = write_report(results, out, device)
+    path = write_report(results, out, device, commands, all_figures)
     click.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
-__all__ = ["build_report", "crossover_table", "environment_table", "findings", "reach_table", "report_command",
-           "scaling_table", "suspect_section", "write_report"]
+__all__ = ["KINDS", "build_report", "crossover_table", "environment_table", "file_digest", "findings", "reach_table",
+           "report_command", "run_commands", "run_kind", "scaling_table", "suspect_section", "write_report"]
