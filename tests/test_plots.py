@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 from harness.analysis import derive as D  # noqa: E402
 from harness.analysis import figures as P  # noqa: E402
 from harness.analysis import frames as F  # noqa: E402
+from harness.analysis import trust as T  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 LENS = [256, 512, 1024, 2048, 4096, 8192]
@@ -755,7 +756,7 @@ def test_a_speedup_is_hollow_when_its_cell_or_its_full_baseline_is_untrusted():
 def test_a_fraction_above_the_peak_is_clipped_hollow_and_labelled():
     rows = flagged_rows({("sliding_window", "flex", 2048): {"peak_fraction": 1.5}})
     cost = F.prepare_cost(pd.DataFrame(rows))
-    assert list(D.suspect_rows(cost)[["variant", "seq_len", "peak_fraction"]].itertuples(index=False, name=None)) == \
+    assert list(T.suspect_rows(cost)[["variant", "seq_len", "peak_fraction"]].itertuples(index=False, name=None)) == \
         [("sliding_window(window=256)", 2048.0, 1.5)]
     fig = P.plot_flops_fraction(cost)
     series = "sliding_window(window=256)/flex"

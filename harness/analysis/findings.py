@@ -9,6 +9,7 @@ import pandas as pd
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis import trust as T
 
 MAX_FINDINGS = 12
 
@@ -22,7 +23,7 @@ def findings(cost: pd.DataFrame, acc: pd.DataFrame, limit: int = MAX_FINDINGS) -
     below hold everything; a last sentence says how many findings were cut."""
     ranked: list[tuple[int, float, str]] = []  # (rank, -weight, sentence)
     if len(cost) and len(F.ok_rows(cost)):
-        trusted = D.without_suspect(cost)
+        trusted = T.without_suspect(cost)
         for _, r in D.longest_reached(cost).iterrows():
             where = f"({r['facet']})"
             if not math.isfinite(r["longest_ok"]) and r["stopped_by"]:
@@ -56,7 +57,7 @@ def findings(cost: pd.DataFrame, acc: pd.DataFrame, limit: int = MAX_FINDINGS) -
             ranked.append((4, 0.0, f"{shaky} latency fit(s) are not stated: negative, above 3 or R² below 0.9, where "
                                    "fixed per-call costs or noise dominate (see the scaling table)."))
     lines = [text for _, _, text in sorted(ranked, key=lambda t: (t[0], t[1]))]
-    if len(cost) and (n := len(D.suspect_rows(cost))):
+    if len(cost) and (n := len(T.suspect_rows(cost))):
         lines.insert(0, f"{n} suspect cell(s) (achieved FLOP/s above the measured matmul peak, or bytes/s above the "
                         "memory bandwidth) are left out of the exponents and crossovers; see Suspect and noisy cells.")
     if len(acc):

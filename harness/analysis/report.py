@@ -25,6 +25,7 @@ from PIL import Image
 from harness.analysis import derive as D
 from harness.analysis import figures as P
 from harness.analysis import frames as F
+from harness.analysis import trust as T
 from harness.analysis.figures.positions import position_table
 from harness.analysis.figures.style import figure_style, provenance
 from harness.analysis.findings import findings
@@ -100,7 +101,7 @@ def suspect_section(cost: pd.DataFrame) -> str:
     findings it could distort, not discovered later in a figure."""
     if len(cost) == 0:
         return '<p class="muted">no cost rows</p>'
-    suspect, noisy = D.suspect_rows(cost), D.noisy_rows(cost)
+    suspect, noisy = T.suspect_rows(cost), T.noisy_rows(cost)
     parts = ['<p class="muted">Suspect: an ok cell whose achieved FLOP/s exceeds the peak measured around it '
              "(peak_fraction &gt; 1), or which moved at least 64 MiB faster than the memory bandwidth measured around it "
              "(bandwidth_fraction &gt; 1), so a count, its timing or its peak is wrong. Noisy: the peaks timed before "
@@ -144,7 +145,7 @@ def scaling_table(cost: pd.DataFrame) -> pd.DataFrame:
     """Fitted exponents of latency and peak memory vs length, per series and mode (suspect cells left out).
 
     Fits need 3 lengths; each shows its R², and one that is negative, above 3 or a poor fit is noted."""
-    cost = D.without_suspect(cost)
+    cost = T.without_suspect(cost)
     lat = D.fit_exponents(cost, "latency_ms")
     mem = D.fit_exponents(cost, "peak_mem_bytes") if "peak_mem_bytes" in cost else lat.iloc[0:0]
     table = lat.merge(mem, on=["series", "facet"], how="left", suffixes=("", "_mem"))
@@ -162,7 +163,7 @@ def scaling_table(cost: pd.DataFrame) -> pd.DataFrame:
 
 def crossover_table(cost: pd.DataFrame) -> pd.DataFrame:
     """Where each variant starts beating full, from the cells that are not suspect."""
-    cr = D.crossovers(D.without_suspect(cost))
+    cr = D.crossovers(T.without_suspect(cost))
     return pd.DataFrame({
         "series": cr["series"], "mode": cr["facet"],
         "beats full from": cr["crossover_len"].map(lambda x: F.fmt_len(x) if math.isfinite(x) else "not within the sweep"),
@@ -195,7 +196,7 @@ def pivot_cost(cost: pd.DataFrame, column: str, scale: float = 1.0) -> dict[str,
 
     A suspect or noisy cell keeps its number, followed by "(suspect)" or "(noisy)"."""
     cells = F.cells(cost)
-    flag = pd.Series("", index=cells.index).mask(D.noisy_mask(cells), " (noisy)").mask(D.suspect_mask(cells), " (suspect)")
+    flag = pd.Series("", index=cells.index).mask(T.noisy_mask(cells), " (noisy)").mask(T.suspect_mask(cells), " (suspect)")
     out = {}
     for facet, g in cells.groupby("facet", sort=True):
         text = [fmt_num(v / scale) + f if s == "ok" and pd.notna(v) else (s if s != "ok" else "—")

@@ -16,7 +16,7 @@ row carries both. A cell is ``noisy`` (its status stays ``ok``) when
 The load average is recorded too, but not judged: it counts the measuring process's own threads.
 A row faster than its roof (``peak_fraction`` above 1, or ``bandwidth_fraction`` above 1 against the bandwidth of
 the level its working set lives in) is noisy too, and so measured again: a peak timed low is the usual cause. If
-it stays above, plots and the report treat it as *suspect* (harness.analysis.derive).
+it stays above, plots and the report treat it as *suspect* (harness.analysis.trust).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 One panel per scope/mode, one line per series. Cells that did not run (oom, timeout, error...) are
 never drawn as values: their lines break, and oom/timeout cells are marked with an ``x`` at the length
 where they failed. Cells that ran but are not trusted (noisy, or faster than the measured peak: see
-:func:`harness.analysis.derive.untrusted`) stay on their line with a hollow marker, counted in the caption.
+:func:`harness.analysis.trust.untrusted`) stay on their line with a hollow marker, counted in the caption.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from matplotlib.ticker import FuncFormatter
 
 from harness.analysis import derive as D
 from harness.analysis import frames as F
+from harness.analysis import trust as T
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import (
     FAIL_MARKER,
@@ -99,7 +100,7 @@ def _cost_lines(cost: pd.DataFrame, column: str, *, name: str, title: str, ylabe
     peak over 1) is drawn at that limit, hollow, with its real value written beside it.
     """
     df = _cost_frame(cost, column, ylabel)
-    df = df.assign(_untrusted=D.untrusted(df).to_numpy())
+    df = df.assign(_untrusted=T.untrusted(df).to_numpy())
     pal = palette or frame_palette(df)
     styles = line_styles(df["backend_label"])
     facets = facet_order(df)
@@ -207,7 +208,7 @@ def plot_flops_fraction(cost: pd.DataFrame, out: str | Path | None = None, *, pa
     A fraction above 1 is impossible (a timing bug or a peak taken under other load): it is drawn at 1,
     hollow, with its value written beside it, never as a point above the peak."""
     df = cost if "series" in cost else F.prepare_cost(cost)
-    frac = D.peak_fraction(df)
+    frac = T.peak_fraction(df)
     if not frac.notna().any():
         raise Skip("rows carry no measured device peak (peak_flops_per_s or peak_fraction)")
     df = df.assign(flops_fraction=frac)
@@ -226,7 +227,7 @@ def plot_roofline(cost: pd.DataFrame, out: str | Path | None = None, *, palette:
     FLOP fraction is near zero whatever its kernel does). Above 1 is drawn at 1, hollow, with its value beside it: a
     step whose state stays in the caches between timed repeats can beat the memory's bandwidth."""
     df = cost if "series" in cost else F.prepare_cost(cost)
-    frac = D.roof_fraction(df)
+    frac = T.roof_fraction(df)
     if not frac.notna().any():
         raise Skip("rows carry no measured roof (bandwidth_fraction for decode, peak_fraction otherwise)")
     df = df.assign(roof_fraction=frac)
@@ -250,7 +251,7 @@ def plot_speedup(cost: pd.DataFrame, out: str | Path | None = None, *, palette: 
     if len(sp) == 0:
         raise Skip("no variant other than 'full' ran at a length where 'full' ran too")
     # the annotated crossover leaves suspect cells out, as the report's crossover table does
-    cross = D.crossovers(D.without_suspect(df)).set_index(["series", "facet"])["crossover_len"]
+    cross = D.crossovers(T.without_suspect(df)).set_index(["series", "facet"])["crossover_len"]
     pal = palette or frame_palette(df)
     styles = line_styles(df["backend_label"])
     facets = facet_order(sp)
