@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 from harness.analysis import findings as FI  # noqa: E402
 from harness.analysis import frames as F  # noqa: E402
 from harness.analysis import report as R  # noqa: E402
+from harness.analysis import runs as RUNS  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 LENS = [512, 1024, 2048, 4096, 8192]
@@ -315,7 +316,7 @@ attn-bench accuracy --preset smollm2-cpu
 
 
 def test_run_commands_are_the_first_paragraph_of_each_files_section():
-    got = R.run_commands(COMMANDS)
+    got = RUNS.run_commands(COMMANDS)
     assert list(got) == ["op.jsonl", "trained.jsonl", "pretrained.jsonl"]
     assert got["op.jsonl"] == ("<code>attn-bench sweep --preset quick --out op.jsonl</code>: the first variants\n"
                                "at 4 &lt; 8 lengths.")
@@ -352,7 +353,7 @@ def test_each_file_is_one_run_in_its_kinds_group_with_its_command(grouped):
         ("op", ["op.jsonl"]), ("serving", ["serving.jsonl"]), ("hf", ["hf.jsonl"]),
         ("trained", ["trained.jsonl"]), ("pretrained", ["pretrained.jsonl"])]
     runs = articles(page)
-    assert f'<p class="command">{R.run_commands(COMMANDS)["op.jsonl"]}</p>' in runs["op.jsonl"]
+    assert f'<p class="command">{RUNS.run_commands(COMMANDS)["op.jsonl"]}</p>' in runs["op.jsonl"]
     assert '<p class="command">The same command with <code>--task lm</code>' in runs["trained.jsonl"]
     assert "no command recorded in " in runs["serving.jsonl"] and "COMMANDS.md" in runs["serving.jsonl"]
     # accuracy files are never pooled: each has its own table of its own values (inverted in the second file)
@@ -372,13 +373,13 @@ def test_each_file_is_one_run_in_its_kinds_group_with_its_command(grouped):
 
 def test_run_kind_is_read_from_the_rows():
     cost = F.prepare_cost(pd.DataFrame(cost_rows()))
-    assert R.run_kind(cost, accuracy=False) == "op"
-    assert R.run_kind(cost.assign(mode="decode"), accuracy=False) == "decode"
-    assert R.run_kind(cost.assign(mode="decode", queries=4.0), accuracy=False) == "serving"
-    assert R.run_kind(cost.assign(scope="model"), accuracy=False) == "model"
+    assert RUNS.run_kind(cost, accuracy=False) == "op"
+    assert RUNS.run_kind(cost.assign(mode="decode"), accuracy=False) == "decode"
+    assert RUNS.run_kind(cost.assign(mode="decode", queries=4.0), accuracy=False) == "serving"
+    assert RUNS.run_kind(cost.assign(scope="model"), accuracy=False) == "model"
     acc = F.prepare_accuracy(pd.DataFrame(acc_rows()))
-    assert R.run_kind(acc, accuracy=True) == "pretrained"
-    assert R.run_kind(acc.assign(steps=[None] * (len(acc) - 1) + [10.0]), accuracy=True) == "trained"
+    assert RUNS.run_kind(acc, accuracy=True) == "pretrained"
+    assert RUNS.run_kind(acc.assign(steps=[None] * (len(acc) - 1) + [10.0]), accuracy=True) == "trained"
 
 
 def test_sources_table_records_each_files_rows_and_sha256(grouped):
@@ -416,7 +417,7 @@ def test_the_committed_report_is_of_every_committed_results_file_as_committed(co
 
 def test_the_committed_report_shows_each_runs_command_from_results_readme(committed):
     # the command itself (the paragraph's first code), not its prose: editing a section's wording needs no rebuild
-    commands = R.run_commands((ROOT / "results" / "README.md").read_text(encoding="utf-8"))
+    commands = RUNS.run_commands((ROOT / "results" / "README.md").read_text(encoding="utf-8"))
     for name, body in articles(committed).items():
         shown = re.search(r'<p class="command">(.*?)</p>', body, re.S)
         code = re.search(r"<code>.*?</code>", commands[name], re.S)

@@ -9,10 +9,7 @@ that a committed report no longer matches the results it claims to show.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import html
-import io
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -20,14 +17,15 @@ from pathlib import Path
 
 import click
 import pandas as pd
-from PIL import Image
 
 from harness.analysis import derive as D
+from harness.analysis import embed as E
 from harness.analysis import figures as P
 from harness.analysis import frames as F
+from harness.analysis import runs as R
 from harness.analysis import trust as T
 from harness.analysis.figures.positions import position_table
-from harness.analysis.figures.style import figure_style, provenance
+from harness.analysis.figures.style import provenance
 from harness.analysis.findings import findings
 
 ENV_COLUMNS = ("device", "device_name", "cpu_capability", "num_threads", "torch_version", "cuda_version",
@@ -218,79 +216,17 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-REPORT_DPI = 64  # the widest figures are ~18 in: ~1150 px at 64 dpi, the page's width (the plot command draws at 150)
-PALETTE_COLOURS = 32  # enough for a dozen series, the grid and the bands
-# The figures each kind of run shows. Left to `attn-bench plot`: throughput (latency again: tokens/s = B·L / latency,
-# and in the summary tables), flops_fraction and roofline (per-cell diagnostics: the suspect section lists the cells
-# they would flag), and the "both" figures (tradeoff, patterns), which pair a cost run with an accuracy run.
-RUN_FIGURES = {"cost": ("latency", "memory", "speedup", "kvpress_cost", "block_sparse_layout"),
-               "accuracy": tuple(f.name for f in P.FIGURES if f.needs == "accuracy")}
-# The groups runs are shown in, in page order. A run's group is read from its rows (run_kind), not its file name.
-KINDS = {
-    "op": "Cost: attention operators",
-    "decode": "Cost: decoding steps",
-    "serving": "Cost: serving (batches, draft tokens, ragged contexts, capacity)",
-    "model": "Cost: our backbone (model scope)",
-    "hf": "Cost: transformers models (hf scope)",
-    "trained": "Accuracy: small models trained on a task",
-    "pretrained": "Accuracy: pretrained checkpoints",
-}
-
-
-def _image(fig) -> tuple[str, int, int]:
-    """A figure as (data URI, width, height): 32 colours at screen resolution in lossless WebP, a fifth of the bytes
-    of the RGBA PNG (a fifth smaller than the same pixels as a palette PNG), so ~150 figures load as one page."""
-    buf = io.BytesIO()
-    with figure_style():
-        fig.savefig(buf, format="png", dpi=REPORT_DPI)
-    buf.seek(0)
-    img = Image.open(buf).convert("RGB").quantize(PALETTE_COLOURS, method=Image.Quantize.FASTOCTREE,
-                                                  dither=Image.Dither.NONE).convert("RGB")
-    out = io.BytesIO()
-    img.save(out, format="WEBP", lossless=True, quality=100, method=4)  # method 6: 1% smaller, 50x slower
-    return "data:image/webp;base64," + base64.b64encode(out.getvalue()).decode("ascii"), *img.size
-
-
-class _Ids:
-    """Section and table ids unique on the page: the first run keeps the plain id, later ones get -2, -3."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}
-
-    def __call__(self, base: str) -> str:
-        n = self.seen.get(base, 0) + 1
-        self.seen[base] = n
-        return base if n == 1 else f"{base}-{n}"
-
-
-def _figures_html(data: F.Results, only: Sequence[str], ids: _Ids) -> tuple[str, list[dict[str, str]]]:
-    figs, skipped = [], []
-    described = {f.name: f.description for f in P.FIGURES}
-    for name, fig, _ in P.figures(data, None, only=only):
-        if isinstance(fig, P.Skip):
-            skipped.append({"figure": name, "reason": str(fig)})
-            continue
-        base = name.split(" [")[0]
-        title = base.replace("_", " ").capitalize()
-        text = described[base]
-        uri, width, height = _image(fig)  # the size given: a folded or lazily loaded figure keeps its place
-        figs.append(f'<figure id="{ids("fig-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name))}"><figcaption><b>{html.escape(title)}'
-                    f"</b>{html.escape(name[len(base):])} — {html.escape(text)}</figcaption>"
-                    f'<img alt="{html.escape(name)}" width="{width}" height="{height}" loading="lazy" src="{uri}"></figure>')
-    return "".join(figs), skipped
-
-
-def _figure_sections(data: F.Results, kind: str, ids: _Ids, all_figures: bool = False) -> list[str]:
+def _figure_sections(data: F.Results, kind: str, ids: E.PageIds, all_figures: bool = False) -> list[str]:
     needs = ("cost", "variants") if kind == "cost" else ("accuracy",)
-    only = [f.name for f in P.FIGURES if f.needs in needs] if all_figures else RUN_FIGURES[kind]
-    figs, skipped = _figures_html(data, only, ids)
+    only = [f.name for f in P.FIGURES if f.needs in needs] if all_figures else E.RUN_FIGURES[kind]
+    figs, skipped = E.figures_html(data, only, ids)
     return [_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3),
             _section(ids("skipped"), "Figures not drawn",
                      _folded(f"{len(skipped)} figure(s), each with why", _table(pd.DataFrame(skipped), ids("skipped-table")))
                      if skipped else '<p class="muted">none</p>', 3)]
 
 
-def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], ids: _Ids,
+def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], ids: E.PageIds,
               all_figures: bool = False) -> list[str]:
     """One run's sections: environment, suspect cells, findings, tables, figures."""
     data = F.Results(cost=cost, accuracy=acc_empty, sources=sources)
@@ -320,7 +256,7 @@ def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], i
     return parts + _figure_sections(data, "cost", ids, all_figures)
 
 
-def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str], ids: _Ids,
+def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str], ids: E.PageIds,
                   all_figures: bool = False) -> list[str]:
     """One accuracy file's sections: findings, best positions, tables, figures (never pooled with another file's
     rows: runs of different protocols would stand in one table as if comparable)."""
@@ -334,72 +270,12 @@ def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str
     return parts + _figure_sections(data, "accuracy", ids, all_figures)
 
 
-def run_kind(rows: pd.DataFrame, accuracy: bool) -> str:
-    """The group (a key of :data:`KINDS`) of one file's rows of one kind, read from the rows themselves."""
-    if accuracy:
-        return "trained" if "steps" in rows and rows["steps"].notna().any() else "pretrained"
-    scopes = set(rows["scope"].dropna()) if "scope" in rows else set()
-    if "hf" in scopes:
-        return "hf"
-    if "model" in scopes:
-        return "model"
-    batched = "batch_size" in rows and (pd.to_numeric(rows["batch_size"], errors="coerce") > 1).any()
-    if batched or any(c in rows and rows[c].notna().any() for c in ("queries", "budget_bytes", "ragged")):
-        return "serving"
-    return "decode" if "mode" in rows and set(rows["mode"].dropna()) == {"decode"} else "op"
-
-
-def _markdown_inline(text: str) -> str:
-    """One Markdown paragraph as HTML: code spans and fenced code kept as code, links as their text, the rest escaped."""
-    if text.startswith("```"):
-        return "<code>" + html.escape("\n".join(line for line in text.splitlines() if not line.startswith("```"))) + "</code>"
-    out = []
-    for part in re.split(r"(`[^`]*`)", text):
-        if len(part) >= 2 and part[0] == part[-1] == "`":
-            out.append(f"<code>{html.escape(part[1:-1])}</code>")
-        else:
-            out.append(re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", part))))
-    return "".join(out)
-
-
-def run_commands(markdown: str) -> dict[str, str]:
-    """Each results file's command, from a document laid out as results/README.md: the first paragraph of the
-    ``### `<file name>` `` section (the command and what it ran), as HTML, keyed by file name in document order.
-
-    The rows do not record the command line; the document that introduces each committed run does."""
-    out = {}
-    for m in re.finditer(r"^### `([^`\n]+)`[ \t]*\n(.*?)(?=^#{1,3} |\Z)", markdown, re.S | re.M):
-        out[m.group(1)] = _markdown_inline(re.split(r"\n[ \t]*\n", m.group(2).strip(), maxsplit=1)[0].strip())
-    return out
-
-
-def file_digest(path: str | Path) -> str:
-    """The SHA-256 of a results file as the report records it: a test compares it with the committed file."""
-    p = Path(path)
-    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
-
-
-def _runs(cost: pd.DataFrame, acc: pd.DataFrame, commands: Mapping[str, str]) -> list[tuple[str, str, str, pd.DataFrame]]:
-    """(kind, group, file, rows) per results file and kind of row, in page order: by group, then in the commands
-    document's order (related runs sit together there), then by name."""
-    runs = []
-    for kind, df in (("cost", cost), ("accuracy", acc)):
-        if len(df) == 0:
-            continue
-        files = df["results_file"] if "results_file" in df else pd.Series("", index=df.index)
-        for src, g in df.groupby(files, sort=False):
-            runs.append((kind, run_kind(g, kind == "accuracy"), str(src), g))
-    order = {name: i for i, name in enumerate(commands)}
-    groups = list(KINDS)
-    return sorted(runs, key=lambda r: (groups.index(r[1]), order.get(Path(r[2]).name, len(order)), Path(r[2]).name))
-
-
 def _sources_table(runs: list[tuple[str, str, str, pd.DataFrame]]) -> pd.DataFrame:
     rows = []
     for kind, group, src, g in runs:
         status = F.status_counts(g) if kind == "cost" else f"{g['value'].notna().sum()} with a value"
-        rows.append({"file": Path(src).name, "group": KINDS[group], "rows": len(g), "status": status,
-                     "sha256": file_digest(src)})
+        rows.append({"file": Path(src).name, "group": R.KINDS[group], "rows": len(g), "status": status,
+                     "sha256": R.file_digest(src)})
     return pd.DataFrame(rows)
 
 
@@ -413,8 +289,8 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
     commands = commands or {}
     cost = F.select_device(results.cost, device)
     acc = results.accuracy
-    ids = _Ids()
-    runs = _runs(cost, acc, commands)
+    ids = E.PageIds()
+    runs = R.runs(cost, acc, commands)
     articles: dict[str, list[str]] = {}
     contents: dict[str, list[str]] = {}
     for i, (kind, group, src, rows) in enumerate(runs):
@@ -440,8 +316,8 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
             f"</summary>\n{command}"
             f'<p class="muted">{html.escape(src)} · {html.escape(caption)}</p>' + "".join(sections) + "</details></article>")
         contents.setdefault(group, []).append(f'<li><a href="#{anchor}">{html.escape(name)}</a></li>')
-    nav = "".join(f'<li><a href="#kind-{g}">{html.escape(KINDS[g])}</a><ol>{"".join(contents[g])}</ol></li>'
-                  for g in KINDS if g in contents)
+    nav = "".join(f'<li><a href="#kind-{g}">{html.escape(R.KINDS[g])}</a><ol>{"".join(contents[g])}</ol></li>'
+                  for g in R.KINDS if g in contents)
     n_files = len({src for _, _, src, _ in runs})
     parts = [f"<h1>{html.escape(title)}</h1>",
              f'<p class="muted">{n_files} results file(s), {len(runs)} run(s). Each run folds open from the contents; its '
@@ -451,9 +327,9 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
              f'<nav id="contents"><h2>Contents</h2><ol><li><a href="#sources">Sources</a></li>{nav}</ol></nav>',
              _section("sources", "Sources", _folded(f"{n_files} file(s): rows, status and SHA-256 of each",
                                                     _table(_sources_table(runs), "sources-table")))]
-    for g in KINDS:
+    for g in R.KINDS:
         if g in articles:
-            parts.append(f'<section class="kind" id="kind-{g}"><h2>{html.escape(KINDS[g])}</h2>\n'
+            parts.append(f'<section class="kind" id="kind-{g}"><h2>{html.escape(R.KINDS[g])}</h2>\n'
                          + "\n".join(articles[g]) + "</section>")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "</body></html>\n")
@@ -462,7 +338,7 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
 def write_report(paths: Sequence[str], out: str | Path, device: str | None = None,
                  commands: str | Path | None = None, all_figures: bool = False) -> Path:
     """Build the report of ``paths`` (each file's command from the ``commands`` document, if given) into ``out``."""
-    table = run_commands(Path(commands).read_text(encoding="utf-8")) if commands else None
+    table = R.run_commands(Path(commands).read_text(encoding="utf-8")) if commands else None
     text = build_report(F.load_results(paths), device, commands=table, commands_source=str(commands) if commands else None,
                         all_figures=all_figures)
     out = Path(out)
@@ -492,5 +368,5 @@ def report_command(results: tuple[str, ...], out: str, device: str | None, comma
     click.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
-__all__ = ["KINDS", "build_report", "crossover_table", "environment_table", "file_digest", "findings", "reach_table",
-           "report_command", "run_commands", "run_kind", "scaling_table", "suspect_section", "write_report"]
+__all__ = ["build_report", "crossover_table", "environment_table", "findings", "reach_table", "report_command",
+           "scaling_table", "suspect_section", "write_report"]
