@@ -285,7 +285,7 @@ def provenance(cost: pd.DataFrame | None = None, accuracy: pd.DataFrame | None =
         return "/".join(vals) if vals else None
 
     parts = []
-    if (d := one("device_name") or one("device")) is not None:
+    if (d := one("device_key") or one("device_name") or one("device")) is not None:  # the machine label: name + vector units
         parts.append(d)
     if (t := one("torch_version")) is not None:
         parts.append(f"torch {t}")
