@@ -54,6 +54,17 @@ class NameTaken(ValueError):
     would otherwise run the built-in under the name the user meant for their own variant."""
 
 
+def _reloaded(old: type, new: type) -> bool:
+    """Whether ``new`` is ``old`` loaded again from a plugin file of the same name (a test's copy in another folder,
+    a file loaded again after an edit): the later one replaces it. Two different classes, or any class taking a
+    built-in's name, are a clash."""
+    def stem(cls: type) -> str | None:
+        module = cls.__module__
+        return module.rstrip("0123456789") if module.startswith("attn_plugin_") else None
+
+    return stem(old) is not None and stem(old) == stem(new) and old.__qualname__ == new.__qualname__
+
+
 class Registry:
     """Name -> (class, config dataclass). Entry-point plugins load lazily on first lookup."""
 
@@ -77,7 +88,7 @@ class Registry:
         def decorator(cls: type) -> type:
             self._check_class(name, cls)
             check_config_defaults(f"{self.kind} {shorten(name)}", config)
-            if name in self._entries:
+            if name in self._entries and not _reloaded(self._entries[name].cls, cls):
                 raise NameTaken(
                     f"{self.kind} {shorten(name)} is already registered "
                     f"(by {self._entries[name].cls.__module__}.{self._entries[name].cls.__qualname__})"

@@ -373,5 +373,6 @@ class ResultsStore:
 
 __all__ = [
     "ACCURACY_FIELDS", "COST_FIELDS", "COST_KEY_FIELDS", "PROPORTIONS", "ROW_KEYS", "STATUSES", "ResultsStore", "best_lr",
-    "cell_key", "check_rows", "check_writable", "exclusive", "numbered_rows", "read_rows", "scan_rows", "warn_skipped",
+    "cell_key", "check_rows", "check_writable", "exclusive", "numbered_rows", "read_rows", "scan_rows",
+    "warn_skipped",
 ]

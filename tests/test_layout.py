@@ -38,8 +38,8 @@ LONG_MODULES: dict[str, str] = {
                                 "chunked form's grouped steps carry their own derivation",
 }
 
-BOTTOM = ("harness.results", "harness.messages", "harness.plugins", "harness.environment", "harness.memory",
-          "harness.presses")
+BOTTOM = ("harness.results", "harness.schema", "harness.messages", "harness.plugins", "harness.environment",
+          "harness.memory", "harness.presses")
 # layer -> module name prefixes (a prefix matches the module and everything under it)
 LAYERS: dict[str, tuple[str, ...]] = {
     "bottom": BOTTOM,

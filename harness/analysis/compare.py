@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -24,8 +23,6 @@ from harness.results import COST_KEY_FIELDS
 DEFAULT_TOL = 0.05
 
 
-# The numbers compare reads from each row; anything else there is named, with its file and line.
-NUMERIC = ("seq_len", "batch_size", "num_heads", "head_dim", "latency_ms", "latency_iqr_ms", "peak_mem_bytes")
 
 
 def _shorten(value: Any, quote: bool = True) -> str:
@@ -72,35 +69,6 @@ def match_keys(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.
     if "key" not in new:
         new = new.assign(key=I.cell_identity(new))
     return _adopt(base, new), _adopt(new, base)
-
-
-def _not_a_number(v: Any) -> bool:
-    if v is None or v == "" or (isinstance(v, (int, float)) and not isinstance(v, bool)):
-        return False
-    if isinstance(v, str):
-        try:
-            float(v)
-            return False
-        except ValueError:
-            return True
-    return True
-
-
-def _check_numbers(path: str, role: str) -> None:
-    """Name the first cost row whose number is not a number (file, line, field): dropped silently, such a
-    row would only surface later as "no ok cost rows" or a cell missing from the table."""
-    from harness.results import numbered_rows
-
-    try:
-        rows = numbered_rows(path) if Path(path).is_file() else []
-    except ValueError:
-        return  # unreadable: loading says why
-    for number, row in rows:
-        if "task" in row or "metric" in row or "seq_len" not in row:
-            continue
-        for field in NUMERIC:
-            if _not_a_number(row.get(field)):
-                raise ValueError(f"{role} {path} line {number}: {field} is {_shorten(row[field])}, not a number")
 
 
 def _load(path: str, role: str) -> pd.DataFrame:
@@ -199,8 +167,6 @@ def compare_command(base: str, new: str, fail_tol: float | None) -> None:
     if fail_tol is not None and not (0 <= fail_tol < 10):
         raise click.UsageError(f"--fail-if-regression must be a fraction such as 0.05, got {fail_tol}")
     tol = DEFAULT_TOL if fail_tol is None else fail_tol
-    _check_numbers(base, "BASE")
-    _check_numbers(new, "NEW")
     b, n = match_keys(_load(base, "BASE"), _load(new, "NEW"))
     table = compare_frames(b, n, tol)
     if len(table) == 0:

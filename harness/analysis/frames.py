@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.identity import apart, cell_identity, params_dict, registered_defaults, same_value
-from harness.results import STATUSES, scan_rows, warn_skipped
+from harness.results import STATUSES, numbered_rows, scan_rows, warn_skipped
+from harness.schema import row_problem
 
 # The least a row needs to be drawn at all; every other column is optional (figures say what they lack).
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
@@ -277,11 +278,14 @@ def load_results(paths: Sequence[str | os.PathLike]) -> Results:
             raise ValueError(f"results file {p} holds no complete rows{first}")
         warn_skipped(p, bad)  # e.g. a stray `1` or `[1, 2]` line: skipped, but said
         known = 0
-        for r in rows:
+        for i, r in enumerate(rows):
+            if ("task" in r or "metric" in r) and "variant" not in r and isinstance(r.get("variant_spec"), str):
+                r = {**r, "variant": r["variant_spec"].split(":")[0]}  # written before rows named it
+            if ("task" in r or "metric" in r or ("seq_len" in r and ("latency_ms" in r or "status" in r))) and (
+                    why := row_problem(r)):
+                raise ValueError(f"{p} line {numbered_rows(p)[i][0]}: {why}")
             r = {**r, "results_file": str(p)}  # not "source": fidelity rows have a source column of their own
             if "task" in r or "metric" in r:
-                if "variant" not in r and isinstance(r.get("variant_spec"), str):  # written before rows named it
-                    r["variant"] = r["variant_spec"].split(":")[0]
                 acc_rows.append(r)
             elif "seq_len" in r and ("latency_ms" in r or "status" in r):
                 cost_rows.append(r)
