@@ -11,7 +11,7 @@
 #                          workers; a backend whose wheel was carried must run
 #   3. sweep       (170 s) the `gpu` preset (bf16; forward 4K/16K/128K, train 16K), the most valuable
 #                          rows first; cut at the cap, the rows so far are kept
-#   4. report       (20 s) report.html of whatever rows exist (every figure embedded: no PNGs to bring back)
+#   4. report       (20 s) report.html of whatever rows exist (--all-figures: every figure embedded, no PNGs to bring back)
 # A stage cut at its cap is stopped with SIGINT (`timeout -s INT -k 25`), so pytest still prints each
 # case's result, and scripts/pytest_unrun.py the cases it never finished. OUT_DIR ends with at most 6
 # files, no folders: what a device call brings back is 8 files, 2 folders deep.
@@ -192,7 +192,7 @@ stage_done sweep "$t0" "$c" "$sweep_rc"
 # -- 4. report ---------------------------------------------------------------------------------------
 t0=$(date +%s); c=$(cap report)
 if [ -s "$OUT/gpu.jsonl" ]; then
-  timeout -s INT -k 5 "$c" "$PY" -m harness.cli report "$OUT/gpu.jsonl" --out "$OUT/report.html" >>"$LOG" 2>&1
+  timeout -s INT -k 5 "$c" "$PY" -m harness.cli report "$OUT/gpu.jsonl" --all-figures --out "$OUT/report.html" >>"$LOG" 2>&1
   report_rc=$?
 else
   log "no rows to report"; report_rc=1
