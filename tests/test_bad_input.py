@@ -226,7 +226,7 @@ def test_compare_names_file_line_and_field_of_a_non_numeric_latency(tmp_path):
     assert {k: v for k, v in snapshot(tmp_path).items() if k != "all_bad.jsonl"} == before
 
 
-@pytest.mark.parametrize("field, value, said", [
+BAD_ROWS = [
     ("latency_ms", "12.5", "latency_ms is '12.5', not a number"),  # a number written as text is not read as one
     ("status", "great", "status is 'great', not one of ok, oom"),
     ("status", 1, "status is 1, not one of ok, oom"),
@@ -235,9 +235,18 @@ def test_compare_names_file_line_and_field_of_a_non_numeric_latency(tmp_path):
     ("device", None, "device is null, not a name"),
     ("variant_params", "window=64", "variant_params is 'window=64', not an object of parameters"),
     ("seq_len", True, "seq_len is true, not a number"),
+]
+
+
+@pytest.mark.parametrize("command, field, value, said", [
+    *(("compare", *bad) for bad in BAD_ROWS), ("plot", *BAD_ROWS[0]), ("plot", *BAD_ROWS[3]), ("report", *BAD_ROWS[1]),
+    ("report", *BAD_ROWS[6]),
 ])
-@pytest.mark.parametrize("command", ["compare", "plot", "report"])
-def test_readers_refuse_a_bad_row_by_file_and_line(tmp_path, command, field, value, said):
+def test_readers_refuse_a_bad_row_by_file_and_line(tmp_path, monkeypatch, capsys, command, field, value, said):
+    """In process (the one-line contract is harness.cli.main's; the subprocess tests above cover the entry point)."""
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
     base = write_rows(tmp_path / "base.jsonl", cost_rows(optional=True))
     bad = cost_rows(optional=True)
     bad[1][field] = value
@@ -245,7 +254,15 @@ def test_readers_refuse_a_bad_row_by_file_and_line(tmp_path, command, field, val
     before = snapshot(tmp_path)
     argv = {"compare": ["compare", base, new], "plot": ["plot", new, "--out", "figs"],
             "report": ["report", new, "--out", "r.html"]}[command]
-    assert f"new.jsonl line 2: {said}" in refused(cli(*argv, cwd=tmp_path))
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert [ln for ln in err.splitlines() if ln.startswith("attn-bench: error:")] == [
+        ln for ln in err.splitlines() if f"new.jsonl line 2: {said}" in ln], err
+    assert f"new.jsonl line 2: {said}" in err
     assert snapshot(tmp_path) == before
 
 

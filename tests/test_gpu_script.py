@@ -243,7 +243,7 @@ def test_gpu_check_measuring_stages_rehearsed_on_cpu_after_a_cut_equivalence_sta
     proc = run_script(image_python, wheels, out, tmp_path / "site",
                       "--lengths", "1K", "--variant", "full", "--variant", "full:backend=xformers",
                       "--variant", "linear:backend=fla",
-                      GPU_CHECK_SWEEP_ON_CPU="1", GPU_CHECK_EQUIVALENCE_K="refuse", GPU_CHECK_CAP_EQUIVALENCE_S="45",
+                      GPU_CHECK_SWEEP_ON_CPU="1", GPU_CHECK_EQUIVALENCE_K="refuse", GPU_CHECK_CAP_EQUIVALENCE_S="25",
                       PYTEST_PLUGINS="gpu_check_hold", PYTHONPATH=str(hold))
     log = (out / "gpu_check.log").read_text()
     assert proc.returncode == 124, log[-3000:]  # the script's status is the equivalence stage's: cut
