@@ -44,6 +44,17 @@ def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def probed(page: str, scripts: str, attrs: tuple[str, ...], tmp: Path, budget_ms: int = 5000) -> list[tuple[int, ...]]:
+    """Load ``page`` with ``scripts`` appended to its body in Chromium and read back the numbers those scripts wrote
+    into each ``data-<attr>`` of the body ("3x4" -> (3, 4))."""
+    probe = tmp / "probe.html"
+    probe.write_text(page.replace("</body>", scripts + "</body>"), encoding="utf-8")
+    r = chromium(f"--virtual-time-budget={budget_ms}", "--dump-dom", probe.as_uri(), tmp=tmp)
+    found = [re.search(rf'data-{a}="(\d+(?:x\d+)*)"', r.stdout) for a in attrs]
+    assert all(found), r.stderr[-1000:]
+    return [tuple(map(int, m.group(1).split("x"))) for m in found]
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("browser")
@@ -56,12 +67,7 @@ def report(tmp_path_factory) -> Path:
 
 
 def test_the_report_fits_a_laptop_screen_without_horizontal_scroll(report, tmp_path):
-    probe = tmp_path / "probe.html"
-    probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
-    r = chromium("--virtual-time-budget=5000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
-    size = re.search(r'data-size="(\d+)x(\d+)x(\d+)"', r.stdout)
-    assert size, r.stderr[-1000:]
-    scroll_width, client_width, height = map(int, size.groups())
+    [(scroll_width, client_width, height)] = probed(report.read_text(), PROBE, ("size",), tmp_path)
     assert client_width > 1000 and scroll_width <= client_width, (scroll_width, client_width)
     shot = tmp_path / "shot.png"
     chromium(f"--screenshot={shot}", report.as_uri(), tmp=tmp_path)
@@ -70,23 +76,14 @@ def test_the_report_fits_a_laptop_screen_without_horizontal_scroll(report, tmp_p
 
 
 def test_the_report_opens_one_run_and_folds_the_rest_and_unfolded_still_fits(report, tmp_path):
-    probe = tmp_path / "folds.html"
-    probe.write_text(report.read_text().replace("</body>", FOLDS + "</body>"))
-    r = chromium("--virtual-time-budget=5000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
-    folds = re.search(r'data-folds="(\d+)x(\d+)x(\d+)x(\d+)x(\d+)x(\d+)"', r.stdout)
-    assert folds, r.stderr[-1000:]
-    open_figures, folded_runs, folded_tables, unfolded_tables, scroll_width, client_width = map(int, folds.groups())
+    [folds] = probed(report.read_text(), FOLDS, ("folds",), tmp_path)
+    open_figures, folded_runs, folded_tables, unfolded_tables, scroll_width, client_width = folds
     assert open_figures > 0 and folded_runs == 0 and folded_tables == 0 and unfolded_tables > 0
     assert scroll_width <= client_width, (scroll_width, client_width)
 
 
 def test_every_figure_decodes_in_the_browser(report, tmp_path):
-    probe = tmp_path / "decode.html"
-    probe.write_text(eager(report.read_text()).replace("</body>", DECODE + "</body>"))
-    r = chromium("--virtual-time-budget=5000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
-    decoded = re.search(r'data-decoded="(\d+)x(\d+)"', r.stdout)
-    assert decoded, r.stderr[-1000:]
-    ok, total = map(int, decoded.groups())
+    [(ok, total)] = probed(eager(report.read_text()), DECODE, ("decoded",), tmp_path)
     assert ok == total == report.read_text().count("<figure ") > 0
 
 
@@ -111,13 +108,8 @@ def test_the_report_is_grouped_by_run_with_contents_and_captions(report):
 
 def test_the_committed_report_loads_fits_and_every_figure_decodes(tmp_path):
     committed = Path(__file__).resolve().parents[1] / "results" / "report.html"
-    probe = tmp_path / "committed.html"
-    probe.write_text(eager(committed.read_text(encoding="utf-8")).replace("</body>", PROBE + DECODE + "</body>"),
-                     encoding="utf-8")
-    r = chromium("--virtual-time-budget=20000", "--dump-dom", probe.as_uri(), tmp=tmp_path)
-    size, decoded = re.search(r'data-size="(\d+)x(\d+)x\d+"', r.stdout), re.search(r'data-decoded="(\d+)x(\d+)"', r.stdout)
-    assert size and decoded, r.stderr[-1000:]
-    scroll_width, client_width = map(int, size.groups())
+    size, (ok, total) = probed(eager(committed.read_text(encoding="utf-8")), PROBE + DECODE, ("size", "decoded"),
+                               tmp_path, budget_ms=20000)
+    scroll_width, client_width = size[:2]
     assert scroll_width <= client_width, (scroll_width, client_width)
-    ok, total = map(int, decoded.groups())
     assert ok == total == committed.read_text(encoding="utf-8").count("<figure ") > 100
