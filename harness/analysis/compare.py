@@ -64,10 +64,10 @@ def _adopt(rows: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
 
 def match_keys(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Give both runs' rows the keys they are matched on; idempotent, so callers may count on the result."""
-    if "key" not in base:
-        base = base.assign(key=I.cell_identity(base))
-    if "key" not in new:
-        new = new.assign(key=I.cell_identity(new))
+    def keyed(df: pd.DataFrame) -> pd.DataFrame:  # a prepared frame has its identity already (frames.prepare_cost)
+        return df if "key" in df else df.assign(key=df["cell"] if "cell" in df else I.cell_identity(df))
+
+    base, new = keyed(base), keyed(new)
     return _adopt(base, new), _adopt(new, base)
 
 
@@ -76,7 +76,7 @@ def _load(path: str, role: str) -> pd.DataFrame:
     if len(res.cost) == 0:
         raise ValueError(f"{role} {path} holds no cost rows (compare needs cost rows: {', '.join(F.COST_REQUIRED)})")
     F.require_ok(res.cost, [path])
-    cost = res.cost.assign(key=I.cell_identity(res.cost))
+    cost = res.cost.assign(key=res.cost["cell"])
     return cost.drop_duplicates("key", keep="last")  # a re-run supersedes what came before
 
 
