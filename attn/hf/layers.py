@@ -99,6 +99,8 @@ def layer_plan(config: PreTrainedConfig, text: str | None) -> LayerPlan | None:
         return None
     if len(types) == 1 and every is not None:  # one layer type (Qwen2, Gemma 2 configured so): one spec, as before
         return None
+    if types == [FULL] and text is None:  # every layer full attention (Qwen2): no pattern to keep, a plain model
+        return None
     unknown = [t for t in typed if t not in types]
     if unknown:
         raise ValueError(f"the model has no layer type {unknown[0]}; its layer types: {', '.join(types)}")

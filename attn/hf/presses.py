@@ -8,7 +8,9 @@ A press spec names what happens to a model's KV cache once the context is prefil
   ``attention`` and ``llm`` set apart by ``_`` (``streaming_llm``, ``expected_attention``), as kvpress's evaluation
   names them; ``attn-bench list`` shows them all with their parameters;
 - ``quantized:nbits=4``: transformers' ``QuantizedCache`` on the quanto backend (``nbits`` 2 or 4, its
-  ``q_group_size``, ``residual_length``, ``axis_key``, ``axis_value``), every token kept at fewer bits.
+  ``q_group_size``, ``residual_length``, ``axis_key``, ``axis_value``), every token kept at fewer bits;
+- ``oracle:compression_ratio=0.875``: the ceiling of any selector of that budget -- each head keeps, at every decoding
+  step, the context keys of highest true attention weight (:mod:`attn.hf.oracle`).
 
 The protocol is kvpress's pipeline (``KVPressTextGenerationPipeline``): the context is prefilled with the press's hook
 on every attention layer, which compresses the layer's cache right after the layer wrote it; the question and the
@@ -34,6 +36,7 @@ from typing import Any, get_type_hints
 
 import torch
 
+from attn.hf.oracle import ORACLE, Oracle
 from attn.optional import require, unavailable
 from attn.specs import coerce, parse_spec, shorten
 
@@ -84,6 +87,8 @@ def press_params(name: str) -> dict[str, Any]:
         return {}
     if name == QUANTIZED:
         return {k: d for k, (_, d) in QUANTIZED_PARAMS.items()}
+    if name == ORACLE:
+        return {"compression_ratio": 0.0}
     out = {}
     for k, (tp, default) in _fields(press_classes()[name]).items():
         out[k] = ("<required>" if default is dataclasses.MISSING else default) if _spec_type(tp) else "<press>"
@@ -92,7 +97,7 @@ def press_params(name: str) -> dict[str, Any]:
 
 def press_catalog() -> dict[str, dict[str, Any]]:
     """Every press spec name (``none``, ``quantized``, kvpress's) -> its parameters, for ``attn-bench list``."""
-    names = [NONE, QUANTIZED, *press_classes()]
+    names = [NONE, QUANTIZED, ORACLE, *press_classes()]
     return {n: press_params(n) for n in names}
 
 
@@ -119,9 +124,11 @@ class PressSpec:
         return float(self.all_params.get("compression_ratio", 0.0) or 0.0)
 
     def build(self) -> Any:
-        """The kvpress press (None for ``none`` and ``quantized``)."""
+        """The kvpress press (None for ``none`` and ``quantized``; the :class:`attn.hf.oracle.Oracle` for ``oracle``)."""
         if self.name in (NONE, QUANTIZED):
             return None
+        if self.name == ORACLE:
+            return Oracle(**dict(self.params))
         return press_classes()[self.name](**dict(self.params))
 
     def columns(self, query_aware: bool | None = None) -> dict[str, Any]:
@@ -166,12 +173,19 @@ def parse_press(text: str) -> PressSpec:
         except (ValueError, ImportError) as e:
             raise ValueError(f"press {spec.label}: {e}") from None
         return spec
+    if name == ORACLE:
+        spec = PressSpec(ORACLE, _coerced(name, raw, {"compression_ratio": float}))
+        try:
+            spec.build()
+        except ValueError as e:
+            raise ValueError(f"press {spec.label}: {e}") from None
+        return spec
     try:
         classes = press_classes()
     except ImportError as e:
         raise ValueError(f"press {shorten(name)} needs kvpress: {e}") from None
     if name not in classes:
-        raise ValueError(f"unknown press {shorten(name)}; valid: {NONE}, {QUANTIZED}, {', '.join(classes)} "
+        raise ValueError(f"unknown press {shorten(name)}; valid: {NONE}, {QUANTIZED}, {ORACLE}, {', '.join(classes)} "
                          "(attn-bench list shows their parameters)")
     fields = _fields(classes[name])
     settable = {k: tp for k, (tp, _) in fields.items() if _spec_type(tp)}
@@ -198,10 +212,12 @@ def _coerced(name: str, raw: dict[str, str], types: dict[str, Any]) -> tuple[tup
 
 def replayable(press: Any) -> bool:
     """Whether one recorded prefill can stand for this press's own (see module docstring): it hooks the attention
-    layers the standard way and compresses only during the prefill."""
+    layers the standard way and compresses only during the prefill (the oracle prunes nothing there)."""
+    if press is None or isinstance(press, Oracle):
+        return True
     from kvpress import BasePress, DecodingPress, PrefillDecodingPress
 
-    return press is None or (type(press).__call__ is BasePress.__call__
+    return (type(press).__call__ is BasePress.__call__
                              and not isinstance(press, (DecodingPress, PrefillDecodingPress)))
 
 
@@ -209,6 +225,8 @@ def decoding_press(press: Any) -> bool:
     """Whether the press also compresses while the question and the answer are decoded (kvpress's pipeline)."""
     if press is None:
         return False
+    if isinstance(press, Oracle):
+        return True
     from kvpress import DecodingPress, DMSPress, PrefillDecodingPress
 
     return isinstance(press, (DecodingPress, PrefillDecodingPress)) or (isinstance(press, DMSPress) and press.decoding)
@@ -266,8 +284,9 @@ class Recorder:
 def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], values: list[torch.Tensor],
              recorder: Recorder) -> Any:
     """A new cache holding the context as ``press`` leaves it: each layer's recorded keys written as the prefill wrote
-    them, then the press's hook called as after that layer's forward (``press`` None: nothing pruned)."""
+    them, then the press's hook called as after that layer's forward (``press`` None or the oracle: nothing pruned)."""
     cache = spec.new_cache(model.config)
+    press = None if isinstance(press, Oracle) else press
     if press is not None:
         press.post_init_from_model(model)
         lm = language_model(model)

@@ -142,7 +142,8 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
             params[t][fld] = parse(opts[opt]) if parse else opts[opt]
     configs = {t: get_checkpoint_task(t).config(p) for t, p in params.items()}
     return pretrained.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs,
-                        opts["presses"], opts["query_aware"], opts["equal_memory"], opts["dtype"] or "float32")
+                        opts["presses"], opts["query_aware"], opts["equal_memory"], opts["dtype"] or "float32",
+                        opts["budgets"], opts["sized"])
 
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
@@ -158,7 +159,8 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     preset = CHECKPOINT_PRESETS[opts["preset"]]
     return [pretrained.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
-                         equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32") for g in preset.groups]
+                         equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32", budgets=g.budgets,
+                         sized=g.sized) for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
@@ -215,6 +217,13 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               "query_aware) instead of decoding it after the compression.")
 @click.option("--equal-memory", is_flag=True, help="With --press: also run sliding_window (+ 4 sinks) and block_sparse "
               "with the number of tokens each press ratio keeps, at each length (harness/accuracy/pretrained.py).")
+@click.option("--budget", "budgets", multiple=True,
+              help="With --hf-model: a KV memory budget (repeatable), a share of the context (1/8) or tokens (512): "
+                   "each --press that takes a compression_ratio and is given none runs at each budget, and each "
+                   "--sized variant attends to that many keys (harness/accuracy/budgets.py). Rows carry budget and "
+                   "kv_bytes.")
+@click.option("--sized", multiple=True, type=click.Choice(["sliding_window", "sinks", "block_sparse", "moba", "quest"]),
+              help="With --budget: an attention variant sized to each budget at each length (repeatable).")
 @click.option("--dtype", type=click.Choice(DTYPES),
               help="With --hf-model or a checkpoint preset: what the model runs in (default float32; auto: the faster "
                    "of the two on this machine, measured once and cached). Rows record it.")
@@ -241,7 +250,7 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     check_engine(executor)
     hf_model = opts.pop("hf_model")
     if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and (
-            press_given := [k for k in ("presses", "query_aware", "equal_memory") if opts[k]]):
+            press_given := [k for k in ("presses", "query_aware", "equal_memory", "budgets", "sized") if opts[k]]):
         flag = {"presses": "--press"}.get(press_given[0], "--" + press_given[0].replace("_", "-"))
         raise click.UsageError(f"{flag} applies to --hf-model (a pretrained checkpoint's KV cache)")
     if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and opts["dtype"]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from attn.hf.oracle import Oracle
 from attn.hf.presses import (
     NONE,
     PressSpec,
@@ -115,9 +116,14 @@ class SharedPrefill:
                 continue
             try:
                 cache = self._branch(model, spec, press, context)
-                self.stats[spec.label].append({**cache_columns(cache), "context_tokens": len(context),
-                                               "kv_cache": type(cache).__name__})
+                cols = cache_columns(cache)
+                if isinstance(press, Oracle):  # it reads the budget's keys of the whole cache each step
+                    cols |= press.columns(cols["kv_cache_bytes"], len(context))
+                    press.mass = []
                 said[spec.label] = greedy.run(cache, question, len(context), press)
+                if isinstance(press, Oracle):
+                    cols["attention_mass_kept"] = sum(press.mass) / max(len(press.mass), 1)
+                self.stats[spec.label].append({**cols, "context_tokens": len(context), "kv_cache": type(cache).__name__})
             except Exception as e:  # this arm cannot run here: its rows say why, the other arms go on
                 from harness.presses import press_refusal
 
@@ -146,10 +152,13 @@ class SharedPrefill:
         n = len(got)
         mean = sum(g["kv_tokens_mean"] for g in got) / n  # every prompt's cache has the model's number of layers
         ctx = sum(g["context_tokens"] for g in got) / n
-        return {"kv_tokens_min": min(g["kv_tokens_min"] for g in got), "kv_tokens_mean": mean,
-                "kv_tokens_max": max(g["kv_tokens_max"] for g in got),
-                "kv_cache_bytes": sum(g["kv_cache_bytes"] for g in got) / n, "context_tokens": ctx,
-                "kv_kept_fraction": mean / ctx, "kv_cache": got[-1]["kv_cache"]}
+        out = {"kv_tokens_min": min(g["kv_tokens_min"] for g in got), "kv_tokens_mean": mean,
+               "kv_tokens_max": max(g["kv_tokens_max"] for g in got),
+               "kv_cache_bytes": sum(g["kv_cache_bytes"] for g in got) / n, "context_tokens": ctx,
+               "kv_kept_fraction": mean / ctx, "kv_cache": got[-1]["kv_cache"]}
+        if "attention_mass_kept" in got[0]:  # the oracle's: true attention mass on the kept keys, mean over prompts
+            out["attention_mass_kept"] = sum(g["attention_mass_kept"] for g in got) / n
+        return out
 
 
 class Greedy:

@@ -149,10 +149,13 @@ class Group:
     lm: dict[str, Any] = field(default_factory=lambda: {"eval_bytes": 1 << 15})
     presses: tuple[str, ...] = ()  # KV presses, arms of every setting sharing its prefill (harness/accuracy/prefill.py)
     equal_memory: bool = False
+    budgets: tuple[str, ...] = ()  # KV budgets sizing the presses and the `sized` variants (harness/accuracy/budgets.py)
+    sized: tuple[str, ...] = ()
+    passkey_examples: int | None = None  # per depth, when not `examples`
 
     def params(self) -> dict[str, dict[str, Any]]:
         """Each checkpoint task's config fields."""
-        return {"lm": dict(self.lm), "passkey": {**self.passkey, "eval_examples": self.examples},
+        return {"lm": dict(self.lm), "passkey": {**self.passkey, "eval_examples": self.passkey_examples or self.examples},
                 "ruler": {"tasks": self.ruler_tasks, "eval_examples": self.examples}, "selection": dict(self.lm)}
 
 
@@ -221,9 +224,47 @@ def _selective_smollm2() -> CheckpointPreset:
        "same 512-key budget: full attention's mass on the kept keys per layer at 4K and 8K, then passkey and RULER at 4K")
 
 
+# -- the memory-quality frontier (harness/accuracy/budgets.py) ---------------------------------------------------
+# Every press that runs on CPU with these models, the oracle (the ceiling of any selector of the budget), quantized
+# caches at the bytes they meet, and full; the budgets as shares of the context. Passkey's 5 depths x 4 examples are
+# one 20-example cell in the analysis (the same 20 prompts for every arm: paired).
+FRONTIER_PRESSES = ("none", "oracle", *PRESSES, "keydiff", "quantized:nbits=4", "quantized:nbits=2")
+FRONTIER_BUDGETS = ("1/2", "1/4", "1/8", "1/16")
+FRONTIER_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _frontier(model: str, lengths: tuple[int, ...], ruler: tuple[str, ...], longer: tuple[int, ...] = (),
+              doc: str = "") -> CheckpointPreset:
+    """Groups in the order a cut run keeps most: every press arm at the first length (one shared prefill per prompt),
+    then the sized variants at 1/8 there, then the longer lengths."""
+    def presses(L: int, tasks: tuple[str, ...] = ("passkey", "ruler")) -> Group:
+        return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
+                     passkey_examples=4, presses=FRONTIER_PRESSES, budgets=FRONTIER_BUDGETS)
+
+    def variants(L: int) -> Group:
+        return Group(("passkey", "ruler"), (), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS},
+                     examples=20, passkey_examples=4, budgets=("1/8",),
+                     sized=("sliding_window", "sinks", "block_sparse", "moba", "quest"))
+
+    groups = [g for L in lengths for g in (presses(L), variants(L))] + [presses(L) for L in longer]
+    return CheckpointPreset(model, tuple(groups), doc)
+
+
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(), "kvpress-smollm2-cpu": _kvpress_smollm2(),
-    "selective-smollm2-cpu": _selective_smollm2()}
+    "selective-smollm2-cpu": _selective_smollm2(),
+    # ~3 h of 2 shared cores each (results/README.md says what was cut): 4K first, 8K last
+    "frontier-smollm2-cpu": _frontier("smollm2-135m", (4096,), ("niah_single_1", "niah_multikey_1"), longer=(8192,),
+                                      doc="SmolLM2-135M: every press at 1/2-1/16 of the cache, the oracle, quantized "
+                                          "caches, full; variants sized to 1/8; passkey x 5 depths and RULER, 4K then 8K"),
+    "frontier-qwen-cpu": _frontier("qwen2.5-coder-0.5b", (4096,), ("niah_single_1", "niah_multikey_1"),
+                                   longer=(8192,), doc="Qwen2.5-Coder-0.5B (14 query / 2 KV heads): the frontier "
+                                                       "grid of frontier-smollm2-cpu, 4K then 8K"),
+    "frontier-gpu": _frontier("qwen2.5-coder-0.5b", (16384, 32768),
+                              ("niah_single_1", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+                               "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"),
+                              doc="Qwen2.5-Coder-0.5B at 16K and 32K on a GPU: every RULER task (docs/gpu.md)"),
+}
 
 __all__ = ["CHECKPOINT_PRESETS", "MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY",
            "RULER_VARIANTS", "VARIANTS", "CheckpointPreset", "Group", "describe", "get_preset"]

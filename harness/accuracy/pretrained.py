@@ -78,6 +78,7 @@ class Setting:
     query_aware: bool = False
     only_len: int | None = None  # an equal-memory variant: the one length its budget matches
     columns: tuple[tuple[str, Any], ...] = ()  # row columns of its own (an equal-memory variant's budget)
+    arm_columns: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # press label -> its budget's row columns
 
     @property
     def position_spec(self) -> str:
@@ -196,15 +197,23 @@ def check_dtype(dtype: str) -> str:
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
          eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
-         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32") -> HFPlan:
+         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32", budgets: Sequence[str] = (),
+         sized: Sequence[str] = ()) -> HFPlan:
     """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus,
     presses. ``configs``: task -> config (a task left out gets its checkpoint defaults). ``presses``: KV press specs,
     arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length;
-    ``dtype``: float32, bfloat16 or auto."""
+    ``dtype``: float32, bfloat16 or auto; ``budgets`` (``1/8``, ``512``): each press that takes a compression ratio
+    and is given none runs at each budget, and each ``sized`` variant family (:data:`harness.accuracy.budgets.SIZED`)
+    at each budget and length (:mod:`harness.accuracy.budgets`)."""
     from harness.presses import parse_presses
 
     check_tasks(tasks)
     dtype = check_dtype(dtype)
+    if budgets:
+        return _budget_plan(path, tasks, variants, positions, eval_lens, configs, presses, query_aware, dtype,
+                            budgets, sized)
+    if sized:
+        raise ValueError("--sized needs --budget (the budget sizes each variant)")
     specs = parse_presses(presses)
     if (query_aware or equal_memory) and not specs:
         raise ValueError(f"--{'query-aware' if query_aware else 'equal-memory'} needs --press")
@@ -231,6 +240,57 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in tasks}
     data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in tasks}
     return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data, dtype)
+
+
+def _budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
+                 eval_lens: Sequence[int] | None, configs: dict[str, Any] | None, presses: Sequence[str],
+                 query_aware: bool, dtype: str, budgets: Sequence[str], sized: Sequence[str]) -> HFPlan:
+    """:func:`plan` with budgets: per length, one full-attention setting whose press arms are the presses sized to
+    each budget (and those without one as given), then each sized variant at each budget."""
+    from harness.accuracy import budgets as B
+
+    parsed = [B.parse_budget(b) for b in budgets]
+    bad = [f for f in sized if f not in B.SIZED]
+    if bad:
+        raise ValueError(f"--sized {bad[0]!r}: valid: {', '.join(B.SIZED)}")
+    if variants and list(variants) != ["full"]:
+        raise ValueError("--budget sizes the variants itself (--sized): give no --variant")
+    sizable = [p for p in presses if B.takes_budget(p)]
+    if sizable and (plain := [t for t in tasks if not get_checkpoint_task(t).prompts]):
+        raise ValueError(f"--press compresses the context a question is asked about: --task {plain[0]} scores every "
+                         "position")
+    base = plan(path, tasks, ["full"], positions, eval_lens, configs, [p for p in presses if not B.takes_budget(p)],
+                query_aware, False, dtype)
+    if not sizable and not sized:
+        raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
+    per_token = B.kv_bytes_per_token(base.ckpt.config, dtype)
+    settings: list[Setting] = []
+    from harness.presses import parse_presses
+
+    for L in base.eval_lens:
+        arms, cols = [], []
+        for s0 in base.settings:
+            arms = list(s0.presses)
+            for b in parsed:
+                for text in sizable:
+                    spec = parse_presses([B.press_at(text, b, L)])[0]
+                    arms.append(spec)
+                    cols.append((spec.label, (("budget", b.text), ("budget_fraction", b.share(L)))))
+            if len({a.label for a in arms}) < len(arms):
+                raise ValueError(f"two budgets give one press the same ratio at length {L}: {budgets}")
+            if arms:  # without presses the sized variants run alone (full is the press grid's `none` arm)
+                settings.append(dataclasses.replace(s0, presses=tuple(arms), only_len=L, arm_columns=tuple(cols)))
+        for b in parsed:
+            n = b.kept(L)
+            for fam in sized:
+                spec = B.sized(fam, n)
+                if spec is None:
+                    continue
+                for pos in positions or [CHECKPOINT]:
+                    settings.append(dataclasses.replace(make_setting(base.ckpt, spec, pos), only_len=L, columns=(
+                        ("budget", b.text), ("budget_fraction", b.share(L)), ("kv_tokens_min", n),
+                        ("kv_tokens_mean", n), ("kv_tokens_max", n), ("kv_bytes", n * per_token))))
+    return dataclasses.replace(base, settings=settings)
 
 
 def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
@@ -276,7 +336,8 @@ Todo = tuple[dict[str, Any], dict[str, Any], tuple[str, ...], "str | None"]  # r
 def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[Todo]:
     """The rows still to measure: one per cell and press (a setting without presses: one per cell, arm None)."""
     base = base_row(p, s)
-    arms = [(spec.label, {**spec.columns(s.query_aware),  # each press its own run (the store's key)
+    own = dict(s.arm_columns)
+    arms = [(spec.label, {**spec.columns(s.query_aware), **dict(own.get(spec.label, ())),  # each press its own run
                           "run_id": f"{base['run_id']}|press={spec.label}{'|query_aware' if s.query_aware else ''}"})
             for spec in s.presses] or [(None, {})]
     todo = [({**base, **cell, **cols, "eval_id": p.eval_id(cell["task"])}, cell, m, arm)
@@ -330,6 +391,8 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
                 runner.fail({**row, **extra}, metrics, cache.failed[arm])
                 continue
             stats = cache.take_stats(arm)
+            if "kv_cache_bytes" in stats:  # what the arm's cache held of the context: the bytes a decoded token reads
+                stats["kv_bytes"] = stats["kv_cache_bytes"]
             runner.append({**row, **extra, **stats, "backend": backends(model), "eval_seconds": spent}, measures[arm])
             runner.echo(f"  {cell}{' ' + arm if arm else ''}: "
                         + ", ".join(f"{k} {m.value}" for k, m in measures[arm].items()) + f" ({spent:.0f} s)")

@@ -176,6 +176,8 @@ class Runner:
     def append(self, base: dict[str, Any], measures: dict[str, Measure]) -> None:
         for metric, m in measures.items():
             row = {**base, "metric": metric, "value": m.value, "ci_low": m.ci_low, "ci_high": m.ci_high, "n": m.n}
+            if m.per_example is not None:
+                row["per_example"] = list(m.per_example)
             if self.key(row) in self.done:  # a resumed cell whose other metric was written before the stop
                 continue
             self.store.append(row)

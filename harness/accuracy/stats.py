@@ -25,6 +25,7 @@ class Measure:
     ci_low: float | None = None
     ci_high: float | None = None
     n: int = 0
+    per_example: tuple[float, ...] | None = None  # each example's score, in the examples' order (paired comparisons)
 
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -37,9 +38,11 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, flo
     return (float(ci.low), float(ci.high))
 
 
-def accuracy(successes: int, n: int, confidence: float = 0.95) -> Measure:
+def accuracy(successes: int, n: int, confidence: float = 0.95, outcomes: Sequence[bool] | None = None) -> Measure:
+    """``outcomes``: each example's success, kept on the row for paired comparisons across arms."""
     lo, hi = wilson(successes, n, confidence)
-    return Measure(successes / n if n else math.nan, lo, hi, n)
+    kept = tuple(float(o) for o in outcomes) if outcomes is not None else None
+    return Measure(successes / n if n else math.nan, lo, hi, n, kept)
 
 
 def cluster_se(correct: Sequence[int], totals: Sequence[int]) -> float:
@@ -53,7 +56,8 @@ def cluster_se(correct: Sequence[int], totals: Sequence[int]) -> float:
     return math.sqrt(G / (G - 1) * float(((c - p * m) ** 2).sum())) / float(m.sum())
 
 
-def clustered_accuracy(correct: Sequence[int], totals: Sequence[int], confidence: float = 0.95) -> Measure:
+def clustered_accuracy(correct: Sequence[int], totals: Sequence[int], confidence: float = 0.95,
+                       keep: bool = False) -> Measure:
     """Accuracy over every scored answer, sum(correct) / sum(totals), when the answers of one example (``correct[i]``
     right of ``totals[i]``) are not independent trials.
 
@@ -72,7 +76,7 @@ def clustered_accuracy(correct: Sequence[int], totals: Sequence[int], confidence
     else:
         n_eff = float(G)
     lo, hi = _wilson_float(p, n_eff, confidence)
-    return Measure(p, lo, hi, G)
+    return Measure(p, lo, hi, G, tuple(c / t for c, t in zip(correct, totals, strict=True)) if keep else None)
 
 
 def _wilson_float(p: float, n: float, confidence: float) -> tuple[float, float]:

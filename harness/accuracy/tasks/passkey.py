@@ -182,8 +182,8 @@ def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfi
     asked = len(tokens.encode(QUESTION.rstrip()))
     said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens.decode, tokens.boundary, cache,
                             [len(p) - asked for p in prompts], settled=key_said)
-    return {arm: accuracy(sum(said_key(s) == k for s, k in zip(out, keys, strict=True)), len(keys))
-            for arm, out in said.items()}
+    hits = {arm: [said_key(s) == k for s, k in zip(out, keys, strict=True)] for arm, out in said.items()}
+    return {arm: accuracy(sum(h), len(h), outcomes=h) for arm, h in hits.items()}
 
 
 class OnCheckpoint(CheckpointTask):

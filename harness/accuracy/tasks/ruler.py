@@ -386,8 +386,9 @@ def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, 
     out = {}
     for arm, answers in said.items():
         found = [string_match_all(a, ex.references) for a, ex in zip(answers, exs, strict=True)]
-        out[arm] = {"string_match": clustered_accuracy(found, totals),
-                    "all_found": accuracy(sum(f == t for f, t in zip(found, totals, strict=True)), len(found))}
+        every = [f == t for f, t in zip(found, totals, strict=True)]
+        out[arm] = {"string_match": clustered_accuracy(found, totals, keep=True),
+                    "all_found": accuracy(sum(every), len(every), outcomes=every)}
     return out
 
 
