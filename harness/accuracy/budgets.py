@@ -65,16 +65,18 @@ def parse_budget(text: str) -> Budget:
                          "tokens (512)") from None
 
 
-def sized(family: str, tokens: int) -> str | None:
-    """The variant spec of ``family`` whose query attends to ``tokens`` keys (None: too small a budget for it)."""
-    blocks = tokens // BLOCK
+def sized(family: str, tokens: int) -> tuple[str, int] | None:
+    """The variant spec of ``family`` whose query attends to ``tokens`` keys, rounded down to its whole blocks or pages,
+    and that number of keys (None: too small a budget for it)."""
+    blocks, pages = tokens // BLOCK, tokens // PAGE
     specs = {
-        "sliding_window": f"sliding_window:window={tokens},backend=blocked",
-        "sinks": f"sliding_window:window={tokens - SINKS},sinks={SINKS},backend=blocked" if tokens > SINKS else None,
-        "block_sparse": (f"block_sparse:block_size={BLOCK},local_blocks={blocks - 1},global_blocks=1,backend=gathered"
-                         if blocks >= 2 else None),
-        "moba": f"moba:block_size={BLOCK},topk={blocks}" if blocks >= 1 else None,
-        "quest": f"quest:page_size={PAGE},token_budget={tokens}" if tokens >= 2 * PAGE else None,
+        "sliding_window": (f"sliding_window:window={tokens},backend=blocked", tokens),
+        "sinks": (f"sliding_window:window={tokens - SINKS},sinks={SINKS},backend=blocked", tokens)
+        if tokens > SINKS else None,
+        "block_sparse": (f"block_sparse:block_size={BLOCK},local_blocks={blocks - 1},global_blocks=1,backend=gathered",
+                         blocks * BLOCK) if blocks >= 2 else None,
+        "moba": (f"moba:block_size={BLOCK},topk={blocks}", blocks * BLOCK) if blocks >= 1 else None,
+        "quest": (f"quest:page_size={PAGE},token_budget={pages * PAGE}", pages * PAGE) if pages >= 2 else None,
     }
     return specs[family]
 

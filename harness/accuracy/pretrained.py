@@ -281,11 +281,11 @@ def _budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str]
             if arms:  # without presses the sized variants run alone (full is the press grid's `none` arm)
                 settings.append(dataclasses.replace(s0, presses=tuple(arms), only_len=L, arm_columns=tuple(cols)))
         for b in parsed:
-            n = b.kept(L)
             for fam in sized:
-                spec = B.sized(fam, n)
-                if spec is None:
+                got = B.sized(fam, b.kept(L))
+                if got is None:
                     continue
+                spec, n = got
                 for pos in positions or [CHECKPOINT]:
                     settings.append(dataclasses.replace(make_setting(base.ckpt, spec, pos), only_len=L, columns=(
                         ("budget", b.text), ("budget_fraction", b.share(L)), ("kv_tokens_min", n),
