@@ -233,37 +233,57 @@ FRONTIER_BUDGETS = ("1/2", "1/4", "1/8", "1/16")
 FRONTIER_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def _frontier(model: str, lengths: tuple[int, ...], ruler: tuple[str, ...], longer: tuple[int, ...] = (),
-              doc: str = "") -> CheckpointPreset:
-    """Groups in the order a cut run keeps most: every press arm at the first length (one shared prefill per prompt),
-    then the sized variants at 1/8 there, then the longer lengths."""
-    def presses(L: int, tasks: tuple[str, ...] = ("passkey", "ruler")) -> Group:
-        return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
-                     passkey_examples=4, presses=FRONTIER_PRESSES, budgets=FRONTIER_BUDGETS)
+def _frontier_presses(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler")) -> Group:
+    """Every press arm at each budget, the oracle, quantized caches and full: one shared prefill per prompt."""
+    return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
+                 passkey_examples=4, presses=FRONTIER_PRESSES, budgets=FRONTIER_BUDGETS)
 
-    def variants(L: int) -> Group:
-        return Group(("passkey", "ruler"), (), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS},
-                     examples=20, passkey_examples=4, budgets=("1/8",),
-                     sized=("sliding_window", "sinks", "block_sparse", "moba", "quest"))
 
-    groups = [g for L in lengths for g in (presses(L), variants(L))] + [presses(L) for L in longer]
-    return CheckpointPreset(model, tuple(groups), doc)
+def _frontier_variants(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler"),
+                       sized: tuple[str, ...] = ("sliding_window", "sinks", "block_sparse", "moba", "quest")) -> Group:
+    """The attention variants sized to 1/8 of the cache: each a model with a prefill of its own."""
+    return Group(tasks, (), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
+                 passkey_examples=4, budgets=("1/8",), sized=sized)
+
+
+FRONTIER_RULER = ("niah_single_1", "niah_multikey_1")
+
+
+def _frontier_smollm2() -> CheckpointPreset:
+    # groups in the order a cut run keeps most: the press grid at 4K, the sized variants there (passkey: each is a
+    # prefill of its own per prompt; Quest, 13x full's time a prompt here, last), then 8K
+    pk = ("passkey",)
+    return CheckpointPreset("smollm2-135m", (
+        _frontier_presses(4096, FRONTIER_RULER),
+        _frontier_variants(4096, FRONTIER_RULER, pk, ("sliding_window", "sinks", "block_sparse", "moba")),
+        _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_variants(4096, FRONTIER_RULER, pk, ("quest",)),
+        _frontier_presses(8192, ("niah_single_1",), ("ruler",)),
+    ), "SmolLM2-135M: every press at 1/2-1/16 of the cache, the oracle, quantized caches and full, then the variants "
+       "sized to 1/8; passkey (5 depths x 4) and RULER, 20 examples a cell; 4K, then 8K")
+
+
+def _frontier_qwen() -> CheckpointPreset:
+    # ~4x SmolLM2's time a prompt: the run here stopped inside the first group (results/README.md)
+    return CheckpointPreset("qwen2.5-coder-0.5b", (
+        _frontier_presses(4096, FRONTIER_RULER),
+        _frontier_variants(4096, FRONTIER_RULER, ("passkey",), ("sliding_window", "sinks", "block_sparse", "moba")),
+        _frontier_presses(8192, FRONTIER_RULER, ("passkey",)),
+    ), "Qwen2.5-Coder-0.5B (14 query / 2 KV heads): the frontier grid of frontier-smollm2-cpu, 4K first")
+
+
+def _frontier_gpu() -> CheckpointPreset:
+    ruler = ("niah_single_1", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "niah_multivalue",
+             "niah_multiquery", "vt", "cwe", "fwe")
+    return CheckpointPreset("qwen2.5-coder-0.5b", tuple(
+        g for L in (8192, 16384, 32768) for g in (_frontier_presses(L, ruler), _frontier_variants(L, ruler))),
+        "Qwen2.5-Coder-0.5B at 8K-32K on a GPU: every RULER task (docs/gpu.md)")
 
 
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(), "kvpress-smollm2-cpu": _kvpress_smollm2(),
     "selective-smollm2-cpu": _selective_smollm2(),
-    # ~3 h of 2 shared cores each (results/README.md says what was cut): 4K first, 8K last
-    "frontier-smollm2-cpu": _frontier("smollm2-135m", (4096,), ("niah_single_1", "niah_multikey_1"), longer=(8192,),
-                                      doc="SmolLM2-135M: every press at 1/2-1/16 of the cache, the oracle, quantized "
-                                          "caches, full; variants sized to 1/8; passkey x 5 depths and RULER, 4K then 8K"),
-    "frontier-qwen-cpu": _frontier("qwen2.5-coder-0.5b", (4096,), ("niah_single_1", "niah_multikey_1"),
-                                   longer=(8192,), doc="Qwen2.5-Coder-0.5B (14 query / 2 KV heads): the frontier "
-                                                       "grid of frontier-smollm2-cpu, 4K then 8K"),
-    "frontier-gpu": _frontier("qwen2.5-coder-0.5b", (16384, 32768),
-                              ("niah_single_1", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
-                               "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"),
-                              doc="Qwen2.5-Coder-0.5B at 16K and 32K on a GPU: every RULER task (docs/gpu.md)"),
+    # the memory-quality frontier: ~3 h of 2 shared cores for both (results/README.md says what was cut)
+    "frontier-smollm2-cpu": _frontier_smollm2(), "frontier-qwen-cpu": _frontier_qwen(), "frontier-gpu": _frontier_gpu(),
 }
 
 __all__ = ["CHECKPOINT_PRESETS", "MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY",
