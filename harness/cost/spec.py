@@ -89,7 +89,8 @@ class Grid:
     hf_config: tuple[str, ...] = option(("llama",), parse=strs(split=False), multiple=True,
                                         flags=("--hf-config", "--hf-model"),
                                         help="--scope hf: llama, mistral, qwen2 (small random-weight presets), a named "
-                                             "checkpoint (smollm2-135m, gemma3-270m: attn-bench list), a .gguf file or "
+                                             "checkpoint (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b: attn-bench "
+                                             "list), a .gguf file or "
                                              "a local config.json / model directory. Cost needs only the architecture: "
                                              "the model is built from the config with random weights.")
     press: tuple[str, ...] | None = option(None, parse=parse_presses, multiple=True,  # None: no press axis at all
