@@ -23,6 +23,7 @@ COMMANDS = {
     "report": "harness.analysis.report:report_command",
     "compare": "harness.analysis.compare:compare_command",
     "stale": "harness.analysis.freshness:stale_command",
+    "frontier": "harness.analysis.frontier:frontier_command",
 }
 
 

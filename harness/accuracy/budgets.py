@@ -17,9 +17,14 @@ An evicting press also *holds* only that much; Quest, MoBA and the oracle keep e
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.accuracy.pretrained import HFPlan
 
 BLOCK = 64  # block and MoBA block size of the sized variants (Quest: 16-token pages), as the selective preset ran them
 SINKS = 4
@@ -107,4 +112,80 @@ def kv_bytes_per_token(config: Any, dtype: str) -> int:
     return int(config.num_hidden_layers * heads * head_dim * 2 * getattr(torch, dtype).itemsize)
 
 
-__all__ = ["SIZED", "Budget", "kv_bytes_per_token", "parse_budget", "press_at", "sized", "takes_budget"]
+# -- the plan ------------------------------------------------------------------------------------------------------
+
+def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
+         eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
+         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32", budgets: Sequence[str] = (),
+         families: Sequence[str] = ()) -> HFPlan:
+    """:func:`harness.accuracy.pretrained.plan`, or with ``budgets`` (``1/8``, ``512``) :func:`budget_plan`: each press
+    that takes a compression ratio and is given none runs at each budget, each ``families`` variant (:data:`SIZED`)
+    at each budget and length."""
+    from harness.accuracy import pretrained
+
+    if budgets:
+        if equal_memory:
+            raise ValueError("--equal-memory sizes variants to press ratios; with --budget use --sized")
+        return budget_plan(path, tasks, variants, positions, eval_lens, configs, presses, query_aware, dtype, budgets,
+                           families)
+    if families:
+        raise ValueError("--sized needs --budget (the budget sizes each variant)")
+    return pretrained.plan(path, tasks, variants, positions, eval_lens, configs, presses, query_aware, equal_memory,
+                           dtype)
+
+
+def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
+                eval_lens: Sequence[int] | None, configs: dict[str, Any] | None, presses: Sequence[str],
+                query_aware: bool, dtype: str, budgets: Sequence[str], families: Sequence[str]) -> HFPlan:
+    """``pretrained.plan`` with budgets: per length, one full-attention setting whose press arms are the presses sized to
+    each budget (and those without one as given), then each sized variant at each budget."""
+    import dataclasses
+
+    from harness.accuracy.pretrained import CHECKPOINT, check_tasks, get_checkpoint_task, make_setting
+    from harness.accuracy.pretrained import plan as plain
+    from harness.presses import parse_presses
+
+    check_tasks(tasks)
+    parsed = [parse_budget(b) for b in budgets]
+    bad = [f for f in families if f not in SIZED]
+    if bad:
+        raise ValueError(f"--sized {bad[0]!r}: valid: {', '.join(SIZED)}")
+    if variants and list(variants) != ["full"]:
+        raise ValueError("--budget sizes the variants itself (--sized): give no --variant")
+    sizable = [p for p in presses if takes_budget(p)]
+    if sizable and (scored := [t for t in tasks if not get_checkpoint_task(t).prompts]):
+        raise ValueError(f"--press compresses the context a question is asked about: --task {scored[0]} scores every "
+                         "position")
+    base = plain(path, tasks, ["full"], positions, eval_lens, configs, [p for p in presses if not takes_budget(p)],
+                 query_aware, False, dtype)
+    if not sizable and not families:
+        raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
+    per_token = kv_bytes_per_token(base.ckpt.config, dtype)
+    settings = []
+    for L in base.eval_lens:
+        arms, cols = [], []
+        for s0 in base.settings:
+            arms = list(s0.presses)
+            for b in parsed:
+                for text in sizable:
+                    spec = parse_presses([press_at(text, b, L)])[0]
+                    arms.append(spec)
+                    cols.append((spec.label, (("budget", b.text), ("budget_fraction", b.share(L)))))
+            if len({a.label for a in arms}) < len(arms):
+                raise ValueError(f"two budgets give one press the same ratio at length {L}: {budgets}")
+            if arms:  # without presses the sized variants run alone (full is the press grid's `none` arm)
+                settings.append(dataclasses.replace(s0, presses=tuple(arms), only_len=L, arm_columns=tuple(cols)))
+        for b in parsed:
+            for fam in families:
+                got = sized(fam, b.kept(L))
+                if got is None:
+                    continue
+                spec, n = got
+                for pos in positions or [CHECKPOINT]:
+                    settings.append(dataclasses.replace(make_setting(base.ckpt, spec, pos), only_len=L, columns=(
+                        ("budget", b.text), ("budget_fraction", b.share(L)), ("kv_tokens_min", n),
+                        ("kv_tokens_mean", n), ("kv_tokens_max", n), ("kv_bytes", n * per_token))))
+    return dataclasses.replace(base, settings=settings)
+
+
+__all__ = ["SIZED", "Budget", "budget_plan", "plan", "kv_bytes_per_token", "parse_budget", "press_at", "sized", "takes_budget"]

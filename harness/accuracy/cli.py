@@ -122,7 +122,7 @@ def hf_refused() -> tuple[str, ...]:
 
 def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
     """--hf-model: the checkpoint evaluation (harness/accuracy/pretrained.py), every option checked first."""
-    from harness.accuracy import pretrained
+    from harness.accuracy import budgets, pretrained
     from harness.accuracy.tasks import checkpoint_task_names, get_checkpoint_task
 
     given = [k for k in hf_refused() if opts[k] not in (None, ())]
@@ -141,7 +141,7 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
         for t in targets:
             params[t][fld] = parse(opts[opt]) if parse else opts[opt]
     configs = {t: get_checkpoint_task(t).config(p) for t, p in params.items()}
-    return pretrained.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs,
+    return budgets.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs,
                         opts["presses"], opts["query_aware"], opts["equal_memory"], opts["dtype"] or "float32",
                         opts["budgets"], opts["sized"])
 
@@ -149,7 +149,7 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
     a .gguf file or folder) and the run's own options go with it."""
-    from harness.accuracy import pretrained
+    from harness.accuracy import budgets
     from harness.accuracy.tasks import get_checkpoint_task
 
     given = [k for k, v in opts.items() if k not in ("preset", "dtype") and v not in (None, (), False)]
@@ -157,10 +157,10 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
         raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --preset {opts['preset']} (it fixes "
                                "the grid: run without the preset to choose it)")
     preset = CHECKPOINT_PRESETS[opts["preset"]]
-    return [pretrained.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
+    return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
                          equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32", budgets=g.budgets,
-                         sized=g.sized) for g in preset.groups]
+                         families=g.sized) for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:

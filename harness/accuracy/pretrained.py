@@ -197,23 +197,15 @@ def check_dtype(dtype: str) -> str:
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
          eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
-         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32", budgets: Sequence[str] = (),
-         sized: Sequence[str] = ()) -> HFPlan:
+         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32") -> HFPlan:
     """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus,
     presses. ``configs``: task -> config (a task left out gets its checkpoint defaults). ``presses``: KV press specs,
     arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length;
-    ``dtype``: float32, bfloat16 or auto; ``budgets`` (``1/8``, ``512``): each press that takes a compression ratio
-    and is given none runs at each budget, and each ``sized`` variant family (:data:`harness.accuracy.budgets.SIZED`)
-    at each budget and length (:mod:`harness.accuracy.budgets`)."""
+    ``dtype``: float32, bfloat16 or auto (KV budgets: :func:`harness.accuracy.budgets.budget_plan`)."""
     from harness.presses import parse_presses
 
     check_tasks(tasks)
     dtype = check_dtype(dtype)
-    if budgets:
-        return _budget_plan(path, tasks, variants, positions, eval_lens, configs, presses, query_aware, dtype,
-                            budgets, sized)
-    if sized:
-        raise ValueError("--sized needs --budget (the budget sizes each variant)")
     specs = parse_presses(presses)
     if (query_aware or equal_memory) and not specs:
         raise ValueError(f"--{'query-aware' if query_aware else 'equal-memory'} needs --press")
@@ -240,57 +232,6 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in tasks}
     data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in tasks}
     return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data, dtype)
-
-
-def _budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
-                 eval_lens: Sequence[int] | None, configs: dict[str, Any] | None, presses: Sequence[str],
-                 query_aware: bool, dtype: str, budgets: Sequence[str], sized: Sequence[str]) -> HFPlan:
-    """:func:`plan` with budgets: per length, one full-attention setting whose press arms are the presses sized to
-    each budget (and those without one as given), then each sized variant at each budget."""
-    from harness.accuracy import budgets as B
-
-    parsed = [B.parse_budget(b) for b in budgets]
-    bad = [f for f in sized if f not in B.SIZED]
-    if bad:
-        raise ValueError(f"--sized {bad[0]!r}: valid: {', '.join(B.SIZED)}")
-    if variants and list(variants) != ["full"]:
-        raise ValueError("--budget sizes the variants itself (--sized): give no --variant")
-    sizable = [p for p in presses if B.takes_budget(p)]
-    if sizable and (plain := [t for t in tasks if not get_checkpoint_task(t).prompts]):
-        raise ValueError(f"--press compresses the context a question is asked about: --task {plain[0]} scores every "
-                         "position")
-    base = plan(path, tasks, ["full"], positions, eval_lens, configs, [p for p in presses if not B.takes_budget(p)],
-                query_aware, False, dtype)
-    if not sizable and not sized:
-        raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
-    per_token = B.kv_bytes_per_token(base.ckpt.config, dtype)
-    settings: list[Setting] = []
-    from harness.presses import parse_presses
-
-    for L in base.eval_lens:
-        arms, cols = [], []
-        for s0 in base.settings:
-            arms = list(s0.presses)
-            for b in parsed:
-                for text in sizable:
-                    spec = parse_presses([B.press_at(text, b, L)])[0]
-                    arms.append(spec)
-                    cols.append((spec.label, (("budget", b.text), ("budget_fraction", b.share(L)))))
-            if len({a.label for a in arms}) < len(arms):
-                raise ValueError(f"two budgets give one press the same ratio at length {L}: {budgets}")
-            if arms:  # without presses the sized variants run alone (full is the press grid's `none` arm)
-                settings.append(dataclasses.replace(s0, presses=tuple(arms), only_len=L, arm_columns=tuple(cols)))
-        for b in parsed:
-            for fam in sized:
-                got = B.sized(fam, b.kept(L))
-                if got is None:
-                    continue
-                spec, n = got
-                for pos in positions or [CHECKPOINT]:
-                    settings.append(dataclasses.replace(make_setting(base.ckpt, spec, pos), only_len=L, columns=(
-                        ("budget", b.text), ("budget_fraction", b.share(L)), ("kv_tokens_min", n),
-                        ("kv_tokens_mean", n), ("kv_tokens_max", n), ("kv_bytes", n * per_token))))
-    return dataclasses.replace(base, settings=settings)
 
 
 def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import harness.analysis.figures.passkey
 import harness.analysis.figures.ruler
 import harness.analysis.figures.checkpoint
 import harness.analysis.figures.kvpress
+import harness.analysis.figures.frontier
 import harness.analysis.figures.tradeoff
 import harness.analysis.figures.patterns
 import harness.analysis.figures.layout  # noqa: F401

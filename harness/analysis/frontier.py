@@ -1,0 +1,397 @@
+"""The memory-quality frontier: accuracy rows of ``attn-bench accuracy --preset frontier-*`` -> points, a ranking,
+effective lengths and a markdown summary (``attn-bench frontier``).
+
+A point is one task's score for one method at one budget (passkey's depths pooled into one cell). Every arm answers
+the same prompts, so every comparison is paired: one bootstrap resample of each task's examples serves every method.
+A task the full cache scores below 0.5 on is kept out of the ranking: a budget cannot lose what the model never had.
+Intervals are Wilson's for 0/1 outcomes (as harness.accuracy.stats.wilson, which this layer may not import) and a
+percentile bootstrap otherwise.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import pandas as pd
+from scipy.stats import binomtest
+
+from harness.messages import one_line
+from harness.results import check_writable, scan_rows
+
+METRIC = {"passkey": "exact_match", "ruler": "string_match"}  # the score of each task family
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """What the summary rests on: resamples and seed (deterministic), the budget tabled alone, the floors."""
+
+    boot: int = 2000
+    seed: int = 0
+    at: str = "1/8"  # the budget the sized variants run at
+    floor: float = 0.5  # full below this on a task: the task is not ranked
+    keep: float = 0.85  # effective length: the share of full's score a method must keep
+
+
+# -- rows -> points ----------------------------------------------------------------------------------
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(method, kind, budget) of a frontier row; None for a row of another kind of run."""
+    press, budget = _text(row.get("press")), _text(row.get("budget")) or ""
+    if press is not None:
+        if press == "none":
+            return "full", "reference", ""
+        if press == "quantized":
+            bits = re.search(r"nbits=(\d+)", str(row.get("press_spec", "")))
+            return f"quantized {bits[1] if bits else '?'}-bit", "quantized", ""
+        name = press + (" (query-aware)" if row.get("query_aware") in (True,) else "")
+        return (name, "oracle" if press == "oracle" else "press", budget) if budget else None  # else: not sized
+    spec = _text(row.get("variant_spec")) or ""
+    if not budget or not spec:
+        return None
+    return ("sinks" if "sinks=" in spec else spec.split(":")[0]), "variant", budget
+
+
+def _task(row: dict[str, Any]) -> str | None:
+    family = row.get("task")
+    if family not in METRIC or row.get("metric") != METRIC[family]:
+        return None
+    return "passkey" if family == "passkey" else _text(row.get("subtask"))
+
+
+def _num(v: Any, missing: float = float("nan")) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return missing
+    return missing if f != f else f
+
+
+def _depth(row: dict[str, Any]) -> float:
+    return _num(row.get("depth"), -1.0)  # NaN is no dictionary key: RULER rows have no depth
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """95 % Wilson score interval (scipy's, as harness.accuracy.stats.wilson)."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    ci = binomtest(int(k), int(n)).proportion_ci(method="wilson")
+    return (float(ci.low), float(ci.high))
+
+
+def _draws(sizes: Sequence[int], boot: int, seed: int) -> list[np.ndarray]:
+    """One (boot, n) index resample per task, in task order: the same seed gives every method the same draws."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, int(n), size=(boot, int(n))) for n in sizes]
+
+
+def _resampled(arrays: Sequence[np.ndarray], draws: Sequence[np.ndarray]) -> np.ndarray:
+    """Per resample, the mean over tasks (equal weight) of each task's resampled mean."""
+    return np.mean([a[i].mean(axis=-1) for a, i in zip(arrays, draws, strict=True)], axis=0)
+
+
+def _ci(v: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.percentile(v, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def interval(arrays: Sequence[np.ndarray], boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(score, lo, hi) of the equal-weight mean over tasks: Wilson for 0/1 outcomes on equal-sized tasks (then the
+    pooled proportion is that mean), else a percentile bootstrap within each task."""
+    arrays = [np.asarray(a, dtype=float) for a in arrays]
+    score = float(np.mean([a.mean() for a in arrays]))
+    if all(np.isin(a, (0.0, 1.0)).all() for a in arrays) and len({len(a) for a in arrays}) == 1:
+        return score, *wilson(int(sum(a.sum() for a in arrays)), sum(len(a) for a in arrays))
+    return score, *_ci(_resampled(arrays, _draws([len(a) for a in arrays], boot, seed)))
+
+
+def paired_difference(a: np.ndarray | Sequence[np.ndarray], b: np.ndarray | Sequence[np.ndarray], boot: int = 2000,
+                      seed: int = 0) -> tuple[float, float, float]:
+    """(mean of a - b, 2.5 %, 97.5 % percentile) over example resamples that move both arms together, because both
+    answered the same prompts. ``a``, ``b``: one array, or one per task (the mean over tasks, equal weight)."""
+    many = not isinstance(a, np.ndarray) and len(a) and not np.isscalar(a[0])
+    xs, ys = ([np.asarray(x, dtype=float) for x in (v if many else [v])] for v in (a, b))
+    if [len(x) for x in xs] != [len(y) for y in ys]:
+        raise ValueError("paired arms must hold the same examples")
+    d = [x - y for x, y in zip(xs, ys, strict=True)]
+    return float(np.mean([di.mean() for di in d])), *_ci(_resampled(d, _draws([len(x) for x in d], boot, seed)))
+
+
+def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
+    """One task's rows of one arm (passkey: one per depth) -> its pooled examples, or why it did not run."""
+    cell = sorted(cell, key=_depth)
+    failed = [r for r in cell if r.get("status") != "ok"]
+    if failed:
+        return {"n": 0, "score": float("nan"), "kv_bytes": float("nan"), "status": str(failed[0].get("status")),
+                "error": one_line(failed[0].get("error") or "no reason given")}
+    if any(not isinstance(r.get("per_example"), list) for r in cell):
+        raise ValueError(f"a {cell[0].get('task')} row of {cell[0].get('model')} lacks per_example: the frontier pairs "
+                         "arms by example")
+    ex = np.concatenate([np.asarray(r["per_example"], dtype=float) for r in cell])
+    key = tuple((_depth(r), len(r["per_example"])) for r in cell)
+    kv = [_num(r.get("kv_bytes")) for r in cell if _num(r.get("kv_bytes")) == _num(r.get("kv_bytes"))]
+    score, lo, hi = interval([ex])
+    return {"status": "ok", "error": None, "per_example": ex, "examples": key, "n": len(ex), "score": score,
+            "ci_low": lo, "ci_high": hi, "binary": bool(np.isin(ex, (0.0, 1.0)).all()),
+            "kv_bytes": float(np.mean(kv)) if kv else float("nan")}
+
+
+def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) -> pd.DataFrame:
+    """One row per (model, eval_len, task, method, budget): score, interval, n, per_example, kv_bytes, kv_fraction,
+    kind, status (cells that did not run keep their error and no score), ranked / below_half (full's score)."""
+    cells: dict[tuple, dict[float, dict[str, Any]]] = {}  # cell -> depth -> row
+    for r in rows.to_dict("records") if isinstance(rows, pd.DataFrame) else rows:
+        task, a = _task(r), arm(r)
+        if task is not None and a is not None:  # a resumed run's later row replaces the earlier one
+            cells.setdefault((str(r.get("model")), int(_num(r.get("eval_len"))), task, *a), {})[_depth(r)] = r
+    if not cells:
+        raise ValueError("no memory-quality frontier rows (passkey or RULER rows with a press or a budget)")
+    out = []
+    for (model, L, task, method, kind, budget), cell in cells.items():
+        frac = _num(next(iter(cell.values())).get("budget_fraction")) if budget else float("nan")
+        out.append({"model": model, "eval_len": L, "task": task, "method": method, "kind": kind, "budget": budget,
+                    "budget_fraction": frac, **_pool(list(cell.values()))})
+    df = pd.DataFrame(out)
+    full = df[(df["kind"] == "reference") & (df["status"] == "ok")].set_index(["model", "eval_len", "task"])
+    at = pd.MultiIndex.from_frame(df[["model", "eval_len", "task"]])
+    df["full_score"] = ref = full["score"].reindex(at).to_numpy(dtype=float)
+    df["kv_fraction"] = df["kv_bytes"].to_numpy(dtype=float) / full["kv_bytes"].reindex(at).to_numpy(dtype=float)
+    df["below_half"], df["ranked"] = ref < floor, ref >= floor
+    order = ["model", "eval_len", "task", "kind", "budget_fraction", "method"]
+    return df.sort_values(order, ascending=[True, True, True, True, False, True], ignore_index=True)
+
+
+# -- points -> numbers ---------------------------------------------------------------------------------
+
+def _ok(pts: pd.DataFrame) -> pd.DataFrame:
+    return pts[pts["status"] == "ok"]
+
+
+def _auc(curve: list[list[np.ndarray]], x: np.ndarray, draws: Sequence[np.ndarray] | None = None) -> np.ndarray:
+    """Trapezoid area of score over log2(budget) divided by the range, the mean over tasks; per resample with draws."""
+    ys = [np.stack([a[i].mean(axis=-1) if i is not None else np.asarray(a.mean()) for a in row], axis=-1)
+          for row, i in zip(curve, draws if draws is not None else [None] * len(curve), strict=True)]
+    if len(x) == 1:
+        return np.mean([y[..., 0] for y in ys], axis=0)
+    return np.mean([((y[..., 1:] + y[..., :-1]) / 2 * np.diff(x)).sum(axis=-1) / (x[-1] - x[0]) for y in ys], axis=0)
+
+
+def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
+    ref = {r.task: r.examples for r in g[(g["kind"] == "reference") & g["ranked"]].itertuples()}
+    tasks = sorted(ref)
+    if not tasks:
+        return []
+    # a cell enters a comparison only on the reference's examples: paired
+    ex = {(r.method, r.task, r.budget): r.per_example for r in g.itertuples() if ref.get(r.task) == r.examples}
+    budgets = sorted(set(g[g["kind"].isin(["press", "oracle"])]["budget"]) - {""}, key=lambda t: float(Fraction(t)))
+    x = np.log2([float(Fraction(b)) for b in budgets])
+    draws = _draws([len(ex[("full", t, "")]) for t in tasks], cfg.boot, cfg.seed)
+    curves = {m: [[ex.get((m, t, "" if m == "full" else b)) for b in budgets] for t in tasks] for m in set(g["method"])}
+    whole = {m: c for m, c in curves.items() if budgets and all(a is not None for row in c for a in row)}
+    oracle = whole.get("oracle")
+    out = []
+    for method, kind in sorted(set(zip(g["method"], g["kind"], strict=True))):
+        rec: dict[str, Any] = {"model": g["model"].iloc[0], "eval_len": g["eval_len"].iloc[0], "method": method,
+                               "kind": kind}
+        if method in whole:
+            m_boot, rec["auc"] = _auc(whole[method], x, draws), float(_auc(whole[method], x))
+            rec["auc_lo"], rec["auc_hi"] = _ci(m_boot)
+            if oracle:
+                rec["gap"] = float(_auc(oracle, x)) - rec["auc"]
+                rec["gap_lo"], rec["gap_hi"] = _ci(_auc(oracle, x, draws) - m_boot)
+        b = cfg.at if kind in ("press", "oracle", "variant") else ""
+        own = [ex.get((method, t, b)) for t in tasks]
+        if all(a is not None for a in own):
+            where = "score" if kind == "quantized" else "at"  # full: flat, its score at every budget
+            rec[where], rec[f"{where}_lo"], rec[f"{where}_hi"] = interval(own, cfg.boot, cfg.seed)
+            rec["kv_fraction"] = float(g[(g["method"] == method) & (g["budget"] == b)]["kv_fraction"].mean())
+            if where == "at" and oracle and cfg.at in budgets:
+                o_at = [ex[("oracle", t, cfg.at)] for t in tasks]
+                rec["gap_at"], rec["gap_at_lo"], rec["gap_at_hi"] = paired_difference(o_at, own, cfg.boot, cfg.seed)
+        out.append(rec)
+    return out
+
+
+RANK_COLUMNS = ["model", "eval_len", "method", "kind", "auc", "auc_lo", "auc_hi", "gap", "gap_lo", "gap_hi", "at",
+                "at_lo", "at_hi", "gap_at", "gap_at_lo", "gap_at_hi", "score", "score_lo", "score_hi", "kv_fraction"]
+
+
+def ranking(pts: pd.DataFrame, boot: int = 2000, seed: int = 0, at: str = "1/8") -> pd.DataFrame:
+    """Per (model, eval_len), each method's normalised AUC over the press budgets with paired intervals for it and its
+    gap to the oracle, and its score and gap at ``at``; no-budget arms (quantized) get ``score``. Best AUC first."""
+    cfg = FrontierConfig(boot=boot, seed=seed, at=at)
+    recs = [r for _, g in _ok(pts).groupby(["model", "eval_len"], sort=True) for r in _rank_group(g, cfg)]
+    df = pd.DataFrame(recs, columns=RANK_COLUMNS)
+    return df.sort_values(["model", "eval_len", "auc", "at", "score"], ascending=[True, True, False, False, False],
+                          na_position="last", ignore_index=True)
+
+
+def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
+    """Per (model, method, budget) the longest eval_len whose mean score over the ranked tasks is >= keep x full's
+    there (None: at no length tried). A length where the method misses a ranked task is not counted."""
+    ok = _ok(pts)
+    out = []
+    for (model, method, budget), g in ok[ok["kind"] != "reference"].groupby(["model", "method", "budget"], sort=True):
+        lengths = sorted(set(ok[ok["model"] == model]["eval_len"]))
+        passed = []
+        for L in lengths:
+            ranked = ok[(ok["model"] == model) & (ok["eval_len"] == L) & ok["ranked"] & (ok["kind"] == "reference")]
+            mine = g[(g["eval_len"] == L) & g["task"].isin(ranked["task"])]
+            if len(ranked) and len(mine) == len(ranked) and mine["score"].mean() >= keep * ranked["score"].mean():
+                passed.append(int(L))
+        out.append({"model": model, "method": method, "budget": budget, "effective_len": max(passed) if passed else None,
+                    "shortest": int(lengths[0]), "fraction": -float(Fraction(budget)) if budget else 0.0})
+    df = pd.DataFrame(out, columns=["model", "method", "budget", "effective_len", "shortest", "fraction"])
+    return df.sort_values(["model", "method", "fraction"], ignore_index=True).drop(columns="fraction")
+
+
+def beats_oracle(pts: pd.DataFrame, boot: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+    """Cells where an arm beats the oracle at its budget beyond the paired interval (its lower end above 0)."""
+    ok = _ok(pts)
+    oracle = ok[ok["kind"] == "oracle"].set_index(["model", "eval_len", "task", "budget"])
+    found = []
+    for _, r in ok[ok["kind"].isin(["press", "variant"])].iterrows():
+        key = (r["model"], r["eval_len"], r["task"], r["budget"])
+        if key not in oracle.index or oracle.loc[key, "examples"] != r["examples"]:
+            continue
+        d, lo, hi = paired_difference(r["per_example"], oracle.loc[key, "per_example"], boot, seed)
+        if lo > 0:
+            found.append({"model": key[0], "eval_len": key[1], "task": key[2], "budget": key[3], "method": r["method"],
+                          "difference": d, "lo": lo, "hi": hi})
+    return found
+
+
+# -- markdown ------------------------------------------------------------------------------------------
+
+def _f(v: Any) -> str:
+    return "-" if v is None or pd.isna(v) else f"{v:.2f}"
+
+
+def _iv(r: pd.Series, col: str) -> str:
+    """``0.71 [0.60, 0.80]``: the number and its interval, "-" when blank."""
+    return "-" if pd.isna(r[col]) else f"{r[col]:.2f} [{r[f'{col}_lo']:.2f}, {r[f'{col}_hi']:.2f}]"
+
+
+def _ranking_lines(rk: pd.DataFrame, at: str) -> list[str]:
+    lines = [f"| method | AUC [95% CI] | gap to oracle | score at {at} | gap at {at} |", "|---|---|---|---|---|"]
+    for _, r in rk[rk["score"].isna()].iterrows():
+        lines.append(f"| {r['method']} | {_iv(r, 'auc')} | {_iv(r, 'gap')} | {_iv(r, 'at')} | {_iv(r, 'gap_at')} |")
+    lines.append(f"\n-: no score at every budget (AUC) or at {at} on every ranked task, or no oracle to compare with.")
+    for _, r in rk[rk["score"].notna()].iterrows():
+        lines.append(f"\n{r['method']} (no budget): score {_iv(r, 'score')} at {_f(r['kv_fraction'])} of full's KV bytes")
+    return lines
+
+
+ORACLE_NOTE = ("The oracle keeps, per head and decoding step, the keys with the largest true attention weight: the most "
+               "attention mass a selector of the budget can keep, not the best answer. An arm that keeps other keys "
+               "(the recent window or sinks the model copies from, or fewer distracting keys) can answer better, so "
+               "attention mass kept is not the whole of what a budget must hold.")
+
+
+def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: str) -> list[str]:
+    """One model at one length: ranked and marked tasks, the ranking, what did not run, cells beating the oracle."""
+    full = g[(g["kind"] == "reference") & (g["status"] == "ok")]
+    lines = ["", f"## {g['model'].iloc[0]} at {g['eval_len'].iloc[0]} tokens", "",
+             f"Ranked tasks: {', '.join(sorted(full[full['ranked']]['task'])) or 'none'}."]
+    marked = full[full["below_half"]]
+    if len(marked):
+        lines.append("Not ranked (full < 0.5: a budget cannot lose what the model never had): " + ", ".join(
+            f"{t} (full {_f(s)})" for t, s in zip(marked["task"], marked["score"], strict=True)) + ".")
+    if len(rk):
+        lines += [""] + _ranking_lines(rk, at)
+    failed = g[g["status"] != "ok"]
+    if len(failed):
+        lines += ["", "Did not run:"] + [f"- {r['method']}{' at ' + r['budget'] if r['budget'] else ''} on {r['task']}: "
+                                         f"{r['status']}: {r['error']}" for _, r in failed.iterrows()]
+    if len(beat):
+        lines += ["", "Beats the oracle (paired interval above 0):"] + [
+            f"- {r['method']} at {r['budget']} on {r['task']}: +{_f(r['difference'])} [{_f(r['lo'])}, {_f(r['hi'])}]"
+            for _, r in beat.iterrows()] + ["", ORACLE_NOTE]
+    return lines
+
+
+def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> str:
+    """Per model and length: the ranking, the tasks not ranked, what did not run, cells beating the oracle; per model
+    the effective lengths. Deterministic: every bootstrap is seeded."""
+    rk = ranking(pts, config.boot, config.seed, config.at)
+    eff = effective_length(pts, config.keep)
+    beat = pd.DataFrame(beats_oracle(pts, config.boot, config.seed),
+                        columns=["model", "eval_len", "task", "budget", "method", "difference", "lo", "hi"])
+    lines = ["# Memory-quality frontier", "",
+             f"AUC: score over log2(budget), trapezoid, normalised to [0, 1], equal weight per ranked task. Intervals: "
+             f"95 %, paired bootstrap ({config.boot} resamples of each task's examples, seed {config.seed}); scores at "
+             f"{config.at}: Wilson for 0/1 outcomes. Gaps: oracle minus method."]
+    for model in sorted(set(pts["model"])):
+        for L in sorted(set(pts[pts["model"] == model]["eval_len"])):
+            here = {k: v[(v["model"] == model) & (v["eval_len"] == L)] for k, v in (("p", pts), ("r", rk), ("b", beat))}
+            lines += _length_section(here["p"], here["r"], here["b"], config.at)
+        e = eff[eff["model"] == model]
+        if len(e):
+            lines += ["", f"## {model}: effective length (mean score over ranked tasks >= {config.keep:.2f} x full's)",
+                      "", "| method | budget | effective length |", "|---|---|---|"]
+            lines += [f"| {r['method']} | {r['budget'] or '-'} | "
+                      f"{int(r['effective_len']) if pd.notna(r['effective_len']) else '< ' + str(r['shortest'])} |"
+                      for _, r in e.iterrows()]
+    if not len(beat):
+        lines += ["", "No arm beats the oracle beyond its paired interval."]
+    return "\n".join(lines) + "\n"
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+def read_files(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """Every row of the files; one-line errors for a missing file or a line that is not a JSON object (a torn last
+    line of a file still being written is not a row, and not an error)."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_file():
+            raise click.UsageError(f"results file {p} {'is not a regular file' if p.exists() else 'does not exist'}")
+        got, bad = scan_rows(p)
+        if bad:
+            raise ValueError(f"{p} line {bad[0]} is not a JSON object")
+        rows += got
+    return rows
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A reader never sees half a file: write beside it, then rename over it."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                     delete=False) as f:
+        f.write(text)
+    try:
+        os.replace(f.name, path)
+    finally:
+        Path(f.name).unlink(missing_ok=True)  # gone once renamed
+
+
+@click.command("frontier")
+@click.argument("files", nargs=-1, required=True)
+@click.option("--out", default=None, type=click.Path(dir_okay=False), help="Write the markdown here (else stdout).")
+def frontier_command(files: tuple[str, ...], out: str | None) -> None:
+    """The memory-quality frontier of accuracy FILES: per model and length, each method's AUC over the budgets and its
+    gap to the oracle, effective lengths, and what did not run, as markdown."""
+    if out is not None:
+        check_writable(out, what="markdown file")
+    config = FrontierConfig()
+    text = markdown(points(read_files(files), config.floor), config)
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    write_atomic(Path(out), text)
+    click.echo(f"wrote {out}")
+
+
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "beats_oracle", "effective_length", "frontier_command", "interval",
+           "markdown", "paired_difference", "points", "ranking", "read_files", "wilson", "write_atomic"]

@@ -1,0 +1,302 @@
+"""The memory-quality frontier analysis (harness/analysis/frontier.py) on synthetic rows: no model runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.accuracy.stats import wilson as harness_wilson
+from harness.analysis import frontier as FR
+from harness.cli import main
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+BUDGETS = ("1/2", "1/4", "1/8", "1/16")
+FULL_BYTES = 1_000_000.0
+
+
+def press_row(press: str, per_example: list[float], *, task: str = "passkey", depth: float | None = 0.5,
+              subtask: str | None = None, budget: str | None = None, model: str = "m", eval_len: int = 4096,
+              status: str = "ok", error: str | None = None, nbits: int | None = None) -> dict:
+    """One accuracy row as `attn-bench accuracy --preset frontier-*` writes it."""
+    spec = press if budget is None else f"{press}:compression_ratio={1 - eval(budget)}"
+    if nbits is not None:
+        spec = f"quantized:nbits={nbits}"
+    frac = eval(budget) if budget else None
+    kv = FULL_BYTES * (frac or (nbits / 16 if nbits else 1.0))
+    row = {"model": model, "task": task, "eval_len": eval_len, "variant": "full", "variant_spec": "full",
+           "press": press, "press_spec": spec, "budget": budget, "budget_fraction": frac, "kv_bytes": kv,
+           "metric": "exact_match" if task == "passkey" else "string_match", "status": status, "error": error}
+    if depth is not None and task == "passkey":
+        row["depth"] = depth
+    if subtask is not None:
+        row["subtask"] = subtask
+    if status == "ok":
+        row |= {"value": float(np.mean(per_example)), "n": len(per_example), "per_example": list(per_example)}
+    else:
+        row |= {"value": None, "n": 0}
+    return row
+
+
+def variant_row(spec: str, per_example: list[float], **kw) -> dict:
+    row = press_row("x", per_example, budget="1/8", **kw)
+    del row["press"], row["press_spec"]
+    return row | {"variant": spec.split(":")[0], "variant_spec": spec}
+
+
+def passkey_rows(press: str, outcomes: list[float], **kw) -> list[dict]:
+    """20 examples as 5 depths x 4, in depth order."""
+    return [press_row(press, outcomes[4 * i:4 * i + 4], depth=d, **kw) for i, d in enumerate(DEPTHS)]
+
+
+def grid(scores: dict[str, dict[str, list[float]]], full: list[float], task: str = "passkey", **kw) -> list[dict]:
+    """Passkey (or one RULER subtask) rows: full, and each press at each budget."""
+    def cell(press: str, outcomes: list[float], **more) -> list[dict]:
+        if task == "passkey":
+            return passkey_rows(press, outcomes, **more, **kw)
+        return [press_row(press, outcomes, task="ruler", subtask=task, depth=None, **more, **kw)]
+
+    rows = cell("none", full)
+    for press, per_budget in scores.items():
+        for b, outcomes in per_budget.items():
+            rows += cell(press, outcomes, budget=b)
+    return rows
+
+
+def ones(k: int, n: int = 20) -> list[float]:
+    return [1.0] * k + [0.0] * (n - k)
+
+
+# -- points -------------------------------------------------------------------------------------------
+
+def test_passkey_depths_pool_in_ascending_depth_order():
+    per_depth = {d: [1.0 if (i + j) % 3 == 0 else 0.0 for j in range(4)] for i, d in enumerate(DEPTHS)}
+    rows = [press_row("none", per_depth[d], depth=d) for d in reversed(DEPTHS)]  # written out of order
+    pt = FR.points(rows).iloc[0]
+    expect = [v for d in DEPTHS for v in per_depth[d]]
+    assert list(pt["per_example"]) == expect and pt["n"] == 20
+    assert pt["score"] == pytest.approx(np.mean(expect))
+    assert pt["method"] == "full" and pt["kind"] == "reference"
+
+
+def test_wilson_interval_on_binary_points_matches_the_harness():
+    rows = passkey_rows("none", ones(13))
+    pt = FR.points(rows).iloc[0]
+    lo, hi = harness_wilson(13, 20)
+    assert (pt["ci_low"], pt["ci_high"]) == pytest.approx((lo, hi))
+    assert 0.0 < pt["ci_low"] < 0.65 < pt["ci_high"] < 1.0
+    # a point at 100 % still has an interval below 1, where a normal approximation would collapse
+    top = FR.points(passkey_rows("none", ones(20))).iloc[0]
+    assert top["ci_low"] == pytest.approx(harness_wilson(20, 20)[0]) and top["ci_low"] < 1.0
+
+
+def test_fractional_points_get_a_bootstrap_interval_not_wilson():
+    frac = [0.5, 0.25, 1.0, 0.75] * 5
+    pt = FR.points([press_row("none", frac, task="ruler", subtask="niah_multivalue", depth=None)]).iloc[0]
+    assert not pt["binary"] and pt["score"] == pytest.approx(0.625)
+    assert pt["ci_low"] < 0.625 < pt["ci_high"]
+    assert (pt["ci_low"], pt["ci_high"]) != pytest.approx(harness_wilson(round(0.625 * 20), 20))
+
+
+def test_methods_kinds_and_kv_fraction():
+    rows = (passkey_rows("none", ones(20)) + passkey_rows("oracle", ones(20), budget="1/8")
+            + passkey_rows("snapkv", ones(15), budget="1/8") + passkey_rows("quantized", ones(19), nbits=4)
+            + [variant_row("sliding_window:window=508,sinks=4,backend=blocked", ones(4, 4), depth=d) for d in DEPTHS])
+    pts = FR.points(rows).set_index("method")
+    assert pts.loc["quantized 4-bit", "kind"] == "quantized" and pts.loc["quantized 4-bit", "budget"] == ""
+    assert pts.loc["sinks", "kind"] == "variant" and pts.loc["oracle", "kind"] == "oracle"
+    assert pts.loc["snapkv", "kv_fraction"] == pytest.approx(0.125)
+    assert pts.loc["quantized 4-bit", "kv_fraction"] == pytest.approx(0.25)
+
+
+def test_a_task_full_fails_is_marked_and_left_out_of_the_ranking():
+    good = grid({"oracle": {b: ones(20) for b in BUDGETS}, "snapkv": {b: ones(10) for b in BUDGETS}}, ones(20))
+    # on the hard task full scores 0.3 and snapkv happens to score 0: ranking it would drag snapkv's AUC down
+    hard = grid({"oracle": {b: ones(6) for b in BUDGETS}, "snapkv": {b: ones(0) for b in BUDGETS}}, ones(6),
+                task="niah_multikey_1")
+    pts = FR.points(good + hard)
+    marked = pts[pts["below_half"]]
+    assert set(marked["task"]) == {"niah_multikey_1"} and not pts[pts["task"] == "passkey"]["below_half"].any()
+    rk = FR.ranking(pts, boot=200).set_index("method")
+    assert rk.loc["snapkv", "auc"] == pytest.approx(0.5)  # passkey alone
+    assert rk.loc["oracle", "auc"] == pytest.approx(1.0)
+    assert "niah_multikey_1 (full 0.30)" in FR.markdown(pts, FR.FrontierConfig(boot=200))
+
+
+def test_auc_of_a_method_equal_to_full_at_every_budget_is_full_score():
+    full = ones(14)
+    rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "tova": {b: full for b in BUDGETS},
+                 "knorm": {"1/2": full, "1/4": ones(12), "1/8": ones(8), "1/16": ones(2)}}, full)
+    rk = FR.ranking(FR.points(rows), boot=300).set_index("method")
+    assert rk.loc["tova", "auc"] == pytest.approx(0.7) and rk.loc["full", "auc"] == pytest.approx(0.7)
+    assert rk.loc["tova", "auc_lo"] < 0.7 < rk.loc["tova", "auc_hi"]
+    # knorm: trapezoid over log2 budgets (-4..-1): (0.1+0.4)/2 + (0.4+0.6)/2 + (0.6+0.7)/2 over a range of 3
+    assert rk.loc["knorm", "auc"] == pytest.approx(((0.1 + 0.4) / 2 + (0.4 + 0.6) / 2 + (0.6 + 0.7) / 2) / 3)
+    assert rk.loc["tova", "gap"] == pytest.approx(0.3) and rk.loc["tova", "gap_lo"] > 0
+    order = list(FR.ranking(FR.points(rows), boot=300)["method"])
+    assert order.index("oracle") < order.index("tova") < order.index("knorm")
+
+
+def test_sized_variants_appear_at_one_eighth_with_no_auc():
+    rows = grid({"oracle": {b: ones(20) for b in BUDGETS}}, ones(20))
+    rows += [variant_row("moba:block_size=64,topk=8", ones(2, 4), depth=d) for d in DEPTHS]
+    rk = FR.ranking(FR.points(rows), boot=200).set_index("method")
+    assert pd.isna(rk.loc["moba", "auc"]) and rk.loc["moba", "at"] == pytest.approx(0.5)
+    assert (rk.loc["moba", "at_lo"], rk.loc["moba", "at_hi"]) == pytest.approx(harness_wilson(10, 20))
+    assert rk.loc["moba", "gap_at"] == pytest.approx(0.5) and rk.loc["moba", "gap_at_lo"] > 0
+
+
+# -- the paired bootstrap ------------------------------------------------------------------------------
+
+def test_paired_bootstrap_covers_the_truth_and_is_narrower_than_unpaired_on_correlated_data():
+    rng = np.random.default_rng(1)
+    hard = rng.normal(0, 1, 400)  # each prompt's difficulty, shared by both arms
+    a, b = hard + 0.3 + rng.normal(0, 0.2, 400), hard + rng.normal(0, 0.2, 400)
+    d, lo, hi = FR.paired_difference(a, b, boot=2000, seed=0)
+    assert lo < 0.3 < hi and d == pytest.approx(np.mean(a - b))
+    # unpaired: each arm resampled on its own
+    r = np.random.default_rng(0)
+    unpaired = [a[r.integers(0, 400, 400)].mean() - b[r.integers(0, 400, 400)].mean() for _ in range(2000)]
+    u_lo, u_hi = np.percentile(unpaired, [2.5, 97.5])
+    assert (hi - lo) < 0.5 * (u_hi - u_lo)
+    assert FR.paired_difference(a, b, boot=500, seed=3) == FR.paired_difference(a, b, boot=500, seed=3)
+
+
+def test_paired_difference_over_tasks_weights_tasks_equally_and_rejects_unpaired_arms():
+    d, _, _ = FR.paired_difference([np.ones(4), np.zeros(20)], [np.zeros(4), np.zeros(20)], boot=100)
+    assert d == pytest.approx(0.5)  # not 4 / 24
+    with pytest.raises(ValueError, match="same examples"):
+        FR.paired_difference(np.ones(4), np.ones(5), boot=10)
+
+
+# -- effective length, beats-oracle --------------------------------------------------------------------
+
+def test_effective_length_is_the_longest_length_keeping_85_percent_of_full():
+    rows = []
+    for L, snap in ((4096, ones(18)), (8192, ones(10))):
+        rows += grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": snap}, "tova": {"1/8": ones(2)}}, ones(20),
+                     eval_len=L)
+    eff = FR.effective_length(FR.points(rows)).set_index(["method", "budget"])
+    assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # 0.9 >= 0.85 at 4K, 0.5 < 0.85 at 8K
+    assert eff.loc[("oracle", "1/8"), "effective_len"] == 8192
+    assert pd.isna(eff.loc[("tova", "1/8"), "effective_len"])
+    assert "| tova | 1/8 | < 4096 |" in FR.markdown(FR.points(rows), FR.FrontierConfig(boot=100))
+
+
+def test_beats_oracle_only_beyond_the_paired_interval():
+    rows = grid({"oracle": {"1/8": ones(4)}, "streaming_llm": {"1/8": ones(20)}, "tova": {"1/8": ones(6)}}, ones(20))
+    found = FR.beats_oracle(FR.points(rows), boot=500)
+    assert [(f["method"], f["budget"], f["task"]) for f in found] == [("streaming_llm", "1/8", "passkey")]
+    assert found[0]["difference"] == pytest.approx(0.8) and found[0]["lo"] > 0
+    text = FR.markdown(FR.points(rows), FR.FrontierConfig(boot=200))
+    assert "streaming_llm at 1/8 on passkey" in text and FR.ORACLE_NOTE in text
+
+
+def test_did_not_run_is_listed_and_kept_out_of_the_numbers():
+    rows = grid({"oracle": {"1/8": ones(20)}}, ones(20))
+    rows += [press_row("keydiff", [], depth=d, budget="1/8", status="unsupported",
+                       error="UnsupportedBackend: keydiff\nneeds a GPU") for d in DEPTHS]
+    pts = FR.points(rows)
+    assert "keydiff" not in set(FR.ranking(pts, boot=100)["method"])
+    assert "- keydiff at 1/8 on passkey: unsupported: UnsupportedBackend: keydiff needs a GPU" in FR.markdown(
+        pts, FR.FrontierConfig(boot=100))
+    only_failures = FR.points(rows[-5:])  # nothing ran: still a summary saying so
+    assert "- keydiff at 1/8 on passkey: unsupported" in FR.markdown(only_failures, FR.FrontierConfig(boot=100))
+
+
+def test_markdown_is_deterministic():
+    rows = grid({"oracle": {b: ones(17) for b in BUDGETS}, "snapkv": {b: ones(12) for b in BUDGETS}}, ones(18))
+    rows += grid({"oracle": {b: [0.5] * 20 for b in BUDGETS}, "snapkv": {b: [0.25, 0.5] * 10 for b in BUDGETS}},
+                 [0.75] * 20, task="niah_multivalue")
+    a, b = FR.markdown(FR.points(rows)), FR.markdown(FR.points(rows))
+    assert a == b and "| snapkv | 0.49 [" in a  # (0.6 + 0.375) / 2, the tasks weighted alike
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+def _write(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_command_writes_markdown(tmp_path, capsys):
+    src = tmp_path / "frontier.jsonl"
+    _write(src, grid({"oracle": {b: ones(20) for b in BUDGETS}, "snapkv": {b: ones(11) for b in BUDGETS}}, ones(19)))
+    out = tmp_path / "frontier.md"
+    assert main(["frontier", str(src), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Memory-quality frontier") and "## m at 4096 tokens" in text and "| snapkv |" in text
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    assert main(["frontier", str(src)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n" + text
+
+
+def test_out_is_written_beside_the_target_then_renamed(tmp_path, monkeypatch):
+    out = tmp_path / "frontier.md"
+    out.write_text("old")
+    seen = []
+
+    def failing_replace(src, dst):
+        seen.append((Path(src).parent, Path(dst)))
+        raise OSError("disk full")
+
+    monkeypatch.setattr(FR.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        FR.write_atomic(out, "new")
+    assert seen == [(tmp_path, out)]  # the whole text went to a file in the same directory first
+    assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]  # a failed rename leaves no half file
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ('{"model": "m", "task": "lm", "metric": "ppl", "value": 3.0}\n', "no memory-quality frontier rows"),
+    ("not json\n", "line 1 is not a JSON object"),
+])
+def test_command_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    src = tmp_path / "in.jsonl"
+    if content is not None:
+        src.write_text(content)
+    assert main(["frontier", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# -- the figure ----------------------------------------------------------------------------------------
+
+def _figure_rows() -> list[dict]:
+    rows = []
+    for L in (4096, 8192):
+        rows += grid({"oracle": {b: ones(18) for b in BUDGETS}, "snapkv": {b: ones(12) for b in BUDGETS}}, ones(19),
+                     eval_len=L)
+        rows += grid({"oracle": {b: ones(5) for b in BUDGETS}}, ones(4), task="niah_multikey_1", eval_len=L)
+        rows += passkey_rows("quantized", ones(19), nbits=4, eval_len=L)
+        rows += [variant_row("sliding_window:window=512,backend=blocked", ones(1, 4), depth=d, eval_len=L)
+                 for d in DEPTHS]
+    return rows
+
+
+def test_figure_draws_the_oracle_on_top_full_dashed_and_marks_unranked_tasks(tmp_path):
+    from harness.analysis.figures.frontier import plot_frontier
+
+    fig = plot_frontier(pd.DataFrame(_figure_rows()), tmp_path, formats=("png",))
+    lines = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
+    oracle = lines["frontier:m:4096:passkey:oracle"]
+    snap = lines["frontier:m:4096:passkey:snapkv"]
+    assert oracle.get_color() == "black" and oracle.get_linewidth() > snap.get_linewidth()
+    assert oracle.get_zorder() > snap.get_zorder()
+    assert list(oracle.get_xdata()) == pytest.approx([FULL_BYTES / 16 / 2**20 * k for k in (1, 2, 4, 8)])
+    assert lines["frontier:m:4096:passkey:full"].get_linestyle() == "--"
+    titles = {ax.get_title() for ax in fig.get_axes()}
+    assert "niah_multikey_1 (full < 0.5: not ranked)" in titles and "passkey" in titles
+    assert all(ax.get_xscale() == "log" for ax in fig.get_axes())
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["frontier-m-4096.png", "frontier-m-8192.png", "frontier.png"]  # one per model and length
+
+
+def test_plot_command_draws_the_frontier(tmp_path, capsys):
+    src = tmp_path / "rows.jsonl"
+    _write(src, _figure_rows())
+    assert main(["plot", str(src), "--out", str(tmp_path / "figs"), "--only", "frontier"]) == 0
+    assert (tmp_path / "figs" / "frontier.png").stat().st_size > 0
+    assert "1 figure(s) written" in capsys.readouterr().out
