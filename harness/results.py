@@ -225,6 +225,19 @@ def _nearest_existing(p: Path) -> Path:
     return q
 
 
+def write_atomic(path: str | Path, text: str) -> Path:
+    """``text`` into ``path`` so that a reader never sees half a file: written beside it, then renamed over it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 def check_writable(path: str | os.PathLike, directory: bool = False, what: str = "results file") -> None:
     """ValueError (one line) unless ``path`` can be written: checked before any work, so nothing is measured,
     trained or drawn only to fail at the end. Nothing is created or changed (a probe file is anonymous)."""

@@ -182,7 +182,8 @@ def test_effective_length_is_the_longest_length_keeping_85_percent_of_full():
     assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # 0.9 >= 0.85 at 4K, 0.5 < 0.85 at 8K
     assert eff.loc[("oracle", "1/8"), "effective_len"] == 8192
     assert pd.isna(eff.loc[("tova", "1/8"), "effective_len"])
-    assert "| tova | 1/8 | < 4096 |" in FR.markdown(FR.points(rows), FR.FrontierConfig(boot=100))
+    text = FR.markdown(FR.points(rows), FR.FrontierConfig(boot=100))
+    assert "| method | 1/8 |\n|---|---|\n" in text and "| tova | < 4096 |" in text and "| oracle | 8192 |" in text
 
 
 def test_beats_oracle_only_beyond_the_paired_interval():
@@ -233,6 +234,8 @@ def test_command_writes_markdown(tmp_path, capsys):
 
 
 def test_out_is_written_beside_the_target_then_renamed(tmp_path, monkeypatch):
+    from harness.results import write_atomic
+
     out = tmp_path / "frontier.md"
     out.write_text("old")
     seen = []
@@ -241,9 +244,9 @@ def test_out_is_written_beside_the_target_then_renamed(tmp_path, monkeypatch):
         seen.append((Path(src).parent, Path(dst)))
         raise OSError("disk full")
 
-    monkeypatch.setattr(FR.os, "replace", failing_replace)
+    monkeypatch.setattr(Path, "replace", failing_replace)
     with pytest.raises(OSError):
-        FR.write_atomic(out, "new")
+        write_atomic(out, "new")
     assert seen == [(tmp_path, out)]  # the whole text went to a file in the same directory first
     assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]  # a failed rename leaves no half file
 

@@ -9,9 +9,7 @@ percentile bootstrap otherwise.
 """
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -24,7 +22,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from harness.messages import one_line
-from harness.results import check_writable, scan_rows
+from harness.results import check_writable, scan_rows, write_atomic
 
 METRIC = {"passkey": "exact_match", "ruler": "string_match"}  # the score of each task family
 
@@ -43,7 +41,7 @@ class FrontierConfig:
 # -- rows -> points ----------------------------------------------------------------------------------
 
 def _text(v: Any) -> str | None:
-    return v if isinstance(v, str) and v else None
+    return v or None if isinstance(v, str) else None
 
 
 def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
@@ -102,8 +100,7 @@ def _resampled(arrays: Sequence[np.ndarray], draws: Sequence[np.ndarray]) -> np.
 
 
 def _ci(v: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(v, [2.5, 97.5])
-    return float(lo), float(hi)
+    return tuple(float(q) for q in np.percentile(v, [2.5, 97.5]))  # type: ignore[return-value]
 
 
 def interval(arrays: Sequence[np.ndarray], boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -174,7 +171,7 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
 
 # -- points -> numbers ---------------------------------------------------------------------------------
 
-def _ok(pts: pd.DataFrame) -> pd.DataFrame:
+def _ok(pts: pd.DataFrame) -> pd.DataFrame:  # noqa: E704
     return pts[pts["status"] == "ok"]
 
 
@@ -321,6 +318,19 @@ def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: s
     return lines
 
 
+def _effective_lines(model: str, e: pd.DataFrame, keep: float) -> list[str]:
+    """One row per method, one column per budget (widest first; a quantized cache's under "all tokens")."""
+    cols = sorted({b for b in e["budget"] if b}, key=lambda b: -float(Fraction(b)) if "/" in b else int(b) - 1e9)
+    cols += ["all tokens"] if any(not b for b in e["budget"]) else []
+    out = ["", f"## {model}: effective length (mean score over ranked tasks >= {keep:.2f} x full's)", "",
+           "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for method, g in e.groupby("method", sort=False):
+        cell = {r["budget"] or "all tokens": str(int(r["effective_len"])) if pd.notna(r["effective_len"])
+                else f"< {r['shortest']}" for _, r in g.iterrows()}
+        out.append(f"| {method} | " + " | ".join(cell.get(b, "") for b in cols) + " |")
+    return out
+
+
 def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> str:
     """Per model and length: the ranking, the tasks not ranked, what did not run, cells beating the oracle; per model
     the effective lengths. Deterministic: every bootstrap is seeded."""
@@ -338,11 +348,7 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
             lines += _length_section(here["p"], here["r"], here["b"], config.at)
         e = eff[eff["model"] == model]
         if len(e):
-            lines += ["", f"## {model}: effective length (mean score over ranked tasks >= {config.keep:.2f} x full's)",
-                      "", "| method | budget | effective length |", "|---|---|---|"]
-            lines += [f"| {r['method']} | {r['budget'] or '-'} | "
-                      f"{int(r['effective_len']) if pd.notna(r['effective_len']) else '< ' + str(r['shortest'])} |"
-                      for _, r in e.iterrows()]
+            lines += _effective_lines(model, e, config.keep)
     if not len(beat):
         lines += ["", "No arm beats the oracle beyond its paired interval."]
     return "\n".join(lines) + "\n"
@@ -365,17 +371,6 @@ def read_files(paths: Sequence[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """A reader never sees half a file: write beside it, then rename over it."""
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as f:
-        f.write(text)
-    try:
-        os.replace(f.name, path)
-    finally:
-        Path(f.name).unlink(missing_ok=True)  # gone once renamed
-
-
 @click.command("frontier")
 @click.argument("files", nargs=-1, required=True)
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Write the markdown here (else stdout).")
@@ -389,7 +384,7 @@ def frontier_command(files: tuple[str, ...], out: str | None) -> None:
     if out is None:
         click.echo(text, nl=False)
         return
-    write_atomic(Path(out), text)
+    write_atomic(out, text)
     click.echo(f"wrote {out}")
 
 

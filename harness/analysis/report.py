@@ -27,6 +27,7 @@ from harness.analysis import trust as T
 from harness.analysis.figures.positions import position_table
 from harness.analysis.figures.style import provenance
 from harness.analysis.findings import findings
+from harness.results import write_atomic
 
 ENV_COLUMNS = ("device", "device_name", "cpu_capability", "num_threads", "torch_version", "cuda_version",
                "project_version", "hostname", "seed")
@@ -341,12 +342,7 @@ def write_report(paths: Sequence[str], out: str | Path, device: str | None = Non
     table = R.run_commands(Path(commands).read_text(encoding="utf-8")) if commands else None
     text = build_report(F.load_results(paths), device, commands=table, commands_source=str(commands) if commands else None,
                         all_figures=all_figures)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)  # never leave a half-written report behind
-    return out
+    return write_atomic(out, text)  # never a half-written report
 
 
 @click.command("report")
