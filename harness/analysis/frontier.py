@@ -36,6 +36,7 @@ class FrontierConfig:
     at: str = "1/8"  # the budget the sized variants run at
     floor: float = 0.5  # full below this on a task: the task is not ranked
     keep: float = 0.85  # effective length: the share of full's score a method must keep
+    level: int = 1  # the markdown's top heading level (4: a section of results/README.md)
 
 
 # -- rows -> points ----------------------------------------------------------------------------------
@@ -296,10 +297,10 @@ ORACLE_NOTE = ("The oracle keeps, per head and decoding step, the keys with the 
                "attention mass kept is not the whole of what a budget must hold.")
 
 
-def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: str) -> list[str]:
+def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: str, head: str) -> list[str]:
     """One model at one length: ranked and marked tasks, the ranking, what did not run, cells beating the oracle."""
     full = g[(g["kind"] == "reference") & (g["status"] == "ok")]
-    lines = ["", f"## {g['model'].iloc[0]} at {g['eval_len'].iloc[0]} tokens", "",
+    lines = ["", f"{head} {g['model'].iloc[0]} at {g['eval_len'].iloc[0]} tokens", "",
              f"Ranked tasks: {', '.join(sorted(full[full['ranked']]['task'])) or 'none'}."]
     marked = full[full["below_half"]]
     if len(marked):
@@ -318,11 +319,11 @@ def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: s
     return lines
 
 
-def _effective_lines(model: str, e: pd.DataFrame, keep: float) -> list[str]:
+def _effective_lines(model: str, e: pd.DataFrame, keep: float, head: str) -> list[str]:
     """One row per method, one column per budget (widest first; a quantized cache's under "all tokens")."""
     cols = sorted({b for b in e["budget"] if b}, key=lambda b: -float(Fraction(b)) if "/" in b else int(b) - 1e9)
     cols += ["all tokens"] if any(not b for b in e["budget"]) else []
-    out = ["", f"## {model}: effective length (mean score over ranked tasks >= {keep:.2f} x full's)", "",
+    out = ["", f"{head} {model}: effective length (mean score over ranked tasks >= {keep:.2f} x full's)", "",
            "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for method, g in e.groupby("method", sort=False):
         cell = {r["budget"] or "all tokens": str(int(r["effective_len"])) if pd.notna(r["effective_len"])
@@ -338,17 +339,17 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
     eff = effective_length(pts, config.keep)
     beat = pd.DataFrame(beats_oracle(pts, config.boot, config.seed),
                         columns=["model", "eval_len", "task", "budget", "method", "difference", "lo", "hi"])
-    lines = ["# Memory-quality frontier", "",
+    lines = [f"{'#' * config.level} Memory-quality frontier", "",
              f"AUC: score over log2(budget), trapezoid, normalised to [0, 1], equal weight per ranked task. Intervals: "
              f"95 %, paired bootstrap ({config.boot} resamples of each task's examples, seed {config.seed}); scores at "
              f"{config.at}: Wilson for 0/1 outcomes. Gaps: oracle minus method."]
     for model in sorted(set(pts["model"])):
         for L in sorted(set(pts[pts["model"] == model]["eval_len"])):
             here = {k: v[(v["model"] == model) & (v["eval_len"] == L)] for k, v in (("p", pts), ("r", rk), ("b", beat))}
-            lines += _length_section(here["p"], here["r"], here["b"], config.at)
+            lines += _length_section(here["p"], here["r"], here["b"], config.at, "#" * (config.level + 1))
         e = eff[eff["model"] == model]
         if len(e):
-            lines += _effective_lines(model, e, config.keep)
+            lines += _effective_lines(model, e, config.keep, "#" * (config.level + 1))
     if not len(beat):
         lines += ["", "No arm beats the oracle beyond its paired interval."]
     return "\n".join(lines) + "\n"
@@ -374,12 +375,14 @@ def read_files(paths: Sequence[str]) -> list[dict[str, Any]]:
 @click.command("frontier")
 @click.argument("files", nargs=-1, required=True)
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Write the markdown here (else stdout).")
-def frontier_command(files: tuple[str, ...], out: str | None) -> None:
+@click.option("--heading-level", default=1, type=click.IntRange(1, 5), help="The top heading's level (4: a section of "
+              "results/README.md, as committed there).")
+def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int) -> None:
     """The memory-quality frontier of accuracy FILES: per model and length, each method's AUC over the budgets and its
     gap to the oracle, effective lengths, and what did not run, as markdown."""
     if out is not None:
         check_writable(out, what="markdown file")
-    config = FrontierConfig()
+    config = FrontierConfig(level=heading_level)
     text = markdown(points(read_files(files), config.floor), config)
     if out is None:
         click.echo(text, nl=False)
