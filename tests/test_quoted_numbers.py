@@ -1279,6 +1279,25 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# -- the frontier's tables: `attn-bench frontier FILE --heading-level 4`, pasted whole under the file's section ---------
+
+def frontier_files() -> list[str]:
+    return [f for f in committed() if f.startswith("frontier-") and "task" in rows(f)[0]]
+
+
+@cache
+def frontier_markdown(file: str) -> str:
+    from harness.analysis import frontier as FR
+
+    return " ".join(FR.markdown(FR.points(list(rows(file))), FR.FrontierConfig(level=4)).split())
+
+
+@pytest.mark.parametrize("file", frontier_files())
+def test_the_frontier_tables_are_rendered_from_their_rows(file):
+    """Every number of the ranking, effective-length and did-not-run tables is the command's output on the rows."""
+    assert frontier_markdown(file) in text(RESULTS), f"paste `attn-bench frontier results/{file} --heading-level 4`"
+
+
 def spans(pattern: str, body: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(pattern, body, flags=re.S)]
 
@@ -1290,6 +1309,7 @@ def covered(doc: str) -> list[tuple[int, int]]:
     rendered = [q.render() for q in QUOTES if q.doc == doc] + list(SETTINGS.get(doc, ()))
     if doc == RESULTS:
         rendered += [(cost_conditions if "task" not in rows(f)[0] else accuracy_conditions)(f) for f in committed()]
+        rendered += [frontier_markdown(f) for f in frontier_files()]
     for r in rendered:
         out += [(m.start(), m.start() + len(r)) for m in re.finditer(re.escape(r), body)]
     return out
