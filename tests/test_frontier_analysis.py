@@ -303,3 +303,30 @@ def test_plot_command_draws_the_frontier(tmp_path, capsys):
     assert main(["plot", str(src), "--out", str(tmp_path / "figs"), "--only", "frontier"]) == 0
     assert (tmp_path / "figs" / "frontier.png").stat().st_size > 0
     assert "1 figure(s) written" in capsys.readouterr().out
+
+
+def test_the_cost_table_sets_each_method_beside_full_of_the_same_run(tmp_path, capsys):
+    """A press, a quantized cache and a sized variant matched to their frontier names; times against full's; a noisy
+    cell said so; the KV share and score from the accuracy rows at the same length."""
+    from harness.analysis.frontier_cost import cost_frame, cost_lines, cost_method
+
+    def cost(press=None, variant="full", mode="decode", ms=10.0, noisy=False):
+        return {"scope": "hf", "hf_config": "m", "seq_len": 4096, "mode": mode, "status": "ok", "latency_ms": ms,
+                "press_spec": press, "variant_spec": variant, "noisy": noisy}
+
+    assert cost_method(cost("snapkv:compression_ratio=0.875")) == "snapkv"
+    assert cost_method(cost("quantized:nbits=2")) == "quantized 2-bit" and cost_method(cost("none")) == "full"
+    assert cost_method(cost(None, "sliding_window:window=508,sinks=4,backend=blocked")) == "sinks"
+    rows = [cost("none", ms=20.0), cost("none", mode="forward", ms=1000.0), cost("snapkv:compression_ratio=0.875",
+            ms=5.0), cost("snapkv:compression_ratio=0.875", mode="forward", ms=1100.0, noisy=True),
+            {**cost("none", ms=99.0), "status": "error"}]
+    assert len(cost_frame(rows)) == 4
+    pts = FR.points(grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": ones(15)}}, ones(20)))
+    lines = cost_lines(rows, pts)
+    assert "| full | 20.0 ms (1.00x) | 1000.0 ms (1.00x) | 1.000 | 1.00 (passkey) |" in lines
+    assert "| snapkv (noisy) | 5.0 ms (0.25x) | 1100.0 ms (1.10x) | 0.125 | 0.75 (passkey) |" in lines
+    src, costs = tmp_path / "acc.jsonl", tmp_path / "cost.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in grid({"snapkv": {"1/8": ones(15)}}, ones(20))))
+    costs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["frontier", str(src), "--cost", str(costs)]) == 0
+    assert "What it costs: m at 4096 tokens" in capsys.readouterr().out

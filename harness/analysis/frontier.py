@@ -350,8 +350,7 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
         e = eff[eff["model"] == model]
         if len(e):
             lines += _effective_lines(model, e, config.keep, "#" * (config.level + 1))
-    if not len(beat):
-        lines += ["", "No arm beats the oracle beyond its paired interval."]
+    lines += [] if len(beat) else ["", "No arm beats the oracle beyond its paired interval."]
     return "\n".join(lines) + "\n"
 
 
@@ -377,13 +376,19 @@ def read_files(paths: Sequence[str]) -> list[dict[str, Any]]:
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Write the markdown here (else stdout).")
 @click.option("--heading-level", default=1, type=click.IntRange(1, 5), help="The top heading's level (4: a section of "
               "results/README.md, as committed there).")
-def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int) -> None:
+@click.option("--cost", "costs", multiple=True, help="Cost rows of the same methods (attn-bench sweep --scope hf): "
+              "each one's decode step and prefill against full's, beside its score (repeatable).")
+def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int, costs: tuple[str, ...]) -> None:
     """The memory-quality frontier of accuracy FILES: per model and length, each method's AUC over the budgets and its
     gap to the oracle, effective lengths, and what did not run, as markdown."""
+    from harness.analysis.frontier_cost import cost_lines
+
     if out is not None:
         check_writable(out, what="markdown file")
     config = FrontierConfig(level=heading_level)
-    text = markdown(points(read_files(files), config.floor), config)
+    pts = points(read_files(files), config.floor)
+    text = markdown(pts, config) + "".join(f"{line}\n" for line in cost_lines(read_files(costs), pts, config.at,
+                                                                             "#" * (config.level + 1)))
     if out is None:
         click.echo(text, nl=False)
         return
