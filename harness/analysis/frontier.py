@@ -3,9 +3,8 @@ effective lengths and a markdown summary (``attn-bench frontier``).
 
 A point is one task's score for one method at one budget (passkey's depths pooled into one cell). Every arm answers
 the same prompts, so every comparison is paired: one bootstrap resample of each task's examples serves every method.
-A task the full cache scores below 0.5 on is kept out of the ranking: a budget cannot lose what the model never had.
-Intervals are Wilson's for 0/1 outcomes (as harness.accuracy.stats.wilson, which this layer may not import) and a
-percentile bootstrap otherwise.
+A task full scores below 0.5 on is not ranked: a budget cannot lose what the model never had. Intervals: Wilson's
+for 0/1 outcomes (harness.accuracy.stats.wilson's, which this layer may not import), else a percentile bootstrap.
 """
 from __future__ import annotations
 
@@ -236,15 +235,16 @@ def ranking(pts: pd.DataFrame, boot: int = 2000, seed: int = 0, at: str = "1/8")
 
 
 def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
-    """Per (model, method, budget) the longest eval_len whose mean score over the ranked tasks is >= keep x full's
-    there (None: at no length tried). A length where the method misses a ranked task is not counted."""
-    ok = _ok(pts)
-    out = []
+    """Per (model, method, budget) the longest eval_len whose mean score over the tasks ranked at every length of the
+    model is >= keep x full's there (None: at no length tried). A length where the method misses one is not counted."""
+    ok, out = _ok(pts), []
+    refs = ok[ok["ranked"] & (ok["kind"] == "reference")]
+    common = {m: set.intersection(*(set(t) for _, t in g.groupby("eval_len")["task"])) for m, g in refs.groupby("model")}
     for (model, method, budget), g in ok[ok["kind"] != "reference"].groupby(["model", "method", "budget"], sort=True):
         lengths = sorted(set(ok[ok["model"] == model]["eval_len"]))
         passed = []
         for L in lengths:
-            ranked = ok[(ok["model"] == model) & (ok["eval_len"] == L) & ok["ranked"] & (ok["kind"] == "reference")]
+            ranked = refs[(refs["model"] == model) & (refs["eval_len"] == L) & refs["task"].isin(common.get(model, ()))]
             mine = g[(g["eval_len"] == L) & g["task"].isin(ranked["task"])]
             if len(ranked) and len(mine) == len(ranked) and mine["score"].mean() >= keep * ranked["score"].mean():
                 passed.append(int(L))
@@ -323,7 +323,7 @@ def _effective_lines(model: str, e: pd.DataFrame, keep: float, head: str) -> lis
     """One row per method, one column per budget (widest first; a quantized cache's under "all tokens")."""
     cols = sorted({b for b in e["budget"] if b}, key=lambda b: -float(Fraction(b)) if "/" in b else int(b) - 1e9)
     cols += ["all tokens"] if any(not b for b in e["budget"]) else []
-    out = ["", f"{head} {model}: effective length (mean score over ranked tasks >= {keep:.2f} x full's)", "",
+    out = ["", f"{head} {model}: effective length (mean score over the tasks ranked at every length >= {keep:.2f} x full's)", "",
            "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for method, g in e.groupby("method", sort=False):
         cell = {r["budget"] or "all tokens": str(int(r["effective_len"])) if pd.notna(r["effective_len"])
