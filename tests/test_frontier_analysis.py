@@ -330,3 +330,12 @@ def test_the_cost_table_sets_each_method_beside_full_of_the_same_run(tmp_path, c
     costs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["frontier", str(src), "--cost", str(costs)]) == 0
     assert "What it costs: m at 4096 tokens" in capsys.readouterr().out
+
+
+def test_effective_length_reads_only_the_tasks_ranked_at_every_length():
+    """A task run at 4K alone (RULER) does not decide 4K's verdict when 8K has only passkey."""
+    rows = grid({"snapkv": {"1/8": ones(20)}}, ones(20), eval_len=4096)
+    rows += grid({"snapkv": {"1/8": ones(0)}}, ones(20), task="niah_single_1", eval_len=4096)
+    rows += grid({"snapkv": {"1/8": ones(10)}}, ones(20), eval_len=8192)
+    eff = FR.effective_length(FR.points(rows)).set_index(["method", "budget"])
+    assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # passkey 1.0 at 4K; RULER's 0 left out
