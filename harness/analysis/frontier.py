@@ -24,6 +24,7 @@ from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
 
 METRIC = {"passkey": "exact_match", "ruler": "string_match"}  # the score of each task family
+MIN_EXAMPLES = 20  # a cell on fewer (a run stopped inside it) is shown, not ranked
 
 
 @dataclass(frozen=True)
@@ -164,16 +165,13 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
     at = pd.MultiIndex.from_frame(df[["model", "eval_len", "task"]])
     df["full_score"] = ref = full["score"].reindex(at).to_numpy(dtype=float)
     df["kv_fraction"] = df["kv_bytes"].to_numpy(dtype=float) / full["kv_bytes"].reindex(at).to_numpy(dtype=float)
-    df["below_half"], df["ranked"] = ref < floor, ref >= floor
+    df["few"] = full["n"].reindex(at).to_numpy(dtype=float) < MIN_EXAMPLES  # a cell the run was cut inside
+    df["below_half"], df["ranked"] = ref < floor, (ref >= floor) & ~df["few"]
     order = ["model", "eval_len", "task", "kind", "budget_fraction", "method"]
     return df.sort_values(order, ascending=[True, True, True, True, False, True], ignore_index=True)
 
 
 # -- points -> numbers ---------------------------------------------------------------------------------
-
-def _ok(pts: pd.DataFrame) -> pd.DataFrame:  # noqa: E704
-    return pts[pts["status"] == "ok"]
-
 
 def _auc(curve: list[list[np.ndarray]], x: np.ndarray, draws: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """Trapezoid area of score over log2(budget) divided by the range, the mean over tasks; per resample with draws."""
@@ -228,7 +226,7 @@ def ranking(pts: pd.DataFrame, boot: int = 2000, seed: int = 0, at: str = "1/8")
     """Per (model, eval_len), each method's normalised AUC over the press budgets with paired intervals for it and its
     gap to the oracle, and its score and gap at ``at``; no-budget arms (quantized) get ``score``. Best AUC first."""
     cfg = FrontierConfig(boot=boot, seed=seed, at=at)
-    recs = [r for _, g in _ok(pts).groupby(["model", "eval_len"], sort=True) for r in _rank_group(g, cfg)]
+    recs = [r for _, g in pts[pts["status"] == "ok"].groupby(["model", "eval_len"], sort=True) for r in _rank_group(g, cfg)]
     df = pd.DataFrame(recs, columns=RANK_COLUMNS)
     return df.sort_values(["model", "eval_len", "auc", "at", "score"], ascending=[True, True, False, False, False],
                           na_position="last", ignore_index=True)
@@ -237,7 +235,7 @@ def ranking(pts: pd.DataFrame, boot: int = 2000, seed: int = 0, at: str = "1/8")
 def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
     """Per (model, method, budget) the longest eval_len whose mean score over the tasks ranked at every length of the
     model is >= keep x full's there (None: at no length tried). A length where the method misses one is not counted."""
-    ok, out = _ok(pts), []
+    ok, out = pts[pts["status"] == "ok"], []
     refs = ok[ok["ranked"] & (ok["kind"] == "reference")]
     common = {m: set.intersection(*(set(t) for _, t in g.groupby("eval_len")["task"])) for m, g in refs.groupby("model")}
     for (model, method, budget), g in ok[ok["kind"] != "reference"].groupby(["model", "method", "budget"], sort=True):
@@ -256,7 +254,7 @@ def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
 
 def beats_oracle(pts: pd.DataFrame, boot: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
     """Cells where an arm beats the oracle at its budget beyond the paired interval (its lower end above 0)."""
-    ok = _ok(pts)
+    ok = pts[pts["status"] == "ok"]
     oracle = ok[ok["kind"] == "oracle"].set_index(["model", "eval_len", "task", "budget"])
     found = []
     for _, r in ok[ok["kind"].isin(["press", "variant"])].iterrows():
@@ -302,10 +300,10 @@ def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: s
     full = g[(g["kind"] == "reference") & (g["status"] == "ok")]
     lines = ["", f"{head} {g['model'].iloc[0]} at {g['eval_len'].iloc[0]} tokens", "",
              f"Ranked tasks: {', '.join(sorted(full[full['ranked']]['task'])) or 'none'}."]
-    marked = full[full["below_half"]]
-    if len(marked):
-        lines.append("Not ranked (full < 0.5: a budget cannot lose what the model never had): " + ", ".join(
-            f"{t} (full {_f(s)})" for t, s in zip(marked["task"], marked["score"], strict=True)) + ".")
+    for why, m in (("full < 0.5: a budget cannot lose what the model never had", full[full["below_half"]]),
+                   (f"fewer than {MIN_EXAMPLES} examples: the run stopped inside it", full[full["few"]])):
+        lines += [f"Not ranked ({why}): " + ", ".join(f"{t} (full {_f(s)}, n {n})" for t, s, n in zip(
+            m["task"], m["score"], m["n"], strict=True)) + "."] if len(m) else []
     if len(rk):
         lines += [""] + _ranking_lines(rk, at)
     failed = g[g["status"] != "ok"]
@@ -351,6 +349,8 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
         if len(e):
             lines += _effective_lines(model, e, config.keep, "#" * (config.level + 1))
     lines += [] if len(beat) else ["", "No arm beats the oracle beyond its paired interval."]
+    from harness.analysis.frontier_cost import task_lines  # noqa: I001  (the per-task table, beside the ranking)
+    lines += task_lines(pts, config.at, "#" * (config.level + 1))
     return "\n".join(lines) + "\n"
 
 

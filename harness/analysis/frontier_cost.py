@@ -1,4 +1,6 @@
-"""What each method of the frontier costs, beside what it keeps: ``attn-bench frontier ... --cost FILE``.
+"""Two tables beside the frontier's ranking: each method's score per task at one budget (:func:`task_lines`: the
+variants sized to it ran on fewer tasks than the presses, so they are compared task by task), and what each method
+costs (:func:`cost_lines`: ``attn-bench frontier ... --cost FILE``).
 
 The cost rows are ``attn-bench sweep --scope hf`` rows of the frontier's methods on a checkpoint's architecture
 (``results/frontier-cost-cpu.toml``): the prefill (``forward``) and one decoded token (``decode``) at a length. Each
@@ -81,4 +83,19 @@ def cost_lines(cost_rows: Iterable[dict[str, Any]], pts: pd.DataFrame, at: str =
     return lines
 
 
-__all__ = ["cost_frame", "cost_lines", "cost_method"]
+def task_lines(pts: pd.DataFrame, at: str = "1/8", head: str = "##") -> list[str]:
+    """Per (model, length): each method's score on each task at ``at`` (full and quantized caches at every token) with
+    its 95 % interval and examples, task by task (a "-": not run there)."""
+    ok = pts[(pts["status"] == "ok") & ((pts["budget"] == at) | (pts["budget"] == ""))]
+    lines: list[str] = []
+    for (model, L), g in ok.groupby(["model", "eval_len"], sort=True):
+        tasks = sorted(set(g["task"]), key=lambda t: (t != "passkey", t))
+        lines += ["", f"{head} {model} at {L} tokens: each task at {at} of the cache", "",
+                  "| method | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+        for method, m in g.groupby("method", sort=False):
+            cell = {r.task: f"{r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (n {r.n})" for r in m.itertuples()}
+            lines.append(f"| {method} | " + " | ".join(cell.get(t, "-") for t in tasks) + " |")
+    return lines
+
+
+__all__ = ["cost_frame", "cost_lines", "cost_method", "task_lines"]
