@@ -122,7 +122,7 @@ def test_a_task_full_fails_is_marked_and_left_out_of_the_ranking():
     rk = FR.ranking(pts, boot=200).set_index("method")
     assert rk.loc["snapkv", "auc"] == pytest.approx(0.5)  # passkey alone
     assert rk.loc["oracle", "auc"] == pytest.approx(1.0)
-    assert "niah_multikey_1 (full 0.30)" in FR.markdown(pts, FR.FrontierConfig(boot=200))
+    assert "niah_multikey_1 (full 0.30, n 20)" in FR.markdown(pts, FR.FrontierConfig(boot=200))
 
 
 def test_auc_of_a_method_equal_to_full_at_every_budget_is_full_score():

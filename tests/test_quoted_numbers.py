@@ -1335,7 +1335,14 @@ def frontier_files() -> list[str]:
 def frontier_markdown(file: str) -> str:
     from harness.analysis import frontier as FR
 
-    return " ".join(FR.markdown(FR.points(list(rows(file))), FR.FrontierConfig(level=4)).split())
+    from harness.analysis.frontier_cost import cost_lines
+
+    pts = FR.points(list(rows(file)))
+    cost = cost_lines(list(rows(FRONTIER_COST[file])), pts, "1/8", "#####") if file in FRONTIER_COST else []
+    return " ".join((FR.markdown(pts, FR.FrontierConfig(level=4)) + "\n".join(cost)).split())
+
+
+FRONTIER_COST = {"frontier-smollm2-cpu.jsonl": "frontier-cost-cpu.jsonl"}  # its section's --cost file
 
 
 @pytest.mark.parametrize("file", frontier_files())
