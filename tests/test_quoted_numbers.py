@@ -1334,7 +1334,6 @@ def frontier_files() -> list[str]:
 @cache
 def frontier_markdown(file: str) -> str:
     from harness.analysis import frontier as FR
-
     from harness.analysis.frontier_cost import cost_lines
 
     pts = FR.points(list(rows(file)))
