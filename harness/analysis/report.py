@@ -220,7 +220,11 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def _figure_sections(data: F.Results, kind: str, ids: E.PageIds, all_figures: bool = False) -> list[str]:
     needs = ("cost", "variants") if kind == "cost" else ("accuracy",)
     only = [f.name for f in P.FIGURES if f.needs in needs] if all_figures else E.RUN_FIGURES[kind]
-    figs, skipped = E.figures_html(data, only, ids)
+    if not all_figures and kind == "accuracy" and data.accuracy.get("budget", pd.Series()).notna().any():  # frontier
+        only = ("frontier",)
+    if not all_figures and kind == "cost" and data.cost.get("seq_len", pd.Series()).nunique() == 1:
+        only = ()  # a run at one length: its tables say it; its figures (mostly curves over length) stay off the page
+    figs, skipped = E.figures_html(data, only, ids) if only else ("", [])
     return [_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3),
             _section(ids("skipped"), "Figures not drawn",
                      _folded(f"{len(skipped)} figure(s), each with why", _table(pd.DataFrame(skipped), ids("skipped-table")))
@@ -266,7 +270,9 @@ def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str
     sub = _section(ids("positions"), "Best position method per evaluation length",
                    _table(positions_table(acc), ids("positions-table")), 4)
     parts = [_section(ids("findings"), "Findings", (f"<ul>{items}</ul>" if items else "") + sub, 3)]
-    tables = [_folded(name, _compact(table.to_html(border=0, escape=True))) for name, table in pivot_accuracy(acc).items()]
+    frontier = acc.get("budget", pd.Series()).notna().any()  # its tables: `attn-bench frontier`, in results/README.md
+    tables = [] if frontier else [_folded(name, _compact(table.to_html(border=0, escape=True)))
+                                  for name, table in pivot_accuracy(acc).items()]
     parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
     return parts + _figure_sections(data, "accuracy", ids, all_figures)
 
