@@ -156,16 +156,15 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     if sizable and (scored := [t for t in tasks if not get_checkpoint_task(t).prompts]):
         raise ValueError(f"--press compresses the context a question is asked about: --task {scored[0]} scores every "
                          "position")
-    base = plain(path, tasks, ["full"], positions, eval_lens, configs, [p for p in presses if not takes_budget(p)],
-                 query_aware, False, dtype)
     if not sizable and not families:
         raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
+    base = plain(path, tasks, ["full"], positions, eval_lens, configs, [p for p in presses if not takes_budget(p)],
+                 query_aware, False, dtype)
     per_token = kv_bytes_per_token(base.ckpt.config, dtype)
     settings = []
     for L in base.eval_lens:
-        arms, cols = [], []
         for s0 in base.settings:
-            arms = list(s0.presses)
+            arms, cols = list(s0.presses), []
             for b in parsed:
                 for text in sizable:
                     spec = parse_presses([press_at(text, b, L)])[0]
