@@ -233,10 +233,11 @@ FRONTIER_BUDGETS = ("1/2", "1/4", "1/8", "1/16")
 FRONTIER_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def _frontier_presses(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler")) -> Group:
+def _frontier_presses(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler"),
+                      budgets: tuple[str, ...] = FRONTIER_BUDGETS) -> Group:
     """Every press arm at each budget, the oracle, quantized caches and full: one shared prefill per prompt."""
     return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
-                 passkey_examples=4, presses=FRONTIER_PRESSES, budgets=FRONTIER_BUDGETS)
+                 passkey_examples=4, presses=FRONTIER_PRESSES, budgets=budgets)
 
 
 def _frontier_variants(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler"),
@@ -251,24 +252,27 @@ FRONTIER_RULER = ("niah_single_1", "niah_multikey_1")
 
 def _frontier_smollm2() -> CheckpointPreset:
     # groups in the order a cut run keeps most: the press grid at 4K, the sized variants there (passkey: each is a
-    # prefill of its own per prompt; Quest, 13x full's time a prompt here, last), then 8K
-    pk = ("passkey",)
+    # prefill of its own per prompt), 8K (the length the frontier is quoted at), Quest (13x full's time a prompt) last
+    pk, fixed = ("passkey",), ("sliding_window", "sinks", "block_sparse", "moba")
     return CheckpointPreset("smollm2-135m", (
-        _frontier_presses(4096, FRONTIER_RULER),
-        _frontier_variants(4096, FRONTIER_RULER, pk, ("sliding_window", "sinks", "block_sparse", "moba")),
-        _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_variants(4096, FRONTIER_RULER, pk, ("quest",)),
-        _frontier_presses(8192, ("niah_single_1",), ("ruler",)),
+        _frontier_presses(4096, FRONTIER_RULER), _frontier_variants(4096, FRONTIER_RULER, pk, fixed),
+        _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_presses(8192, ("niah_single_1",), ("ruler",)),
+        _frontier_variants(8192, FRONTIER_RULER, pk, fixed), _frontier_variants(4096, FRONTIER_RULER, pk, ("quest",)),
     ), "SmolLM2-135M: every press at 1/2-1/16 of the cache, the oracle, quantized caches and full, then the variants "
        "sized to 1/8; passkey (5 depths x 4) and RULER, 20 examples a cell; 4K, then 8K")
 
 
 def _frontier_qwen() -> CheckpointPreset:
-    # ~4x SmolLM2's time a prompt: the run here stopped inside the first group (results/README.md)
+    # ~4x SmolLM2's time a prompt: at 8K the budgets are cut to 1/8 (the one the frontier is quoted at), and 8K comes
+    # before the second RULER task and the variants (results/README.md)
+    pk = ("passkey",)
     return CheckpointPreset("qwen2.5-coder-0.5b", (
-        _frontier_presses(4096, FRONTIER_RULER),
-        _frontier_variants(4096, FRONTIER_RULER, ("passkey",), ("sliding_window", "sinks", "block_sparse", "moba")),
-        _frontier_presses(8192, FRONTIER_RULER, ("passkey",)),
-    ), "Qwen2.5-Coder-0.5B (14 query / 2 KV heads): the frontier grid of frontier-smollm2-cpu, 4K first")
+        _frontier_presses(4096, ("niah_single_1",)), _frontier_presses(8192, FRONTIER_RULER, pk, ("1/8",)),
+        _frontier_presses(4096, ("niah_multikey_1",), ("ruler",)),
+        _frontier_variants(4096, FRONTIER_RULER, pk, ("sliding_window", "sinks", "block_sparse", "moba")),
+        _frontier_variants(8192, FRONTIER_RULER, pk, ("sliding_window", "sinks", "block_sparse", "moba")),
+    ), "Qwen2.5-Coder-0.5B (14 query / 2 KV heads): the frontier grid of frontier-smollm2-cpu, 4K first; at 8K the "
+       "presses at 1/8 only")
 
 
 def _frontier_gpu() -> CheckpointPreset:
