@@ -114,6 +114,26 @@ def layer_plan(config: PreTrainedConfig, text: str | None) -> LayerPlan | None:
     return LayerPlan(specs, lifted, every)
 
 
+def own_pattern(layer_specs: dict[str, str], window: int | None) -> bool:
+    """Every sliding layer type at the model's own ``window``, every other type plain ``full`` (any backend)."""
+    def plain(spec: str) -> bool:
+        v = variant_of(spec)
+        return v.name == "full" and not v.params
+
+    return window is not None and all(is_own_window(s, window) if t == SLIDING else plain(s)
+                                      for t, s in layer_specs.items())
+
+
+def window_layers(config: Any) -> dict[int, int]:
+    """Layer index -> window, for the layers the model's own sliding window serves (none once the window is lifted).
+    Presses leave them uncompressed, and a press arm's cache keeps their last ``window - 1`` keys, what transformers'
+    sliding cache keeps: the memory such a layer really holds."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or window >= LIFTED_WINDOW:
+        return {}
+    return {i: int(window) for i, t in enumerate(getattr(config, "layer_types", None) or ()) if t == SLIDING}
+
+
 def register_layers(plan: LayerPlan, config: PreTrainedConfig) -> str:
     """Register the plan's attention under one ``attn_implementation`` name and lift ``config``'s window if the plan
     says so (a copy the caller owns); returns the name."""
@@ -139,5 +159,5 @@ def register_layers(plan: LayerPlan, config: PreTrainedConfig) -> str:
     return name
 
 
-__all__ = ["FULL", "LIFTED_WINDOW", "OWN", "SLIDING", "LayerPlan", "is_own_window", "layer_plan", "parse_layer_spec",
-           "register_layers"]
+__all__ = ["FULL", "LIFTED_WINDOW", "OWN", "SLIDING", "LayerPlan", "is_own_window", "layer_plan", "own_pattern",
+           "parse_layer_spec", "register_layers", "window_layers"]

@@ -9,7 +9,10 @@ keep more of that head's attention mass at that step, which is what makes it a c
 every key resident and all the scores).
 
 Per query head: with grouped-query attention the heads of one group may keep different keys (a press keeps one set per
-key-value head), so the oracle is the ceiling per query head. It runs during decoding only: the context is prefilled
+key-value head), so the oracle is the ceiling per query head. A layer the model's own sliding window serves (Gemma 3's
+local layers: transformers passes ``sliding_window``) keeps its window, as presses leave such layers (kvpress's rule).
+Batch 1, unpadded: the oracle's mask is its own (causal from the bottom right, and the window), not transformers',
+which a press arm's cache of layers of different lengths would size wrong. It runs during decoding only: the context is prefilled
 with full attention, as kvpress compresses after the prefill, so it shares the prefill of every press arm
 (:func:`attn.hf.presses.replayable`).
 """
@@ -27,15 +30,16 @@ _ACTIVE: list[Oracle] = []
 
 
 class Oracle:
-    """The oracle at ``compression_ratio``; ``with oracle(model):`` decodes under it. The context is what the cache
-    holds when the first call in the block attends (its keys before the call's own), and :attr:`mass` collects, per
-    attention call, the share of the true weights the kept context keys carry (mean over heads and queries)."""
+    """The oracle at ``compression_ratio``; ``with oracle(model):`` decodes under it. A layer's context is what its
+    cache holds when its first call in the block attends (its keys before the call's own), and :attr:`mass` collects,
+    per attention call of a pruned layer, the share of the true weights the kept context keys carry (mean over heads and
+    queries)."""
 
     def __init__(self, compression_ratio: float = 0.0):
         if not 0.0 <= compression_ratio < 1.0:
             raise ValueError(f"oracle: compression_ratio must be in [0, 1), got {compression_ratio}")
         self.compression_ratio = compression_ratio
-        self.context_len: int | None = None
+        self.context: dict[int, int] = {}  # layer index -> its context's length
         self.mass: list[float] = []
 
     def kept(self, context_len: int) -> int:
@@ -46,7 +50,7 @@ class Oracle:
     def __call__(self, model: Any) -> Iterator[Oracle]:
         register()
         before = model.config._attn_implementation
-        self.context_len = None
+        self.context = {}
         _ACTIVE.append(self)
         model.config._attn_implementation = NAME
         try:
@@ -55,11 +59,15 @@ class Oracle:
             model.config._attn_implementation = before
             _ACTIVE.remove(self)
 
-    def columns(self, cache_bytes: int, context_len: int) -> dict[str, Any]:
-        """Row columns of what one head reads per step: the kept context tokens and their share of the cache's bytes."""
+    def columns(self, layer_bytes: list[int], layer_tokens: list[int], context_len: int,
+                windows: dict[int, int]) -> dict[str, Any]:
+        """Row columns of what one head reads per step: each pruned layer the kept context tokens and that share of
+        its bytes, each window layer (``windows``) what its cache holds."""
         k = self.kept(context_len)
-        return {"kv_tokens_min": k, "kv_tokens_mean": k, "kv_tokens_max": k,
-                "kv_cache_bytes": cache_bytes * k / max(context_len, 1)}
+        tokens = [n if i in windows else k for i, n in enumerate(layer_tokens)]
+        return {"kv_tokens_min": min(tokens), "kv_tokens_mean": sum(tokens) / len(tokens), "kv_tokens_max": max(tokens),
+                "kv_cache_bytes": sum(b if i in windows else b * k / max(context_len, 1)
+                                      for i, b in enumerate(layer_bytes))}
 
 
 def oracle_weights(scores: torch.Tensor, context_len: int, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,28 +87,27 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
               softcap: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: (B, H, Lq, D) queries against (B, Hkv, Lk, D) keys, causal from the bottom
-    right (the queries are the last Lq positions), under the active oracle."""
+    right (the queries are the last Lq positions), under the active oracle; ``sliding_window``: a window layer."""
     oracle = _ACTIVE[-1]
     B, H, Lq, D = query.shape
     Lk = key.shape[-2]
-    if oracle.context_len is None:
-        oracle.context_len = Lk - Lq
+    window = kwargs.get("sliding_window")
     group = H // key.shape[1]
     k, v = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     scores = (query.float() @ k.float().transpose(-1, -2)) * (scaling if scaling is not None else D ** -0.5)
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
     rows = torch.arange(Lq, device=query.device)[:, None] + (Lk - Lq)
-    allowed = torch.arange(Lk, device=query.device)[None] <= rows
-    if attention_mask is not None and attention_mask.dtype == torch.bool:
-        allowed = allowed & attention_mask[..., -Lq:, -Lk:]
-    elif attention_mask is not None:
-        scores = scores + attention_mask[..., -Lq:, -Lk:].float()
+    cols = torch.arange(Lk, device=query.device)[None]
+    allowed = (cols <= rows) & ((cols > rows - window) if window else True)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    n = min(oracle.context_len, Lk)
-    weights, kept = oracle_weights(scores, n, oracle.kept(n))
-    true = torch.softmax(scores, dim=-1)[..., :n]
-    oracle.mass.append(float((true * kept[..., :n]).sum(-1).mean()))
+    if window:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        n = min(oracle.context.setdefault(getattr(module, "layer_idx", 0), Lk - Lq), Lk)
+        weights, kept = oracle_weights(scores, n, oracle.kept(n))
+        true = torch.softmax(scores, dim=-1)[..., :n]
+        oracle.mass.append(float((true * kept[..., :n]).sum(-1).mean()))
     out = weights.to(v.dtype) @ v
     return out.transpose(1, 2).contiguous().to(query.dtype), None
 

@@ -290,7 +290,14 @@ def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], 
     if press is not None:
         press.post_init_from_model(model)
         lm = language_model(model)
+    from attn.hf.layers import window_layers
+
+    windows = window_layers(model.config)
     for i, module in enumerate(recorder.layers):
+        if i in windows:  # the model's window reads only these; kvpress leaves such layers to it
+            w = windows[i] - 1
+            cache.update(keys[i][..., -w:, :], values[i][..., -w:, :], i)
+            continue
         cache.update(keys[i], values[i], i)
         if press is None:
             continue
@@ -308,18 +315,29 @@ def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], 
 @torch.no_grad()
 def prefill_with(model: Any, spec: PressSpec, press: Any, context: torch.Tensor) -> Any:
     """A press's own prefill of the context, kvpress's way (``with press(model)``), for presses not :func:`replayable`."""
+    from attn.hf.layers import window_layers
+
+    if press is not None and window_layers(model.config):
+        raise ValueError(f"press {spec.label} runs its own prefill, where kvpress would compress this model's sliding "
+                         "layers too: on a model with sliding layers only replayable presses run")
     cache = spec.new_cache(model.config)
     with press(model) if press is not None else contextlib.nullcontext():
         language_model(model)(input_ids=context, past_key_values=cache)
     return cache
 
 
-def press_unsupported(variant: str, layer_specs: dict[str, str] | None) -> str | None:
+def press_unsupported(variant: str, layer_specs: dict[str, str] | None, window: int | None = None) -> str | None:
     """Why presses cannot run on this setting (None: they can). A press prunes cache entries by content, so a variant
-    that picks keys by their position (a window, blocks) would see the kept keys as if they were contiguous."""
+    that picks keys by their position (a window, blocks) would see the kept keys as if they were contiguous. A model
+    with layer types runs presses on its own pattern (``window``: its sliding window): kvpress's rule for Gemma 3, the
+    global layers pressed and the sliding ones left to their window (:func:`attn.hf.layers.window_layers`)."""
+    from attn.hf.layers import own_pattern
+
     if layer_specs is not None:
-        return ("a model with layer types (its sliding layers' caches are windows already): presses run on models "
-                "whose every layer is full attention")
+        if own_pattern(layer_specs, window):
+            return None
+        return ("a model with layer types runs presses on its own pattern only (its sliding layers at the model's "
+                "window, the others full): a press prunes by content what another window or pattern picks by position")
     if variant != "full":
         return (f"{variant} selects keys by position, and a press leaves the kept keys' positions behind (the cache "
                 "holds them as if contiguous): presses compose with full only")
@@ -342,14 +360,17 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
+def layer_bytes(cache: Any) -> list[int]:
+    """Bytes each layer's tensors hold: keys and values (a quantized layer: its packed data, scales and shifts, plus
+    the full-precision residual it has not quantized yet)."""
+    return [_nbytes(getattr(layer, "keys", None)) + _nbytes(getattr(layer, "values", None))
+            + _nbytes(getattr(layer, "_quantized_keys", None)) + _nbytes(getattr(layer, "_quantized_values", None))
+            for layer in cache.layers]
+
+
 def cache_bytes(cache: Any) -> int:
-    """Bytes the cache's tensors hold: keys and values (a quantized layer: its packed data, scales and shifts, plus the
-    full-precision residual it has not quantized yet)."""
-    total = 0
-    for layer in cache.layers:
-        total += _nbytes(getattr(layer, "keys", None)) + _nbytes(getattr(layer, "values", None))
-        total += _nbytes(getattr(layer, "_quantized_keys", None)) + _nbytes(getattr(layer, "_quantized_values", None))
-    return total
+    """Bytes the cache's tensors hold (:func:`layer_bytes`, summed)."""
+    return sum(layer_bytes(cache))
 
 
 def cache_columns(cache: Any) -> dict[str, Any]:
@@ -360,5 +381,5 @@ def cache_columns(cache: Any) -> dict[str, Any]:
 
 
 __all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "cache_columns", "compress",
-           "decoding_press", "kept_tokens", "language_model", "parse_press", "press_catalog", "press_classes",
+           "decoding_press", "kept_tokens", "language_model", "layer_bytes", "parse_press", "press_catalog", "press_classes",
            "press_name", "press_params", "press_unsupported", "prefill_with", "replayable"]

@@ -137,8 +137,9 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
 def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
                 eval_lens: Sequence[int] | None, configs: dict[str, Any] | None, presses: Sequence[str],
                 query_aware: bool, dtype: str, budgets: Sequence[str], families: Sequence[str]) -> HFPlan:
-    """``pretrained.plan`` with budgets: per length, one full-attention setting whose press arms are the presses sized to
-    each budget (and those without one as given), then each sized variant at each budget."""
+    """``pretrained.plan`` with budgets: per length, one setting (full attention, or the one variant given: a layer-typed
+    model's own pattern) whose press arms are the presses sized to each budget (and those without one as given), then
+    each sized variant at each budget."""
     import dataclasses
 
     from harness.accuracy.pretrained import CHECKPOINT, check_tasks, get_checkpoint_task, make_setting
@@ -150,16 +151,17 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     bad = [f for f in families if f not in SIZED]
     if bad:
         raise ValueError(f"--sized {bad[0]!r}: valid: {', '.join(SIZED)}")
-    if variants and list(variants) != ["full"]:
-        raise ValueError("--budget sizes the variants itself (--sized): give no --variant")
+    if len(variants) > 1 or (families and list(variants) not in ([], ["full"])):
+        raise ValueError("--budget sizes the variants itself (--sized): give at most one --variant, the model the "
+                         "presses run on (full, or a layer-typed model's own pattern), and none with --sized")
     sizable = [p for p in presses if takes_budget(p)]
     if sizable and (scored := [t for t in tasks if not get_checkpoint_task(t).prompts]):
         raise ValueError(f"--press compresses the context a question is asked about: --task {scored[0]} scores every "
                          "position")
     if not sizable and not families:
         raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
-    base = plain(path, tasks, ["full"], positions, eval_lens, configs, [p for p in presses if not takes_budget(p)],
-                 query_aware, False, dtype)
+    base = plain(path, tasks, list(variants) or ["full"], positions, eval_lens, configs,
+                 [p for p in presses if not takes_budget(p)], query_aware, False, dtype)
     per_token = kv_bytes_per_token(base.ckpt.config, dtype)
     settings = []
     for L in base.eval_lens:

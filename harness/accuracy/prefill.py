@@ -34,7 +34,9 @@ from attn.hf.presses import (
     cache_columns,
     compress,
     decoding_press,
+    kept_tokens,
     language_model,
+    layer_bytes,
     prefill_with,
     replayable,
 )
@@ -118,7 +120,10 @@ class SharedPrefill:
                 cache = self._branch(model, spec, press, context)
                 cols = cache_columns(cache)
                 if isinstance(press, Oracle):  # it reads the budget's keys of the whole cache each step
-                    cols |= press.columns(cols["kv_cache_bytes"], len(context))
+                    from attn.hf.layers import window_layers
+
+                    cols |= press.columns(layer_bytes(cache), kept_tokens(cache), len(context),
+                                          window_layers(model.config))
                     press.mass = []
                 said[spec.label] = greedy.run(cache, question, len(context), press)
                 if isinstance(press, Oracle):

@@ -234,9 +234,9 @@ FRONTIER_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def _frontier_presses(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler"),
-                      budgets: tuple[str, ...] = FRONTIER_BUDGETS) -> Group:
+                      budgets: tuple[str, ...] = FRONTIER_BUDGETS, variant: str = "full") -> Group:
     """Every press arm at each budget, the oracle, quantized caches and full: one shared prefill per prompt."""
-    return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
+    return Group(tasks, (variant,), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
                  passkey_examples=4, presses=FRONTIER_PRESSES, budgets=budgets)
 
 
@@ -275,6 +275,20 @@ def _frontier_qwen() -> CheckpointPreset:
        "presses at 1/8 only")
 
 
+def _frontier_gemma3() -> CheckpointPreset:
+    # its own pattern (5 sliding layers of 512 : 1 global), the presses and the oracle on its global layers only
+    # (kvpress's rule: attn/hf/layers.py window_layers); no sized variants (a budget for its global layers alone is
+    # not built); 8K at 1/8 only, as for Qwen
+    own, pk = "sliding_attention=sliding_window:backend=blocked", ("passkey",)
+    return CheckpointPreset("gemma3-270m", (
+        _frontier_presses(4096, FRONTIER_RULER, pk, variant=own),
+        _frontier_presses(8192, FRONTIER_RULER, pk, ("1/8",), variant=own),
+        _frontier_presses(4096, ("niah_single_1",), ("ruler",), variant=own),
+        _frontier_presses(4096, ("niah_multikey_1",), ("ruler",), variant=own),
+    ), "Gemma 3 270M, its own 5 sliding : 1 global pattern: every press on the global layers at 1/2-1/16, the oracle, "
+       "quantized caches and full; passkey at 4K, then 8K at 1/8, then RULER")
+
+
 def _frontier_gpu() -> CheckpointPreset:
     ruler = ("niah_single_1", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "niah_multivalue",
              "niah_multiquery", "vt", "cwe", "fwe")
@@ -287,7 +301,8 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(), "kvpress-smollm2-cpu": _kvpress_smollm2(),
     "selective-smollm2-cpu": _selective_smollm2(),
     # the memory-quality frontier: ~3 h of 2 shared cores for both (results/README.md says what was cut)
-    "frontier-smollm2-cpu": _frontier_smollm2(), "frontier-qwen-cpu": _frontier_qwen(), "frontier-gpu": _frontier_gpu(),
+    "frontier-smollm2-cpu": _frontier_smollm2(), "frontier-qwen-cpu": _frontier_qwen(),
+    "frontier-gemma3-cpu": _frontier_gemma3(), "frontier-gpu": _frontier_gpu(),
 }
 
 __all__ = ["CHECKPOINT_PRESETS", "MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY",
