@@ -113,11 +113,25 @@ def test_budget_arms_through_the_command(checkpoint, tmp_path):
     assert main([*args, "--resume"]) == 0 and len(read_rows(out)) == len(rows)
 
 
+def test_query_aware_presses_at_a_budget(checkpoint, tmp_path):
+    from harness.results import read_rows
+
+    out = tmp_path / "qa.jsonl"
+    assert main(["accuracy", "--hf-model", str(checkpoint), "--task", "passkey", "--eval-lens", "512", "--eval-examples",
+                 "2", "--depths", "0.5", "--press", "snapkv", "--budget", "1/4", "--query-aware", "--no-progress",
+                 "--out", str(out)]) == 0
+    (row,) = read_rows(out)
+    assert row["status"] == "ok" and row["query_aware"] is True and row["budget"] == "1/4"
+    assert row["press_spec"] == "snapkv:compression_ratio=0.75" and row["run_id"].endswith("|query_aware")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--budget", "1/8", "--press", "none"], "--budget sizes presses that take a compression_ratio"),
     (["--budget", "2", "--budget", "1/0", "--press", "snapkv"], "--budget '1/0'"),
     (["--sized", "moba", "--press", "snapkv"], "--sized needs --budget"),
-    (["--budget", "1/8", "--press", "snapkv", "--variant", "moba"], "give no --variant"),
+    (["--budget", "1/8", "--press", "snapkv", "--variant", "moba"], "presses compose with full only"),
+    (["--budget", "1/8", "--press", "snapkv", "--sized", "moba", "--variant", "full", "--variant", "moba"],
+     "at most one --variant"),
     (["--budget", "1/8", "--press", "oracle", "--task", "lm"], "--task lm scores every position"),
     (["--press", "oracle:compression_ratio=1.0"], "press oracle:compression_ratio=1.0: oracle: compression_ratio"),
 ])

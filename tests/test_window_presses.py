@@ -38,8 +38,8 @@ def test_unpruned_arms_answer_as_the_plain_model_and_presses_leave_the_window_la
     model = tiny()
     assert window_layers(model.config) == {0: WINDOW, 1: WINDOW}
     plain = SharedPrefill().answers(model, PROMPT, CONTEXT, GEN)[None]
-    specs = [presses.parse_press(s) for s in ("none", "oracle:compression_ratio=0.0", "snapkv:compression_ratio=0.5,window_size=8",
-                                              "oracle:compression_ratio=0.5")]
+    specs = [presses.parse_press(s) for s in ("none", "oracle:compression_ratio=0.0",
+                                              "snapkv:compression_ratio=0.5,window_size=8", "oracle:compression_ratio=0.5")]
     arms = SharedPrefill(specs)
     said = arms.answers(model, PROMPT, CONTEXT, GEN)
     assert not arms.failed, arms.failed

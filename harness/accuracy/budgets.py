@@ -161,7 +161,15 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     if not sizable and not families:
         raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
     base = plain(path, tasks, list(variants) or ["full"], positions, eval_lens, configs,
-                 [p for p in presses if not takes_budget(p)], query_aware, False, dtype)
+                 [p for p in presses if not takes_budget(p)], False, False, dtype)
+    if sizable:
+        from attn.hf.interface import config_window
+        from attn.hf.presses import press_unsupported
+
+        window = config_window(base.ckpt.config)
+        why = next((w for s in base.settings if (w := press_unsupported(s.variant, s.layer_specs, window))), None)
+        if why is not None:
+            raise ValueError(f"--press cannot run on --variant {variants[0]}: {why}")
     per_token = kv_bytes_per_token(base.ckpt.config, dtype)
     settings = []
     for L in base.eval_lens:
@@ -175,7 +183,8 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
             if len({a.label for a in arms}) < len(arms):
                 raise ValueError(f"two budgets give one press the same ratio at length {L}: {budgets}")
             if arms:  # without presses the sized variants run alone (full is the press grid's `none` arm)
-                settings.append(dataclasses.replace(s0, presses=tuple(arms), only_len=L, arm_columns=tuple(cols)))
+                settings.append(dataclasses.replace(s0, presses=tuple(arms), only_len=L, arm_columns=tuple(cols),
+                                                    query_aware=query_aware))
         for b in parsed:
             for fam in families:
                 got = sized(fam, b.kept(L))

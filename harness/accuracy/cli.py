@@ -159,8 +159,8 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     preset = CHECKPOINT_PRESETS[opts["preset"]]
     return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
-                         equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32", budgets=g.budgets,
-                         families=g.sized) for g in preset.groups]
+                         query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32",
+                         budgets=g.budgets, families=g.sized) for g in preset.groups]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:

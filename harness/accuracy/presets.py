@@ -152,6 +152,7 @@ class Group:
     budgets: tuple[str, ...] = ()  # KV budgets sizing the presses and the `sized` variants (harness/accuracy/budgets.py)
     sized: tuple[str, ...] = ()
     passkey_examples: int | None = None  # per depth, when not `examples`
+    query_aware: bool = False  # the presses compress the context with the question (kvpress's query_aware)
 
     def params(self) -> dict[str, dict[str, Any]]:
         """Each checkpoint task's config fields."""
@@ -257,9 +258,14 @@ def _frontier_smollm2() -> CheckpointPreset:
     return CheckpointPreset("smollm2-135m", (
         _frontier_presses(4096, FRONTIER_RULER), _frontier_variants(4096, FRONTIER_RULER, pk, fixed),
         _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_presses(8192, ("niah_single_1",), ("ruler",)),
-        _frontier_variants(8192, FRONTIER_RULER, pk, fixed), _frontier_variants(4096, FRONTIER_RULER, pk, ("quest",)),
+        _frontier_variants(8192, FRONTIER_RULER, pk, fixed),
+        Group(("passkey", "ruler"), ("full",), (4096,), ruler_tasks=("niah_single_1",),
+              passkey={"depths": FRONTIER_DEPTHS}, examples=20, passkey_examples=4, presses=(*PRESSES, "keydiff"),
+              budgets=("1/8",), query_aware=True),
+        _frontier_variants(4096, FRONTIER_RULER, pk, ("quest",)),
     ), "SmolLM2-135M: every press at 1/2-1/16 of the cache, the oracle, quantized caches and full, then the variants "
-       "sized to 1/8; passkey (5 depths x 4) and RULER, 20 examples a cell; 4K, then 8K")
+       "sized to 1/8; passkey (5 depths x 4) and RULER, 20 examples a cell; 4K, then 8K; the presses query-aware at "
+       "1/8 and 4K")
 
 
 def _frontier_qwen() -> CheckpointPreset:
