@@ -38,14 +38,15 @@ def test_unpruned_arms_answer_as_the_plain_model_and_presses_leave_the_window_la
     model = tiny()
     assert window_layers(model.config) == {0: WINDOW, 1: WINDOW}
     plain = SharedPrefill().answers(model, PROMPT, CONTEXT, GEN)[None]
-    specs = [presses.parse_press(s) for s in ("none", "oracle:compression_ratio=0.0",
-                                              "snapkv:compression_ratio=0.5,window_size=8", "oracle:compression_ratio=0.5")]
+    pressed = ("snapkv:compression_ratio=0.5,window_size=8", "oracle:compression_ratio=0.5",
+               "expected_attention:compression_ratio=0.5,n_future_positions=4")  # the last rotates by the layer's RoPE
+    specs = [presses.parse_press(s) for s in ("none", "oracle:compression_ratio=0.0", *pressed)]
     arms = SharedPrefill(specs)
     said = arms.answers(model, PROMPT, CONTEXT, GEN)
     assert not arms.failed, arms.failed
     assert said["none"] == plain and said["oracle:compression_ratio=0.0"] == plain
     kept = CONTEXT // 2
-    for label in ("snapkv:compression_ratio=0.5,window_size=8", "oracle:compression_ratio=0.5"):
+    for label in pressed:
         stats = arms.take_stats(label)  # the window layers hold window - 1 keys, the global one its budget
         assert (stats["kv_tokens_min"], stats["kv_tokens_max"]) == (WINDOW - 1, kept), label
         assert stats["kv_tokens_mean"] == pytest.approx((2 * (WINDOW - 1) + kept) / 3)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -304,12 +305,22 @@ def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], 
         hidden, rope = recorder.layer(i)
         if hidden.shape[1] != keys[i].shape[-2]:
             raise RuntimeError(f"layer {i}: {hidden.shape[1]} recorded positions for {keys[i].shape[-2]} cached keys")
-        module.rotary_emb = lm.rotary_emb  # what BasePress.__call__ sets (presses that re-rotate keys read it)
+        rope_of(module, lm.rotary_emb, model.config)  # what BasePress.__call__ sets (presses that re-rotate keys read it)
         L = hidden.shape[1]
         kwargs = {"hidden_states": hidden, "position_embeddings": rope, "attention_mask": None, "past_key_values": cache,
                   "cache_position": torch.arange(L, device=hidden.device)}
         press.forward_hook(module, (), kwargs, (None, None))
     return cache
+
+
+def rope_of(module: Any, rotary: Any, config: Any) -> None:
+    """Give the layer its model's RoPE as kvpress calls it, ``rotary(x, position_ids)``: a model with one RoPE per layer
+    type (Gemma 3) takes the layer's type too."""
+    if "layer_type" not in inspect.signature(rotary.forward).parameters:
+        module.rotary_emb = rotary
+        return
+    typed = functools.partial(rotary, layer_type=config.layer_types[module.layer_idx])
+    module.__dict__["rotary_emb"] = typed  # a function, not a submodule: set past nn.Module's registration
 
 
 @torch.no_grad()
