@@ -322,7 +322,8 @@ def test_the_cost_table_sets_each_method_beside_full_of_the_same_run(tmp_path, c
             {**cost("none", ms=99.0), "status": "error"}]
     assert len(cost_frame(rows)) == 4
     pts = FR.points(grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": ones(15)}}, ones(20)))
-    lines = cost_lines(rows, pts)
+    lines = cost_lines([*rows, {**cost("none"), "hf_config": "another"}], pts)  # a model the frontier lacks: left out
+    assert not any("another" in line for line in lines)
     assert "| full | 20.0 ms (1.00x) | 1000.0 ms (1.00x) | 1.000 | 1.00 (passkey) |" in lines
     assert "| snapkv (noisy) | 5.0 ms (0.25x) | 1100.0 ms (1.10x) | 0.125 | 0.75 (passkey) |" in lines
     src, costs = tmp_path / "acc.jsonl", tmp_path / "cost.jsonl"

@@ -368,8 +368,8 @@ def best_press_at(file: str, L: int) -> list[str]:
     return list(rk["method"])
 
 
-def decode_ms(press: str) -> V:
-    return V(FC, {"press_spec": press, "mode": "decode"}, "latency_ms", "one", ".1f")
+def decode_ms(press: str, model: str = "smollm2-135m") -> V:
+    return V(FC, {"press_spec": press, "mode": "decode", "hf_config": model}, "latency_ms", "one", ".1f")
 
 
 quote(README, "SmolLM2-135M at 4K with 1/8 of its cache: `keydiff` keeps most of the presses, {} [{}, {}] of passkey and "

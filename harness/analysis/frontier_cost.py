@@ -53,11 +53,13 @@ def _ms(v: float, full: float) -> str:
 
 
 def cost_lines(cost_rows: Iterable[dict[str, Any]], pts: pd.DataFrame, at: str = "1/8", head: str = "##") -> list[str]:
-    """Per (model, length) of the cost rows: each method's decode step and prefill against full's, the share of full's
-    KV bytes it reads at ``at`` and its score there (the frontier's points ``pts``; "-" where not measured)."""
+    """Per (model, length) of the cost rows whose model the frontier has: each method's decode step and prefill
+    against full's, the share of full's KV bytes it reads at ``at`` and its score there (the frontier's points ``pts``;
+    "-" where not measured)."""
     costs = cost_frame(cost_rows)
     if len(costs) == 0:
         return []
+    costs = costs[costs["model"].isin(set(pts["model"]))]  # one cost file may time several models
     ok = pts[pts["status"] == "ok"]
     lines: list[str] = []
     for (model, L), g in costs.groupby(["model", "eval_len"], sort=True):
