@@ -253,12 +253,13 @@ FRONTIER_RULER = ("niah_single_1", "niah_multikey_1")
 
 def _frontier_smollm2() -> CheckpointPreset:
     # groups in the order a cut run keeps most: the press grid at 4K, the sized variants there (passkey: each is a
-    # prefill of its own per prompt), 8K (the length the frontier is quoted at), Quest (13x full's time a prompt) last
+    # prefill of its own per prompt), 8K (the length the frontier is quoted at; RULER there at 1/8 only), the presses
+    # query-aware, Quest (13x full's time a prompt) last
     pk, fixed = ("passkey",), ("sliding_window", "sinks", "block_sparse", "moba")
     return CheckpointPreset("smollm2-135m", (
         _frontier_presses(4096, FRONTIER_RULER), _frontier_variants(4096, FRONTIER_RULER, pk, fixed),
         _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_variants(8192, FRONTIER_RULER, pk, fixed),
-        _frontier_presses(8192, ("niah_single_1",), ("ruler",)),
+        _frontier_presses(8192, ("niah_single_1",), ("ruler",), ("1/8",)),
         Group(("passkey", "ruler"), ("full",), (4096,), ruler_tasks=("niah_single_1",),
               passkey={"depths": FRONTIER_DEPTHS}, examples=20, passkey_examples=4, presses=(*PRESSES, "keydiff"),
               budgets=("1/8",), query_aware=True),
