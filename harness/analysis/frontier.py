@@ -338,9 +338,10 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
     beat = pd.DataFrame(beats_oracle(pts, config.boot, config.seed),
                         columns=["model", "eval_len", "task", "budget", "method", "difference", "lo", "hi"])
     lines = [f"{'#' * config.level} Memory-quality frontier", "",
-             f"AUC: score over log2(budget), trapezoid, normalised to [0, 1], equal weight per ranked task. Intervals: "
-             f"95 %, paired bootstrap ({config.boot} resamples of each task's examples, seed {config.seed}); scores at "
-             f"{config.at}: Wilson for 0/1 outcomes. Gaps: oracle minus method."]
+             f"AUC: score over log2(budget), trapezoid, normalised to [0, 1] (a length run at one budget: the score "
+             f"there), equal weight per ranked task. Intervals: 95 %, paired bootstrap ({config.boot} resamples of each "
+             f"task's examples, seed {config.seed}); scores at {config.at}: Wilson for 0/1 outcomes. Gaps: oracle minus "
+             "method."]
     for model in sorted(set(pts["model"])):
         for L in sorted(set(pts[pts["model"] == model]["eval_len"])):
             here = {k: v[(v["model"] == model) & (v["eval_len"] == L)] for k, v in (("p", pts), ("r", rk), ("b", beat))}
@@ -390,8 +391,7 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     text = markdown(pts, config) + "".join(f"{line}\n" for line in cost_lines(read_files(costs), pts, config.at,
                                                                              "#" * (config.level + 1)))
     if out is None:
-        click.echo(text, nl=False)
-        return
+        return click.echo(text, nl=False)
     write_atomic(out, text)
     click.echo(f"wrote {out}")
 
