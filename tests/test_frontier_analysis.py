@@ -81,14 +81,17 @@ def test_passkey_depths_pool_in_ascending_depth_order():
     assert pt["method"] == "full" and pt["kind"] == "reference"
 
 
+def ruler_row(press: str, outcomes: list[float], **kw) -> dict:
+    return press_row(press, outcomes, task="ruler", subtask="niah_single_1", depth=None, **kw)
+
+
 def test_wilson_interval_on_binary_points_matches_the_harness():
-    rows = passkey_rows("none", ones(13))
-    pt = FR.points(rows).iloc[0]
+    pt = FR.points([ruler_row("none", ones(13))]).iloc[0]
     lo, hi = harness_wilson(13, 20)
     assert (pt["ci_low"], pt["ci_high"]) == pytest.approx((lo, hi))
     assert 0.0 < pt["ci_low"] < 0.65 < pt["ci_high"] < 1.0
     # a point at 100 % still has an interval below 1, where a normal approximation would collapse
-    top = FR.points(passkey_rows("none", ones(20))).iloc[0]
+    top = FR.points([ruler_row("none", ones(20))]).iloc[0]
     assert top["ci_low"] == pytest.approx(harness_wilson(20, 20)[0]) and top["ci_low"] < 1.0
 
 
@@ -128,7 +131,7 @@ def test_a_task_full_fails_is_marked_and_left_out_of_the_ranking():
 def test_auc_of_a_method_equal_to_full_at_every_budget_is_full_score():
     full = ones(14)
     rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "tova": {b: full for b in BUDGETS},
-                 "knorm": {"1/2": full, "1/4": ones(12), "1/8": ones(8), "1/16": ones(2)}}, full)
+                 "knorm": {"1/2": full, "1/4": ones(12), "1/8": ones(8), "1/16": ones(2)}}, full, task="niah_single_1")
     rk = FR.ranking(FR.points(rows), boot=300).set_index("method")
     assert rk.loc["tova", "auc"] == pytest.approx(0.7) and rk.loc["full", "auc"] == pytest.approx(0.7)
     assert rk.loc["tova", "auc_lo"] < 0.7 < rk.loc["tova", "auc_hi"]
@@ -144,7 +147,8 @@ def test_sized_variants_appear_at_one_eighth_with_no_auc():
     rows += [variant_row("moba:block_size=64,topk=8", ones(2, 4), depth=d) for d in DEPTHS]
     rk = FR.ranking(FR.points(rows), boot=200).set_index("method")
     assert pd.isna(rk.loc["moba", "auc"]) and rk.loc["moba", "at"] == pytest.approx(0.5)
-    assert (rk.loc["moba", "at_lo"], rk.loc["moba", "at_hi"]) == pytest.approx(harness_wilson(10, 20))
+    # every haystack (depth) half found: resampling whole depths leaves no spread (Wilson's would be 0.30-0.70)
+    assert (rk.loc["moba", "at_lo"], rk.loc["moba", "at_hi"]) == (0.5, 0.5)
     assert rk.loc["moba", "gap_at"] == pytest.approx(0.5) and rk.loc["moba", "gap_at_lo"] > 0
 
 
@@ -169,6 +173,19 @@ def test_paired_difference_over_tasks_weights_tasks_equally_and_rejects_unpaired
     assert d == pytest.approx(0.5)  # not 4 / 24
     with pytest.raises(ValueError, match="same examples"):
         FR.paired_difference(np.ones(4), np.ones(5), boot=10)
+
+
+def test_passkey_resamples_whole_depths_and_ruler_single_examples():
+    """Passkey's four keys at a depth share one haystack and answer together: an arm that loses one depth is five
+    haystacks' evidence, not twenty examples', and its interval says so; RULER's examples draw one by one."""
+    lost = [1.0] * 4 + [0.0] * 4 + [1.0] * 12  # the second depth, all four keys
+    pt = FR.points(passkey_rows("none", lost)).iloc[0]
+    assert pt["clusters"] == (4,) * 5 and pt["ci_low"] < harness_wilson(16, 20)[0]
+    d, lo, _ = FR.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0, clusters=[(4,) * 5])
+    assert d == pytest.approx(0.2) and lo == 0.0  # a resample without that depth shows no difference
+    assert FR.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0)[1] > 0  # one by one: "significant"
+    ruler = FR.points([ruler_row("none", lost)]).iloc[0]
+    assert ruler["clusters"] == (1,) * 20 and (ruler["ci_low"], ruler["ci_high"]) == pytest.approx(harness_wilson(16, 20))
 
 
 # -- effective length, beats-oracle --------------------------------------------------------------------

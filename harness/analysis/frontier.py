@@ -3,8 +3,9 @@ effective lengths and a markdown summary (``attn-bench frontier``).
 
 A point is one task's score for one method at one budget (passkey's depths pooled into one cell). Every arm answers
 the same prompts, so every comparison is paired: one bootstrap resample of each task's examples serves every method.
-A task full scores below 0.5 on is not ranked: a budget cannot lose what the model never had. Intervals: Wilson's
-for 0/1 outcomes (harness.accuracy.stats.wilson's, which this layer may not import), else a percentile bootstrap.
+A task full scores below 0.5 on is not ranked: a budget cannot lose what the model never had. Intervals
+(harness.analysis.paired): passkey's examples resampled by depth (its keys at one depth share a haystack), RULER's one
+by one.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from typing import Any
 import click
 import numpy as np
 import pandas as pd
-from scipy.stats import binomtest
 
+from harness.analysis.paired import interval, paired_difference, percentile_ci, resample_indices, wilson
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
 
@@ -81,51 +82,6 @@ def _depth(row: dict[str, Any]) -> float:
     return _num(row.get("depth"), -1.0)  # NaN is no dictionary key: RULER rows have no depth
 
 
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval (scipy's, as harness.accuracy.stats.wilson)."""
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    ci = binomtest(int(k), int(n)).proportion_ci(method="wilson")
-    return (float(ci.low), float(ci.high))
-
-
-def _draws(sizes: Sequence[int], boot: int, seed: int) -> list[np.ndarray]:
-    """One (boot, n) index resample per task, in task order: the same seed gives every method the same draws."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, int(n), size=(boot, int(n))) for n in sizes]
-
-
-def _resampled(arrays: Sequence[np.ndarray], draws: Sequence[np.ndarray]) -> np.ndarray:
-    """Per resample, the mean over tasks (equal weight) of each task's resampled mean."""
-    return np.mean([a[i].mean(axis=-1) for a, i in zip(arrays, draws, strict=True)], axis=0)
-
-
-def _ci(v: np.ndarray) -> tuple[float, float]:
-    return tuple(float(q) for q in np.percentile(v, [2.5, 97.5]))  # type: ignore[return-value]
-
-
-def interval(arrays: Sequence[np.ndarray], boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(score, lo, hi) of the equal-weight mean over tasks: Wilson for 0/1 outcomes on equal-sized tasks (then the
-    pooled proportion is that mean), else a percentile bootstrap within each task."""
-    arrays = [np.asarray(a, dtype=float) for a in arrays]
-    score = float(np.mean([a.mean() for a in arrays]))
-    if all(np.isin(a, (0.0, 1.0)).all() for a in arrays) and len({len(a) for a in arrays}) == 1:
-        return score, *wilson(int(sum(a.sum() for a in arrays)), sum(len(a) for a in arrays))
-    return score, *_ci(_resampled(arrays, _draws([len(a) for a in arrays], boot, seed)))
-
-
-def paired_difference(a: np.ndarray | Sequence[np.ndarray], b: np.ndarray | Sequence[np.ndarray], boot: int = 2000,
-                      seed: int = 0) -> tuple[float, float, float]:
-    """(mean of a - b, 2.5 %, 97.5 % percentile) over example resamples that move both arms together, because both
-    answered the same prompts. ``a``, ``b``: one array, or one per task (the mean over tasks, equal weight)."""
-    many = not isinstance(a, np.ndarray) and len(a) and not np.isscalar(a[0])
-    xs, ys = ([np.asarray(x, dtype=float) for x in (v if many else [v])] for v in (a, b))
-    if [len(x) for x in xs] != [len(y) for y in ys]:
-        raise ValueError("paired arms must hold the same examples")
-    d = [x - y for x, y in zip(xs, ys, strict=True)]
-    return float(np.mean([di.mean() for di in d])), *_ci(_resampled(d, _draws([len(x) for x in d], boot, seed)))
-
-
 def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
     """One task's rows of one arm (passkey: one per depth) -> its pooled examples, or why it did not run."""
     cell = sorted(cell, key=_depth)
@@ -138,9 +94,11 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
                          "arms by example")
     ex = np.concatenate([np.asarray(r["per_example"], dtype=float) for r in cell])
     key = tuple((_depth(r), len(r["per_example"])) for r in cell)
+    clusters = tuple(n for _, n in key) if cell[0].get("task") == "passkey" else (1,) * len(ex)
     kv = [_num(r.get("kv_bytes")) for r in cell if _num(r.get("kv_bytes")) == _num(r.get("kv_bytes"))]
-    score, lo, hi = interval([ex])
-    return {"status": "ok", "error": None, "per_example": ex, "examples": key, "n": len(ex), "score": score,
+    score, lo, hi = interval([ex], clusters=[clusters])
+    return {"status": "ok", "error": None, "per_example": ex, "examples": key, "clusters": clusters, "n": len(ex),
+            "score": score,
             "ci_low": lo, "ci_high": hi, "binary": bool(np.isin(ex, (0.0, 1.0)).all()),
             "kv_bytes": float(np.mean(kv)) if kv else float("nan")}
 
@@ -183,15 +141,18 @@ def _auc(curve: list[list[np.ndarray]], x: np.ndarray, draws: Sequence[np.ndarra
 
 
 def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
-    ref = {r.task: r.examples for r in g[(g["kind"] == "reference") & g["ranked"]].itertuples()}
+    refs = g[(g["kind"] == "reference") & g["ranked"]]
+    ref = dict(zip(refs["task"], refs["examples"], strict=True))
+    clusters = dict(zip(refs["task"], refs["clusters"], strict=True))
     tasks = sorted(ref)
+    cl = [clusters[t] for t in tasks]
     if not tasks:
         return []
     # a cell enters a comparison only on the reference's examples: paired
     ex = {(r.method, r.task, r.budget): r.per_example for r in g.itertuples() if ref.get(r.task) == r.examples}
     budgets = sorted(set(g[g["kind"].isin(["press", "oracle"])]["budget"]) - {""}, key=lambda t: float(Fraction(t)))
     x = np.log2([float(Fraction(b)) for b in budgets])
-    draws = _draws([len(ex[("full", t, "")]) for t in tasks], cfg.boot, cfg.seed)
+    draws = resample_indices(cl, cfg.boot, cfg.seed)
     curves = {m: [[ex.get((m, t, "" if m == "full" else b)) for b in budgets] for t in tasks] for m in set(g["method"])}
     whole = {m: c for m, c in curves.items() if budgets and all(a is not None for row in c for a in row)}
     oracle = whole.get("oracle")
@@ -201,19 +162,19 @@ def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
                                "kind": kind}
         if method in whole:
             m_boot, rec["auc"] = _auc(whole[method], x, draws), float(_auc(whole[method], x))
-            rec["auc_lo"], rec["auc_hi"] = _ci(m_boot)
+            rec["auc_lo"], rec["auc_hi"] = percentile_ci(m_boot)
             if oracle:
                 rec["gap"] = float(_auc(oracle, x)) - rec["auc"]
-                rec["gap_lo"], rec["gap_hi"] = _ci(_auc(oracle, x, draws) - m_boot)
+                rec["gap_lo"], rec["gap_hi"] = percentile_ci(_auc(oracle, x, draws) - m_boot)
         b = cfg.at if kind in ("press", "oracle", "variant") else ""
         own = [ex.get((method, t, b)) for t in tasks]
         if all(a is not None for a in own):
             where = "score" if kind == "quantized" else "at"  # full: flat, its score at every budget
-            rec[where], rec[f"{where}_lo"], rec[f"{where}_hi"] = interval(own, cfg.boot, cfg.seed)
+            rec[where], rec[f"{where}_lo"], rec[f"{where}_hi"] = interval(own, cfg.boot, cfg.seed, cl)
             rec["kv_fraction"] = float(g[(g["method"] == method) & (g["budget"] == b)]["kv_fraction"].mean())
             if where == "at" and oracle and cfg.at in budgets:
                 o_at = [ex[("oracle", t, cfg.at)] for t in tasks]
-                rec["gap_at"], rec["gap_at_lo"], rec["gap_at_hi"] = paired_difference(o_at, own, cfg.boot, cfg.seed)
+                rec["gap_at"], rec["gap_at_lo"], rec["gap_at_hi"] = paired_difference(o_at, own, cfg.boot, cfg.seed, cl)
         out.append(rec)
     return out
 
@@ -261,7 +222,7 @@ def beats_oracle(pts: pd.DataFrame, boot: int = 2000, seed: int = 0) -> list[dic
         key = (r["model"], r["eval_len"], r["task"], r["budget"])
         if key not in oracle.index or oracle.loc[key, "examples"] != r["examples"]:
             continue
-        d, lo, hi = paired_difference(r["per_example"], oracle.loc[key, "per_example"], boot, seed)
+        d, lo, hi = paired_difference(r["per_example"], oracle.loc[key, "per_example"], boot, seed, [r["clusters"]])
         if lo > 0:
             found.append({"model": key[0], "eval_len": key[1], "task": key[2], "budget": key[3], "method": r["method"],
                           "difference": d, "lo": lo, "hi": hi})
