@@ -10,6 +10,7 @@ import pytest
 
 from harness.accuracy.stats import wilson as harness_wilson
 from harness.analysis import frontier as FR
+from harness.analysis import paired
 from harness.cli import main
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -81,6 +82,12 @@ def test_passkey_depths_pool_in_ascending_depth_order():
     assert pt["method"] == "full" and pt["kind"] == "reference"
 
 
+def test_wilson_of_a_fractional_count_is_the_formula_scipy_computes_for_whole_ones():
+    assert paired.wilson(16 + 1e-9, 20) == pytest.approx(harness_wilson(16, 20))  # the formula, against scipy
+    lo, hi = paired.wilson(2.5, 5)
+    assert paired.wilson(2, 5)[0] < lo < 0.5 < hi < paired.wilson(3, 5)[1]
+
+
 def ruler_row(press: str, outcomes: list[float], **kw) -> dict:
     return press_row(press, outcomes, task="ruler", subtask="niah_single_1", depth=None, **kw)
 
@@ -147,8 +154,9 @@ def test_sized_variants_appear_at_one_eighth_with_no_auc():
     rows += [variant_row("moba:block_size=64,topk=8", ones(2, 4), depth=d) for d in DEPTHS]
     rk = FR.ranking(FR.points(rows), boot=200).set_index("method")
     assert pd.isna(rk.loc["moba", "auc"]) and rk.loc["moba", "at"] == pytest.approx(0.5)
-    # every haystack (depth) half found: resampling whole depths leaves no spread (Wilson's would be 0.30-0.70)
-    assert (rk.loc["moba", "at_lo"], rk.loc["moba", "at_hi"]) == (0.5, 0.5)
+    # five haystacks (depths), each half found: Wilson on five draws, wider than on twenty examples
+    assert (rk.loc["moba", "at_lo"], rk.loc["moba", "at_hi"]) == pytest.approx(paired.wilson(2.5, 5))
+    assert rk.loc["moba", "at_lo"] < harness_wilson(10, 20)[0]
     assert rk.loc["moba", "gap_at"] == pytest.approx(0.5) and rk.loc["moba", "gap_at_lo"] > 0
 
 
@@ -180,7 +188,9 @@ def test_passkey_resamples_whole_depths_and_ruler_single_examples():
     haystacks' evidence, not twenty examples', and its interval says so; RULER's examples draw one by one."""
     lost = [1.0] * 4 + [0.0] * 4 + [1.0] * 12  # the second depth, all four keys
     pt = FR.points(passkey_rows("none", lost)).iloc[0]
-    assert pt["clusters"] == (4,) * 5 and pt["ci_low"] < harness_wilson(16, 20)[0]
+    assert pt["clusters"] == (4,) * 5 and (pt["ci_low"], pt["ci_high"]) == pytest.approx(paired.wilson(4, 5))
+    top = FR.points(passkey_rows("none", ones(20))).iloc[0]
+    assert top["ci_low"] == pytest.approx(harness_wilson(5, 5)[0])  # a perfect score keeps its interval
     d, lo, _ = FR.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0, clusters=[(4,) * 5])
     assert d == pytest.approx(0.2) and lo == 0.0  # a resample without that depth shows no difference
     assert FR.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0)[1] > 0  # one by one: "significant"

@@ -301,8 +301,8 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
     lines = [f"{'#' * config.level} Memory-quality frontier", "",
              f"AUC: score over log2(budget), trapezoid, normalised to [0, 1] (a length run at one budget: the score "
              f"there), equal weight per ranked task. Intervals: 95 %, paired bootstrap ({config.boot} resamples of each "
-             f"task's examples, seed {config.seed}); scores at {config.at}: Wilson for 0/1 outcomes. Gaps: oracle minus "
-             "method."]
+             f"task's examples, passkey's by depth: its four keys at a depth share a haystack; seed {config.seed}); "
+             f"scores at {config.at}: Wilson for 0/1 outcomes, a passkey depth counted once. Gaps: oracle minus method."]
     for model in sorted(set(pts["model"])):
         for L in sorted(set(pts[pts["model"] == model]["eval_len"])):
             here = {k: v[(v["model"] == model) & (v["eval_len"] == L)] for k, v in (("p", pts), ("r", rk), ("b", beat))}

@@ -3,7 +3,7 @@
 Examples are resampled in their *clusters*: the prompts that share all but what is asked answer together (passkey's
 keys at one depth sit in one haystack, and a model finds all of them or none), so a resample draws whole clusters and
 an interval counts the independent draws the examples really are. Examples with no cluster given are their own
-(``clusters`` None). Intervals: Wilson's for 0/1 outcomes of independent examples (harness.accuracy.stats.wilson's,
+(``clusters`` None). Intervals: Wilson's for 0/1 outcomes, on one draw per cluster (harness.accuracy.stats.wilson's,
 which this layer may not import), else a percentile bootstrap; one seed gives every method the same resamples.
 """
 from __future__ import annotations
@@ -11,17 +11,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.stats import binomtest, norm
 
 Clusters = Sequence[Sequence[int]]  # per task, the sizes of its consecutive clusters of examples
 
 
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval (scipy's, as harness.accuracy.stats.wilson)."""
+def wilson(k: float, n: float) -> tuple[float, float]:
+    """95 % Wilson score interval (scipy's, as harness.accuracy.stats.wilson, for whole ``k`` and ``n``); a fractional
+    ``k`` of an effective ``n`` by its formula."""
     if n <= 0:
         return (float("nan"), float("nan"))
-    ci = binomtest(int(k), int(n)).proportion_ci(method="wilson")
-    return (float(ci.low), float(ci.high))
+    if float(k).is_integer() and float(n).is_integer():
+        ci = binomtest(int(k), int(n)).proportion_ci(method="wilson")
+        return (float(ci.low), float(ci.high))
+    z, p = float(norm.ppf(0.975)), k / n
+    mid, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (float((mid - half) / (1 + z * z / n)), float((mid + half) / (1 + z * z / n)))
 
 
 def singletons(arrays: Sequence[np.ndarray]) -> list[list[int]]:
@@ -51,14 +56,16 @@ def percentile_ci(v: np.ndarray) -> tuple[float, float]:
 
 def interval(arrays: Sequence[np.ndarray], boot: int = 2000, seed: int = 0,
              clusters: Clusters | None = None) -> tuple[float, float, float]:
-    """(score, lo, hi) of the equal-weight mean over tasks: Wilson for 0/1 outcomes of independent examples on
-    equal-sized tasks (then the pooled proportion is that mean), else a percentile bootstrap within each task."""
+    """(score, lo, hi) of the equal-weight mean over tasks: Wilson for 0/1 outcomes on equal-sized tasks (then the
+    pooled proportion is that mean), on as many draws as there are clusters (a cluster counted as one: its examples
+    answer together; a perfect score keeps an interval, which a bootstrap would collapse), else a percentile bootstrap
+    within each task."""
     arrays = [np.asarray(a, dtype=float) for a in arrays]
     clusters = clusters or singletons(arrays)
     score = float(np.mean([a.mean() for a in arrays]))
-    independent = all(max(c, default=1) == 1 for c in clusters)
-    if independent and all(np.isin(a, (0.0, 1.0)).all() for a in arrays) and len({len(a) for a in arrays}) == 1:
-        return score, *wilson(int(sum(a.sum() for a in arrays)), sum(len(a) for a in arrays))
+    if all(np.isin(a, (0.0, 1.0)).all() for a in arrays) and len({len(a) for a in arrays}) == 1:
+        n = sum(len(c) for c in clusters)
+        return score, *wilson(score * n if n != sum(len(a) for a in arrays) else int(sum(a.sum() for a in arrays)), n)
     return score, *percentile_ci(_resampled(arrays, resample_indices(clusters, boot, seed)))
 
 
