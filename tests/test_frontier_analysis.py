@@ -166,21 +166,21 @@ def test_paired_bootstrap_covers_the_truth_and_is_narrower_than_unpaired_on_corr
     rng = np.random.default_rng(1)
     hard = rng.normal(0, 1, 400)  # each prompt's difficulty, shared by both arms
     a, b = hard + 0.3 + rng.normal(0, 0.2, 400), hard + rng.normal(0, 0.2, 400)
-    d, lo, hi = FR.paired_difference(a, b, boot=2000, seed=0)
+    d, lo, hi = paired.paired_difference(a, b, boot=2000, seed=0)
     assert lo < 0.3 < hi and d == pytest.approx(np.mean(a - b))
     # unpaired: each arm resampled on its own
     r = np.random.default_rng(0)
     unpaired = [a[r.integers(0, 400, 400)].mean() - b[r.integers(0, 400, 400)].mean() for _ in range(2000)]
     u_lo, u_hi = np.percentile(unpaired, [2.5, 97.5])
     assert (hi - lo) < 0.5 * (u_hi - u_lo)
-    assert FR.paired_difference(a, b, boot=500, seed=3) == FR.paired_difference(a, b, boot=500, seed=3)
+    assert paired.paired_difference(a, b, boot=500, seed=3) == paired.paired_difference(a, b, boot=500, seed=3)
 
 
 def test_paired_difference_over_tasks_weights_tasks_equally_and_rejects_unpaired_arms():
-    d, _, _ = FR.paired_difference([np.ones(4), np.zeros(20)], [np.zeros(4), np.zeros(20)], boot=100)
+    d, _, _ = paired.paired_difference([np.ones(4), np.zeros(20)], [np.zeros(4), np.zeros(20)], boot=100)
     assert d == pytest.approx(0.5)  # not 4 / 24
     with pytest.raises(ValueError, match="same examples"):
-        FR.paired_difference(np.ones(4), np.ones(5), boot=10)
+        paired.paired_difference(np.ones(4), np.ones(5), boot=10)
 
 
 def test_passkey_resamples_whole_depths_and_ruler_single_examples():
@@ -191,9 +191,9 @@ def test_passkey_resamples_whole_depths_and_ruler_single_examples():
     assert pt["clusters"] == (4,) * 5 and (pt["ci_low"], pt["ci_high"]) == pytest.approx(paired.wilson(4, 5))
     top = FR.points(passkey_rows("none", ones(20))).iloc[0]
     assert top["ci_low"] == pytest.approx(harness_wilson(5, 5)[0])  # a perfect score keeps its interval
-    d, lo, _ = FR.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0, clusters=[(4,) * 5])
+    d, lo, _ = paired.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0, clusters=[(4,) * 5])
     assert d == pytest.approx(0.2) and lo == 0.0  # a resample without that depth shows no difference
-    assert FR.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0)[1] > 0  # one by one: "significant"
+    assert paired.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0)[1] > 0  # one by one: "significant"
     ruler = FR.points([ruler_row("none", lost)]).iloc[0]
     assert ruler["clusters"] == (1,) * 20 and (ruler["ci_low"], ruler["ci_high"]) == pytest.approx(harness_wilson(16, 20))
 

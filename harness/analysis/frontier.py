@@ -20,7 +20,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from harness.analysis.paired import interval, paired_difference, percentile_ci, resample_indices, wilson
+from harness.analysis.paired import interval, paired_difference, percentile_ci, resample_indices
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
 
@@ -357,5 +357,5 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     click.echo(f"wrote {out}")
 
 
-__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "beats_oracle", "effective_length", "frontier_command", "interval",
-           "markdown", "paired_difference", "points", "ranking", "read_files", "wilson", "write_atomic"]
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "beats_oracle", "effective_length", "frontier_command", "markdown",
+           "points", "ranking", "read_files"]
