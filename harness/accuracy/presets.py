@@ -258,8 +258,9 @@ def _frontier_smollm2() -> CheckpointPreset:
     pk, fixed = ("passkey",), ("sliding_window", "sinks", "block_sparse", "moba")
     return CheckpointPreset("smollm2-135m", (
         _frontier_presses(4096, FRONTIER_RULER), _frontier_variants(4096, FRONTIER_RULER, pk, fixed),
-        _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_variants(8192, FRONTIER_RULER, pk, fixed),
-        _frontier_presses(8192, ("niah_single_1",), ("ruler",), ("1/8",)),
+        _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_variants(8192, FRONTIER_RULER, pk, fixed[:3]),
+        _frontier_presses(8192, ("niah_single_1",), ("ruler",), ("1/8",)), _frontier_variants(8192, FRONTIER_RULER, pk,
+                                                                                             fixed[3:]),
         Group(("passkey", "ruler"), ("full",), (4096,), ruler_tasks=("niah_single_1",),
               passkey={"depths": FRONTIER_DEPTHS}, examples=20, passkey_examples=4, presses=(*PRESSES, "keydiff"),
               budgets=("1/8",), query_aware=True),
