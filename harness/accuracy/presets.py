@@ -291,10 +291,10 @@ def _frontier_gemma3() -> CheckpointPreset:
     return CheckpointPreset("gemma3-270m", (
         _frontier_presses(4096, FRONTIER_RULER, pk, variant=own),
         _frontier_presses(8192, FRONTIER_RULER, pk, ("1/8",), variant=own),
-        _frontier_presses(4096, ("niah_single_1",), ("ruler",), variant=own),
-        _frontier_presses(4096, ("niah_multikey_1",), ("ruler",), variant=own),
+        _frontier_presses(4096, ("niah_single_1",), ("ruler",), ("1/8",), variant=own),
+        _frontier_presses(4096, ("niah_multikey_1",), ("ruler",), ("1/8",), variant=own),
     ), "Gemma 3 270M, its own 5 sliding : 1 global pattern: every press on the global layers at 1/2-1/16, the oracle, "
-       "quantized caches and full; passkey at 4K, then 8K at 1/8, then RULER")
+       "quantized caches and full; passkey at 4K, then 8K at 1/8, then RULER at 4K at 1/8")
 
 
 def _frontier_gpu() -> CheckpointPreset:
