@@ -183,6 +183,14 @@ def test_paired_difference_over_tasks_weights_tasks_equally_and_rejects_unpaired
         paired.paired_difference(np.ones(4), np.ones(5), boot=10)
 
 
+def test_the_gap_at_a_budget_needs_the_oracle_there_only():
+    """A task run at 1/8 alone (RULER at 8K) leaves no AUC, and still the gap to the oracle at 1/8."""
+    rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "snapkv": {b: ones(10) for b in BUDGETS}}, ones(20))
+    rows += grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": ones(10)}}, ones(20), task="niah_single_1")
+    rk = FR.ranking(FR.points(rows), boot=200).set_index("method")
+    assert pd.isna(rk.loc["snapkv", "auc"]) and rk.loc["snapkv", "gap_at"] == pytest.approx(0.5)
+
+
 def test_passkey_resamples_whole_depths_and_ruler_single_examples():
     """Passkey's four keys at a depth share one haystack and answer together: an arm that loses one depth is five
     haystacks' evidence, not twenty examples', and its interval says so; RULER's examples draw one by one."""

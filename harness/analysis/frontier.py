@@ -172,8 +172,8 @@ def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
             where = "score" if kind == "quantized" else "at"  # full: flat, its score at every budget
             rec[where], rec[f"{where}_lo"], rec[f"{where}_hi"] = interval(own, cfg.boot, cfg.seed, cl)
             rec["kv_fraction"] = float(g[(g["method"] == method) & (g["budget"] == b)]["kv_fraction"].mean())
-            if where == "at" and oracle and cfg.at in budgets:
-                o_at = [ex[("oracle", t, cfg.at)] for t in tasks]
+            o_at = [ex.get(("oracle", t, cfg.at)) for t in tasks]  # the oracle at this budget, on every task
+            if where == "at" and all(a is not None for a in o_at):
                 rec["gap_at"], rec["gap_at_lo"], rec["gap_at_hi"] = paired_difference(o_at, own, cfg.boot, cfg.seed, cl)
         out.append(rec)
     return out
