@@ -343,6 +343,7 @@ quote(RESULTS, "Its own pattern finds {}, missing the three keys placed first (d
 
 # the frontier (issue 48): the 1/8 column of the ranking `attn-bench frontier` renders; a decoded token's cost
 FS, FQ, FC = "frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-cost-cpu.jsonl"
+FG, QWEN = "frontier-gemma3-cpu.jsonl", "qwen2.5-coder-0.5b"
 
 
 @cache
@@ -377,14 +378,25 @@ quote(README, "SmolLM2-135M at 4K with 1/8 of its cache: `keydiff` keeps most of
       *(rank(FS, 4096, m, c) for m in ("keydiff", "oracle") for c in ("at", "at_lo", "at_hi")),
       *(rank(FS, 4096, "keydiff", c) for c in ("gap_at", "gap_at_lo", "gap_at_hi")),
       decode_ms("keydiff:compression_ratio=0.875"), decode_ms("none"))
+quote(README, "At 8K it keeps {} [{}, {}] against the oracle's {} [{}, {}] and full's {} [{}, {}]",
+      *(rank(FS, 8192, m, c) for m in ("keydiff", "oracle", "full") for c in ("at", "at_lo", "at_hi")))
 quote(README, "Qwen2.5-Coder-0.5B at 4K with 1/8: `keydiff` matches the oracle, {} [{}, {}], and `knorm` is next at {} [{}, {}]",
       *(rank(FQ, 4096, m, c) for m in ("keydiff", "knorm") for c in ("at", "at_lo", "at_hi")))
+quote(README, "at 8K on passkey `keydiff` matches it again, {} [{}, {}], and decodes a token there in {} ms against full's {} ms",
+      *(rank(FQ, 8192, "keydiff", c) for c in ("at", "at_lo", "at_hi")),
+      decode_ms("keydiff:compression_ratio=0.875", QWEN), decode_ms("none", QWEN))
+quote(README, "Gemma 3 270M, pressed on its global layers: at 4K with 1/8 the best press, `tova`, keeps {} [{}, {}] against "
+      "the oracle's {} [{}, {}]", *(rank(FG, 4096, m, c) for m in ("tova", "oracle") for c in ("at", "at_lo", "at_hi")))
 
 
 def test_the_frontier_sentences_name_the_best_presses():
     assert best_press_at(FS, 4096)[:2] == ["keydiff", "tova"]
+    assert best_press_at(FS, 8192)[0] == "keydiff"
     assert best_press_at(FQ, 4096)[:2] == ["keydiff", "knorm"]
+    assert best_press_at(FQ, 8192)[0] == "keydiff"
+    assert best_press_at(FG, 4096)[0] == "tova"
     assert rank(FQ, 4096, "keydiff", "at").fn() == rank(FQ, 4096, "oracle", "at").fn()
+    assert rank(FQ, 8192, "keydiff", "at").fn() == rank(FQ, 8192, "oracle", "at").fn()
 
 
 # -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
@@ -1341,7 +1353,7 @@ def frontier_markdown(file: str) -> str:
     return " ".join((FR.markdown(pts, FR.FrontierConfig(level=4)) + "\n".join(cost)).split())
 
 
-FRONTIER_COST = {"frontier-smollm2-cpu.jsonl": "frontier-cost-cpu.jsonl"}  # its section's --cost file
+FRONTIER_COST = {FS: FC, FQ: FC}  # a section's --cost file
 
 
 @pytest.mark.parametrize("file", frontier_files())
