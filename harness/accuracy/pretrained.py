@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attn.hf.interface import config_window
 from attn.hf.presses import press_unsupported
 from harness.accuracy.build import Spec, parse_variant
 from harness.accuracy.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
@@ -216,6 +215,8 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     ckpt = load_checkpoint(path)
     settings = [dataclasses.replace(make_setting(ckpt, v, p), presses=tuple(specs), query_aware=query_aware)
                 for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
+    from attn.hf.interface import config_window
+
     window = config_window(ckpt.config)
     refused = [why for s in settings if specs and (why := press_unsupported(s.variant, s.layer_specs, window))]
     if refused and len(refused) == len(settings):  # in a grid where some setting can, the others are recorded
@@ -298,6 +299,8 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         return
     runner.echo(f"{s.variant_spec} {s.position_spec}" + (f" x {len(s.presses)} presses" if s.presses else "")
                 + f": {len(todo)} rows")
+    from attn.hf.interface import config_window
+
     why = press_unsupported(s.variant, s.layer_specs, config_window(p.ckpt.config)) if s.presses else None
     if why is not None:
         for row, _, metrics, _ in todo:
