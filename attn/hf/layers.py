@@ -110,18 +110,18 @@ def layer_plan(config: PreTrainedConfig, text: str | None) -> LayerPlan | None:
     specs = tuple((t, typed.get(t) or every or own_spec(t, window)) for t in types)
     for _, spec in specs:
         variant_of(spec)  # ValueError for an unknown variant, parameter or backend
-    lifted = tuple(t for t, s in specs if t == SLIDING and not is_own_window(s, window))
-    return LayerPlan(specs, lifted, every)
+    return LayerPlan(specs, lifted_types(specs, window), every)
+
+
+def lifted_types(specs: tuple[tuple[str, str], ...], window: int | None) -> tuple[str, ...]:
+    """The sliding types whose spec is not exactly the model's window: their window is lifted (module docstring)."""
+    return tuple(t for t, s in specs if t == SLIDING and not is_own_window(s, window))
 
 
 def own_pattern(layer_specs: dict[str, str], window: int | None) -> bool:
-    """Every sliding layer type at the model's own ``window``, every other type plain ``full`` (any backend)."""
-    def plain(spec: str) -> bool:
-        v = variant_of(spec)
-        return v.name == "full" and not v.params
-
-    return window is not None and all(is_own_window(s, window) if t == SLIDING else plain(s)
-                                      for t, s in layer_specs.items())
+    """Recorded layer specs that are the model's own pattern at its ``window`` (:attr:`LayerPlan.is_own`)."""
+    specs = tuple(layer_specs.items())
+    return window is not None and LayerPlan(specs, lifted_types(specs, window)).is_own
 
 
 def window_layers(config: Any) -> dict[int, int]:
@@ -159,5 +159,5 @@ def register_layers(plan: LayerPlan, config: PreTrainedConfig) -> str:
     return name
 
 
-__all__ = ["FULL", "LIFTED_WINDOW", "OWN", "SLIDING", "LayerPlan", "is_own_window", "layer_plan", "own_pattern",
-           "parse_layer_spec", "register_layers", "window_layers"]
+__all__ = ["FULL", "LIFTED_WINDOW", "OWN", "SLIDING", "LayerPlan", "is_own_window", "layer_plan", "lifted_types",
+           "own_pattern", "parse_layer_spec", "register_layers", "window_layers"]
