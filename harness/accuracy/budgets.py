@@ -142,7 +142,7 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     each sized variant at each budget."""
     import dataclasses
 
-    from harness.accuracy.pretrained import CHECKPOINT, check_tasks, get_checkpoint_task, make_setting
+    from harness.accuracy.pretrained import CHECKPOINT, check_tasks, get_checkpoint_task, make_setting, press_refusals
     from harness.accuracy.pretrained import plan as plain
     from harness.presses import parse_presses
 
@@ -162,14 +162,8 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
         raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
     base = plain(path, tasks, list(variants) or ["full"], positions, eval_lens, configs,
                  [p for p in presses if not takes_budget(p)], False, False, dtype)
-    if sizable:
-        from attn.hf.interface import config_window
-        from attn.hf.presses import press_unsupported
-
-        window = config_window(base.ckpt.config)
-        why = next((w for s in base.settings if (w := press_unsupported(s.variant, s.layer_specs, window))), None)
-        if why is not None:
-            raise ValueError(f"--press cannot run on --variant {variants[0]}: {why}")
+    if sizable and (refused := press_refusals(base.ckpt, base.settings)):
+        raise ValueError(f"--press cannot run on --variant {variants[0]}: {refused[0]}")
     per_token = kv_bytes_per_token(base.ckpt.config, dtype)
     settings = []
     for L in base.eval_lens:

@@ -215,10 +215,7 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     ckpt = load_checkpoint(path)
     settings = [dataclasses.replace(make_setting(ckpt, v, p), presses=tuple(specs), query_aware=query_aware)
                 for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
-    from attn.hf.interface import config_window
-
-    window = config_window(ckpt.config)
-    refused = [why for s in settings if specs and (why := press_unsupported(s.variant, s.layer_specs, window))]
+    refused = press_refusals(ckpt, settings) if specs else []
     if refused and len(refused) == len(settings):  # in a grid where some setting can, the others are recorded
         raise ValueError(f"--press cannot run on any --variant given: {refused[0]}")
     L = ckpt.train_len
@@ -235,6 +232,14 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     configs = {t: (configs or {}).get(t) or get_checkpoint_task(t).config({}) for t in tasks}
     data = {t: get_checkpoint_task(t).prepare(ckpt, configs[t], lens) for t in tasks}
     return HFPlan(ckpt, tuple(tasks), settings, lens, configs, data, dtype)
+
+
+def press_refusals(ckpt: Checkpoint, settings: Sequence[Setting]) -> list[str]:
+    """Why presses cannot run, for each of ``settings`` that refuses them (:func:`attn.hf.presses.press_unsupported`)."""
+    from attn.hf.interface import config_window
+
+    window = config_window(ckpt.config)
+    return [why for s in settings if (why := press_unsupported(s.variant, s.layer_specs, window))]
 
 
 def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
@@ -299,12 +304,10 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         return
     runner.echo(f"{s.variant_spec} {s.position_spec}" + (f" x {len(s.presses)} presses" if s.presses else "")
                 + f": {len(todo)} rows")
-    from attn.hf.interface import config_window
-
-    why = press_unsupported(s.variant, s.layer_specs, config_window(p.ckpt.config)) if s.presses else None
-    if why is not None:
+    refused = press_refusals(p.ckpt, [s]) if s.presses else []
+    if refused:
         for row, _, metrics, _ in todo:
-            runner.fail(row, metrics, UnsupportedBackend(why))
+            runner.fail(row, metrics, UnsupportedBackend(refused[0]))
         return
     try:
         model = load_model(p.ckpt.path, s.spec, s.override, weights=weights, config=p.ckpt.config)
@@ -375,4 +378,4 @@ def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], 
     return runner
 
 
-__all__ = ["HFPlan", "Setting", "check_tasks", "default_tasks", "plan", "run"]
+__all__ = ["HFPlan", "Setting", "check_tasks", "default_tasks", "plan", "press_refusals", "run"]
