@@ -2,6 +2,7 @@
 from attn.attention import (  # noqa: F401  (imported to register them)
     block_sparse,
     dsa,
+    flexprefill,
     full,
     gated_deltanet,
     gla,
@@ -13,6 +14,8 @@ from attn.attention import (  # noqa: F401  (imported to register them)
     quest,
     retention,
     sliding_window,
+    vertical_slash,
+    xattention,
 )
 from attn.attention.base import Attention, Backend, UnsupportedBackend
 from attn.attention.state import KVCache
