@@ -83,9 +83,9 @@ def test_every_builtin_variant_is_covered():
     builtin = {s["name"] for s in attn.list_attention() if s["source"] == "builtin"}
     # the gated linear family's counts are checked against explicit counts in test_retention/gla/gated_deltanet/
     # mamba2.py, the selecting variants' against their kept keys and a hand count in test_moba/quest/dsa/nsa.py, mla's
-    # in test_mla.py
+    # in test_mla.py, the dynamic prefills' (a count of the pairs each prefill chose) in test_prompt_sparse.py
     assert builtin == set(SOFTMAX) | {"linear", "retention", "gla", "gated_deltanet", "mamba2", "moba", "quest", "dsa",
-                                        "nsa", "mla"}, \
+                                        "nsa", "mla", "vertical_slash", "flexprefill", "xattention"}, \
         "a new built-in variant needs its FLOPs checked here"
 
 

@@ -189,8 +189,7 @@ class PromptSparseAttention(Attention):
         return keys[:, :, rows] & causal_mask(q.shape[2], k.shape[2], q.device)
 
     def _run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reference: bool) -> torch.Tensor:
-        if q.shape[2] < k.shape[2]:  # decoding, or a question after a cached context: the full cache
-            self.last_backend = "sdpa"
+        if q.shape[2] < k.shape[2]:  # decoding, or a question after a cached context: the full cache (SDPA)
             return gqa.sdpa(q, k, v, attn_mask=causal_mask(q.shape[2], k.shape[2], q.device))
         t0 = time.perf_counter()
         keys = self.chosen_keys(q, k, reference)
@@ -230,12 +229,13 @@ class PromptSparseAttention(Attention):
 
 def selection_columns(calls: list[dict[str, Any]]) -> dict[str, Any]:
     """Row columns over recorded prefills (one module's or a model's layers'): the density per head (min / mean / max
-    over heads, layers and prompts) and the share of the prefill's attention time spent choosing."""
+    over heads, layers and prompts), the share of the prefill's attention time spent choosing, and ``decode_keys``:
+    decoding reads every cached key."""
     if not calls:
         return {}
     dens = [d for c in calls for d in c["density"]]
     choose, attend = sum(c["choose_s"] for c in calls), sum(c["attend_s"] for c in calls)
-    return {"density": sum(dens) / len(dens), "density_head_min": min(dens), "density_head_max": max(dens),
+    return {"decode_keys": "all", "density": sum(dens) / len(dens), "density_head_min": min(dens), "density_head_max": max(dens),
             "choose_s": choose, "attend_s": attend, "choose_share": choose / max(choose + attend, 1e-12)}
 
 

@@ -150,6 +150,7 @@ def flex_lines(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vertical: torc
     n_cols = vertical.sum(-1, keepdim=True)  # (B, H, 1)
     Vp = max(BLOCK, -(-int(n_cols.max()) // BLOCK) * BLOCK)
     order = torch.argsort((~vertical).to(torch.int8), dim=-1, stable=True)[..., :Vp]  # chosen columns first
+    order = torch.nn.functional.pad(order, (0, Vp - order.shape[-1]), value=L)  # fewer keys than column slots
     colpos = torch.where(torch.arange(Vp, device=dev) < n_cols, order, L)  # (B, H, Vp); L marks padding
     at = colpos.clamp(max=L - 1)
     col_ok = ~ranges.gather(-1, at[:, :, None, :].expand(-1, -1, R, -1)) & (colpos[:, :, None, :] < start[:, None])

@@ -10,7 +10,8 @@ then decodes the question and its answer greedily against its own cache, the pos
 
 Consecutive prompts share prefixes (passkey's depths share the haystack before the key, RULER's examples the template
 and the noise before the first needle): the shared prefill runs only past the longest common prefix with the last
-prompt's context (crop, never recompute; causal attention makes the cached keys those a fresh prefill computes).
+prompt's context (crop, never recompute; causal attention makes the cached keys those a fresh prefill computes) --
+except under a dynamic sparse prefill, whose choice of keys reads the whole prompt (:func:`whole_prompts`).
 
 A run without presses has one plain arm (label ``None``: rows without press columns). It shares nothing with another
 arm, so its context is the whole prompt: the prefill's last logits give the first answer token, exactly as
@@ -72,7 +73,7 @@ class SharedPrefill:
             self.recorder = Recorder(model) if record else None
         keep = 0
         for a, b in zip(self.ids, context[:-1], strict=False):
-            if a != b:
+            if a != b or whole_prompts(model):
                 break
             keep += 1
         for layer in self.cache.layers:
@@ -164,6 +165,15 @@ class SharedPrefill:
         if "attention_mass_kept" in got[0]:  # the oracle's: true attention mass on the kept keys, mean over prompts
             out["attention_mass_kept"] = sum(g["attention_mass_kept"] for g in got) / n
         return out
+
+
+def whole_prompts(model: Any) -> bool:
+    """True when the model's attention chooses its keys from the whole prompt (a dynamic sparse prefill): a prefix's
+    cached keys are the same, but the suffix's call alone would choose from the suffix, so every prompt is prefilled
+    whole."""
+    from attn.hf import attention_modules
+
+    return any(getattr(m, "sparse_prefill", False) for m in attention_modules(model))
 
 
 class Greedy:

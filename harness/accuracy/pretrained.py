@@ -279,6 +279,16 @@ def backends(model: torch.nn.Module) -> str:
     return ",".join(sorted({m.last_backend for m in attention_modules(model) if getattr(m, "last_backend", None)}))
 
 
+def prefill_choices(model: torch.nn.Module) -> dict[str, Any]:
+    """A dynamic sparse prefill's choices since the last call, over layers and prompts (density per head, seconds
+    choosing against attending): attn.attention.prompt_sparse.selection_columns."""
+    from attn.attention.prompt_sparse import selection_columns
+    from attn.hf import attention_modules
+
+    return selection_columns([c for m in attention_modules(model) if hasattr(m, "take_selection")
+                              for c in m.take_selection()])
+
+
 Todo = tuple[dict[str, Any], dict[str, Any], tuple[str, ...], "str | None"]  # row, cell, metrics, arm (press label)
 
 
@@ -335,6 +345,7 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
             cache = fresh()  # an answer cut short leaves the shared cache out of step with its tokens
             continue
         spent = time.perf_counter() - t0
+        chosen = prefill_choices(model)
         for row, _, metrics, arm in rows:
             if arm in cache.failed:
                 runner.fail({**row, **extra}, metrics, cache.failed[arm])
@@ -342,7 +353,8 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
             stats = cache.take_stats(arm)
             if "kv_cache_bytes" in stats:  # what the arm's cache held of the context: the bytes a decoded token reads
                 stats["kv_bytes"] = stats["kv_cache_bytes"]
-            runner.append({**row, **extra, **stats, "backend": backends(model), "eval_seconds": spent}, measures[arm])
+            runner.append({**row, **extra, **stats, **chosen, "backend": backends(model), "eval_seconds": spent},
+                          measures[arm])
             runner.echo(f"  {cell}{' ' + arm if arm else ''}: "
                         + ", ".join(f"{k} {m.value}" for k, m in measures[arm].items()) + f" ({spent:.0f} s)")
         for arm in cache.arms:  # arms already on record were answered too: their statistics are dropped

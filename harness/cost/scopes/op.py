@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import attn
+from attn.attention.prompt_sparse import selection_columns
 from attn.attention.token_inputs import draw_inputs
 from harness.cost.capacity import batched_state, capacity_batch
 from harness.cost.cells import (
@@ -44,6 +45,7 @@ def build_op(cell: Cell) -> Measured:
     flops, moved = op_flops(module, cell), attention_bytes(module, cell)
     chosen = selection_flops(module, cell)
     columns = (lambda: {"selection_flops": chosen}) if chosen else None  # its part of `flops`
+    probe = getattr(module, "take_selection", None)
     backend = lambda: module.last_backend
     extra = lambda n: draw_inputs(module.token_inputs, B, Hkv, n, D, device=dev, dtype=dtype)  # gates, decays: (B, H_kv, n, .)
 
@@ -64,6 +66,15 @@ def build_op(cell: Cell) -> Measured:
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return module(q, k, v, causal=cell.causal, documents=documents, **inputs)
+
+    if probe is not None:  # a dynamic prefill: its work is the pairs it chooses on these inputs (one untimed call)
+        forward()
+        flops = 4 * B * H * D * module.last_pairs + chosen
+        probe()
+
+        def columns() -> dict[str, Any]:
+            return {"selection_flops": chosen, "dense_flops": op_flops(module, cell) - chosen,
+                    **selection_columns(probe())}
 
     return Measured(forward, flops, B * L, backend, columns=columns, bytes=moved)
 
