@@ -60,6 +60,8 @@ def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
     spec = _text(row.get("variant_spec")) or ""
     if not budget or not spec:
         return None
+    if row.get("decode_keys") == "all":  # a dynamic sparse prefill: the budget is its share of the prefill's pairs
+        return spec.split(":")[0], "prefill", budget
     return ("sinks" if "sinks=" in spec else spec.split(":")[0]), "variant", budget
 
 
@@ -166,7 +168,7 @@ def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
             if oracle:
                 rec["gap"] = float(_auc(oracle, x)) - rec["auc"]
                 rec["gap_lo"], rec["gap_hi"] = percentile_ci(_auc(oracle, x, draws) - m_boot)
-        b = cfg.at if kind in ("press", "oracle", "variant") else ""
+        b = cfg.at if kind in ("press", "oracle", "variant", "prefill") else ""
         own = [ex.get((method, t, b)) for t in tasks]
         if all(a is not None for a in own):
             where = "score" if kind == "quantized" else "at"  # full: flat, its score at every budget

@@ -69,7 +69,7 @@ def build_op(cell: Cell) -> Measured:
 
     if probe is not None:  # a dynamic prefill: its work is the pairs it chooses on these inputs (one untimed call)
         forward()
-        flops = 4 * B * H * D * module.last_pairs + chosen
+        flops = 4 * D * module.last_pairs + chosen  # last_pairs: summed over the batch and the heads
         probe()
 
         def columns() -> dict[str, Any]:
