@@ -226,3 +226,17 @@ def test_density_counts_the_visible_pairs():
 def test_bad_parameters_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
         resolve_variant(spec)
+
+
+def test_the_selection_task_scores_the_whole_prompts_choice():
+    """The selection task reads queries in chunks; a dynamic prefill's keys are still the ones the whole prompt chose."""
+    from harness.accuracy.tasks.selection import QUERY_CHUNK, selection_measures
+
+    L = QUERY_CHUNK + 100
+    q, k, _ = draw(1, (2, 2), L, seed=4)
+    m = attn.build_attention("xattention", **SMALL["xattention"])
+    kept = m.kept_keys(q, k)
+    mass = (probs64(q, k) * kept).sum(-1)  # (1, H, L)
+    for h, got in enumerate(selection_measures(m, q, k)):
+        assert got["mass"].value == pytest.approx(float(mass[0, h].mean()), abs=1e-6)
+        assert got["mass"].value < 0.999

@@ -1247,6 +1247,52 @@ quote(VARS, "`block_sparse` flex ({}–{}× faster than gathered), `linear` chun
             ms(TG, "", **FWD, **K16, variant_spec="linear:backend=chunked")))
 
 
+# -- issue 49: the dynamic sparse prefills' cost (results/README.md, prefill-cost-cpu.jsonl) ---------------------------
+PC = "prefill-cost-cpu.jsonl"
+
+
+def prefill_specs(L: int) -> list[tuple[str, str]]:
+    """(label, spec) of the table's rows at length L: full, block_sparse with a band of L/16 keys (~1/8 of the causal
+    pairs), each method's ~1/8 setting."""
+    return [("`full`", "full:backend=sdpa"),
+            ("`block_sparse` (L/16 band)", f"block_sparse:block_size=64,local_blocks={L // 1024},global_blocks=1,backend=flex"),
+            ("`xattention:threshold=0.1`", "xattention:threshold=0.1"),
+            ("`flexprefill:gamma=0.3`", "flexprefill:gamma=0.3,min_budget=128"),
+            ("`vertical_slash` (L/16 columns)", f"vertical_slash:vertical_size={L // 16},slash_size={100 + L // 512}")]
+
+
+for L in (4096, 8192, 16384, 32768):
+    full_at = {**FWD, "seq_len": L, "variant_spec": "full:backend=sdpa"}
+    for label, spec in prefill_specs(L):
+        at = {**FWD, "seq_len": L, "variant_spec": spec}
+        here = ms(PC, ".1f", **at)
+        if spec.startswith("full"):
+            quote(RESULTS, f"| {L // 1024}K | {label} | 1 | {{}} ms | 1 | 1 | 0 |", here)
+            continue
+        flops = ratio(V(PC, at, "flops", "one"), V(PC, full_at, "flops", "one"), ".2f")
+        speed = ratio(ms(PC, "", **full_at), here, ".2f")
+        if spec.startswith("block"):  # a fixed layout: its pairs are its FLOPs, nothing to choose
+            quote(RESULTS, f"| {L // 1024}K | {label} | {{}} | {{}} ms | {{}}× | {{}} | 0 |",
+                  ratio(V(PC, at, "flops", "one"), V(PC, full_at, "flops", "one"), ".3f"), here, speed, flops)
+            continue
+        quote(RESULTS, f"| {L // 1024}K | {label} | {{}} | {{}} ms | {{}}× | {{}} | {{}}% |",
+              V(PC, at, "density", "one", ".3f"), here, speed, flops, V(PC, at, "choose_share", "one", ".0f", 100))
+
+
+K16_AT = {**FWD, **K16}
+quote(RESULTS, "at 16K `flexprefill` computes {} of `full`'s FLOPs and runs {}× faster, XAttention {} and {}×, "
+      "`block_sparse` {} and {}×",
+      *(c for spec in ("flexprefill:gamma=0.3,min_budget=128", "xattention:threshold=0.1",
+                       "block_sparse:block_size=64,local_blocks=16,global_blocks=1,backend=flex")
+        for c in (ratio(V(PC, {**K16_AT, "variant_spec": spec}, "flops", "one"),
+                        V(PC, {**K16_AT, "variant_spec": "full:backend=sdpa"}, "flops", "one"), ".2f"),
+                  ratio(ms(PC, "", **K16_AT, variant_spec="full:backend=sdpa"), ms(PC, "", **K16_AT, variant_spec=spec),
+                        ".2f"))))
+quote(RESULTS, "(at 16K {} % of the matmul peak, where `full`'s SDPA runs at {} %)",
+      pct(PC, **K16_AT, variant_spec="vertical_slash:vertical_size=1024,slash_size=132"),
+      pct(PC, **K16_AT, variant_spec="full:backend=sdpa"))
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("file", committed())

@@ -7,7 +7,8 @@ users ask for both. At an evaluation length it becomes, per method,
   for the oracle (:mod:`attn.hf.oracle`), the ceiling of any selector of that size;
 - an attention variant that attends to that many keys per query (:data:`SIZED`): a window, a window with 4 sinks,
   block-sparse (the first block and local blocks), MoBA's and Quest's routed blocks and pages -- other models, each
-  with a prefill of its own;
+  with a prefill of its own; and the dynamic sparse prefills, whose budget is the share of the prefill's pairs they
+  compute (:data:`PREFILL_AT`), while decoding reads the whole cache;
 - presses without a budget (``none``, ``quantized``) stay as given: they sit where their bytes put them.
 
 Rows carry ``budget`` (the text), ``budget_fraction`` (kept / length) and ``kv_bytes``: the bytes of the context's
@@ -86,7 +87,35 @@ def sized(family: str, tokens: int) -> tuple[str, int] | None:
     return specs[family]
 
 
-SIZED = ("sliding_window", "sinks", "block_sparse", "moba", "quest")
+# The dynamic sparse prefills (attn/attention/prompt_sparse.py) at a budget: the share of the prefill's causal
+# (query, key) pairs they compute. Their density follows the prompt, so a budget names parameters measured to reach
+# about that share on SmolLM2-135M's 4K passkey prompts (untimed calibration, results/README.md "Dynamic sparse
+# prefill"); vertical-slash's counts scale with the length. Every row records the density its prompts reached.
+# Decoding reads the whole cache: their kv_bytes are full's.
+PREFILL_AT: dict[str, dict[str, str]] = {
+    "1/4": {"xattention": "xattention:threshold=0.85", "flexprefill": "flexprefill:gamma=0.85,min_budget=256",
+            "vertical_slash": "vertical_slash:vertical_size={L100},slash_size={S100}"},
+    "1/8": {"xattention": "xattention:threshold=0.5", "flexprefill": "flexprefill:gamma=0.6,min_budget=128",
+            "vertical_slash": "vertical_slash:vertical_size={L50},slash_size={S40}"},
+}
+PREFILL = ("vertical_slash", "flexprefill", "xattention")
+
+
+def prefill_sized(family: str, budget: Budget, length: int) -> str | None:
+    """The spec of a dynamic prefill at ``budget`` (a share listed in :data:`PREFILL_AT`) for ``length``-token prompts;
+    None when no parameters are measured for that share. Vertical-slash's counts, measured at 4K, scale with length:
+    ``{L<n>}`` is n columns per 4096 tokens, ``{S<n>}`` the 100 nearest distances and n more per 4096 tokens."""
+    text = PREFILL_AT.get(budget.text, {}).get(family)
+    if text is None:
+        return None
+    for key in ("L100", "L50"):
+        text = text.replace("{" + key + "}", str(max(30, int(key[1:]) * length // 4096)))
+    for key in ("S100", "S40"):
+        text = text.replace("{" + key + "}", str(100 + int(key[1:]) * length // 4096))
+    return text
+
+
+SIZED = ("sliding_window", "sinks", "block_sparse", "moba", "quest", *PREFILL)
 
 
 def takes_budget(press: str) -> bool:
@@ -181,7 +210,8 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
                                                     query_aware=query_aware))
         for b in parsed:
             for fam in families:
-                got = sized(fam, b.kept(L))
+                got = (sized(fam, b.kept(L)) if fam not in PREFILL
+                       else (spec, L) if (spec := prefill_sized(fam, b, L)) else None)  # a prefill keeps every key
                 if got is None:
                     continue
                 spec, n = got
@@ -192,4 +222,5 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     return dataclasses.replace(base, settings=settings)
 
 
-__all__ = ["SIZED", "Budget", "budget_plan", "plan", "kv_bytes_per_token", "parse_budget", "press_at", "sized", "takes_budget"]
+__all__ = ["PREFILL", "PREFILL_AT", "SIZED", "Budget", "prefill_sized", "budget_plan", "plan", "kv_bytes_per_token",
+           "parse_budget", "press_at", "sized", "takes_budget"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from harness.accuracy.budgets import SIZED
 from harness.accuracy.jobs import Job, Plan
 from harness.accuracy.presets import CHECKPOINT_PRESETS
 from harness.accuracy.pretrained import DTYPES
@@ -223,8 +224,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
                    "each --press that takes a compression_ratio and is given none runs at each budget, and each "
                    "--sized variant attends to that many keys (harness/accuracy/budgets.py). Rows carry budget and "
                    "kv_bytes.")
-@click.option("--sized", multiple=True, type=click.Choice(["sliding_window", "sinks", "block_sparse", "moba", "quest"]),
-              help="With --budget: an attention variant sized to each budget at each length (repeatable).")
+@click.option("--sized", multiple=True, type=click.Choice(SIZED),
+              help="With --budget: an attention variant sized to each budget at each length (repeatable); a dynamic "
+                   "sparse prefill at the budget's share of the prefill's pairs (1/4, 1/8).")
 @click.option("--dtype", type=click.Choice(DTYPES),
               help="With --hf-model or a checkpoint preset: what the model runs in (default float32; auto: the faster "
                    "of the two on this machine, measured once and cached). Rows record it.")

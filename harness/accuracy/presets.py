@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.accuracy import budgets
 from harness.accuracy.jobs import Job
 from harness.accuracy.train import TrainConfig
 
@@ -305,12 +306,46 @@ def _frontier_gpu() -> CheckpointPreset:
         "Qwen2.5-Coder-0.5B at 8K-32K on a GPU: every RULER task (docs/gpu.md)")
 
 
+# -- dynamic sparse prefill (attn/attention/prompt_sparse.py) on the frontier ----------------------------------------
+# The three methods at about 1/8 and 1/4 of the prefill's causal pairs (budgets.PREFILL_AT), block_sparse at 1/16 of
+# the cache beside them (512 keys a query at 8K: about 1/8 of the causal pairs, its prefill density), the same
+# passkey and RULER prompts as frontier-smollm2-cpu (paired with its rows: read both files together). Two presets
+# so two processes share the 2 cores: 8K passkey, then 8K RULER with the selection task.
+PREFILL_METHODS = ("xattention", "flexprefill", "vertical_slash")
+PREFILL_AT_8K = tuple(budgets.prefill_sized(m, budgets.parse_budget("1/8"), 8192) or m for m in PREFILL_METHODS)
+BLOCK_SPARSE_512 = (budgets.sized("block_sparse", 512) or ("block_sparse",))[0]
+
+
+def _prefill_group(L: int, tasks: tuple[str, ...], budget: str, sized: tuple[str, ...] = PREFILL_METHODS) -> Group:
+    return Group(tasks, (), (L,), ruler_tasks=("niah_single_1",), passkey={"depths": FRONTIER_DEPTHS}, examples=20,
+                 passkey_examples=4, budgets=(budget,), sized=sized)
+
+
+def _prefill_passkey() -> CheckpointPreset:
+    pk = ("passkey",)
+    return CheckpointPreset("smollm2-135m", (
+        _prefill_group(8192, pk, "1/8"), _prefill_group(8192, pk, "1/4"), _prefill_group(4096, pk, "1/8"),
+        _prefill_group(4096, pk, "1/4"),
+    ), "SmolLM2-135M: vertical_slash, flexprefill and xattention at ~1/8, then ~1/4 of the prefill's pairs on passkey "
+       "(5 depths x 4), 8K then 4K")
+
+
+def _prefill_ruler() -> CheckpointPreset:
+    return CheckpointPreset("smollm2-135m", (
+        _prefill_group(8192, ("ruler",), "1/8"), _prefill_group(8192, ("passkey", "ruler"), "1/16", ("block_sparse",)),
+        Group(("selection",), (*PREFILL_AT_8K, BLOCK_SPARSE_512), (8192,)),
+        _prefill_group(8192, ("ruler",), "1/4"),
+    ), "SmolLM2-135M: the three dynamic prefills at ~1/8 of the prefill's pairs on RULER niah_single_1 (20), "
+       "block_sparse at the same density, the attention mass each keeps (selection), then ~1/4 on RULER; 8K")
+
+
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(), "kvpress-smollm2-cpu": _kvpress_smollm2(),
     "selective-smollm2-cpu": _selective_smollm2(),
     # the memory-quality frontier: ~3 h of 2 shared cores for both (results/README.md says what was cut)
     "frontier-smollm2-cpu": _frontier_smollm2(), "frontier-qwen-cpu": _frontier_qwen(),
     "frontier-gemma3-cpu": _frontier_gemma3(), "frontier-gpu": _frontier_gpu(),
+    "prefill-passkey-smollm2-cpu": _prefill_passkey(), "prefill-ruler-smollm2-cpu": _prefill_ruler(),
 }
 
 __all__ = ["CHECKPOINT_PRESETS", "MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY",

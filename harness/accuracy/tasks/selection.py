@@ -81,10 +81,13 @@ def selection_measures(module: Any, q: torch.Tensor, k: torch.Tensor, recall_k: 
     if module.kept_keys(q[:, :, :1], k[:, :, :1], **upto(1)) is None:
         return None
     per: dict[str, list[torch.Tensor]] = {n: [] for n in ("mass", "recall", "kept", "pos")}
+    # a dynamic sparse prefill chooses from the whole prompt at once: its (B, H, blocks, L) choice, read per chunk
+    whole = module.chosen_keys(q, k) if getattr(module, "sparse_prefill", False) else None
     for a in range(0, L, QUERY_CHUNK):
         e = min(L, a + QUERY_CHUNK)
         qc, kc = q[:, :, a:e].float(), k[:, :, :e].float()
-        kept = module.kept_keys(q[:, :, a:e], k[:, :, :e], **upto(e)).to(q.device)  # (B, H, C, e)
+        kept = (module.kept_keys(q[:, :, a:e], k[:, :, :e], **upto(e)) if whole is None
+                else whole[:, :, torch.arange(a, e, device=q.device) // module.block, :e]).to(q.device)  # (B, H, C, e)
         t = torch.arange(a, e, device=q.device)
         visible = torch.arange(e, device=q.device)[None, :] <= t[:, None]  # (C, e)
         scores = qc @ kc.repeat_interleave(g, 1).transpose(-2, -1) / math.sqrt(D)

@@ -48,17 +48,21 @@ def _task_order(tasks: Sequence[str]) -> list[str]:
 
 
 def _panel(ax: Any, sub: pd.DataFrame, pal: dict[str, Any], gid: str) -> None:
-    """One task: presses as lines with bands, the oracle on top, full dashed, quantized and variants as markers."""
+    """One task: presses as lines with bands, the oracle on top, full dashed, quantized, variants and dynamic sparse
+    prefills (at full's bytes: they keep every key) as markers."""
     full = sub[sub["kind"] == "reference"]
     if len(full):
         ax.axhline(float(full["score"].iloc[0]), color="0.35", ls="--", lw=1.2, label="full (uncompressed)",
                    gid=f"{gid}:full")
     variants = sorted(set(sub[sub["kind"] == "variant"]["method"]))
+    prefills = sorted(set(sub[sub["kind"] == "prefill"]["method"]))
     for (method, kind), g in sub[sub["kind"] != "reference"].groupby(["method", "kind"], sort=True):
         g = g.sort_values("kv_bytes")
         x, y = (g["kv_bytes"] / MIB).to_numpy(float), g["score"].to_numpy(float)
         if kind == "variant":  # sized alike, so at one x: spread a little apart to be seen
             x = x * 2.0 ** (0.07 * (variants.index(method) - (len(variants) - 1) / 2))
+        if kind == "prefill":  # a dynamic sparse prefill keeps the whole cache: at full's bytes, spread apart
+            x = x * 2.0 ** (0.07 * (prefills.index(method) - (len(prefills) - 1) / 2))
         if kind in ("press", "oracle"):
             colour = "black" if kind == "oracle" else pal[method]
             ax.plot(x, y, color=colour, marker="o", markersize=4, lw=2.8 if kind == "oracle" else 1.4,
@@ -67,9 +71,9 @@ def _panel(ax: Any, sub: pd.DataFrame, pal: dict[str, Any], gid: str) -> None:
                             lw=0, gid=f"band:{gid}:{method}")
         else:  # quantized at its bytes, a sized variant at its budget: points, not curves
             yerr = [y - g["ci_low"].to_numpy(float), g["ci_high"].to_numpy(float) - y]
-            ax.errorbar(x, y, yerr=yerr, color=pal[method], marker="D" if kind == "quantized" else "s",
-                        markersize=7, ls="none", capsize=3, zorder=4, label=method + (" (1/8)" if kind == "variant"
-                        else ""), gid=f"{gid}:{method}")
+            ax.errorbar(x, y, yerr=yerr, color=pal[method], marker={"quantized": "D", "prefill": "^"}.get(kind, "s"),
+                        markersize=7, ls="none", capsize=3, zorder=4, label=method + {"variant": " (1/8)", "prefill":
+                        " (prefill, whole cache)"}.get(kind, ""), gid=f"{gid}:{method}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 16, not 2^4
     ax.set_xlabel("KV bytes kept (MiB, log scale)")
