@@ -240,3 +240,46 @@ def test_the_selection_task_scores_the_whole_prompts_choice():
     for h, got in enumerate(selection_measures(m, q, k)):
         assert got["mass"].value == pytest.approx(float(mass[0, h].mean()), abs=1e-6)
         assert got["mass"].value < 0.999
+
+
+def test_a_checkpoint_prefills_each_prompt_whole_and_its_rows_say_what_was_chosen():
+    """Inside a transformers model the shared-prefix cache must not prefill a prompt's suffix alone (the choice reads
+    the whole prompt): each prompt is one prefill call per layer, and the row columns report its choice."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from attn import hf
+    from harness.accuracy.prefill import SharedPrefill
+    from harness.accuracy.pretrained import prefill_choices
+
+    config = hf.tiny_config("llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024,
+                            initializer_range=0.2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    hf.set_variant(model, "xattention:block_size=16,stride=4,threshold=0.5")
+    gen = GenerationConfig(max_new_tokens=3, min_new_tokens=3, do_sample=False, num_beams=1, pad_token_id=0)
+    g = torch.Generator().manual_seed(0)
+    first = torch.randint(1, 256, (200,), generator=g).tolist()
+    second = first[:150] + torch.randint(1, 256, (50,), generator=g).tolist()  # shares a 150-token prefix
+    cache = SharedPrefill()
+    cache.answers(model, first, len(first), gen)
+    cache.answers(model, second, len(second), gen)
+    calls = [c for m in hf.attention_modules(model) for c in m.calls]
+    assert len(calls) == 2 * 2  # two prompts, each one whole prefill in each of the two layers
+    cols = prefill_choices(model)
+    assert 0 < cols["density"] < 1 and cols["decode_keys"] == "all" and 0 <= cols["choose_share"] <= 1
+
+
+def test_a_budget_sizes_each_prefill_and_the_frontier_reads_it_as_one():
+    from harness.accuracy.budgets import PREFILL, parse_budget, prefill_sized
+    from harness.analysis.frontier import arm
+
+    for name in PREFILL:
+        for b in ("1/4", "1/8"):
+            assert resolve_variant(prefill_sized(name, parse_budget(b), 8192)).name == name
+        assert prefill_sized(name, parse_budget("1/3"), 8192) is None  # no parameters measured for that share
+    assert prefill_sized("vertical_slash", parse_budget("1/8"), 8192) == "vertical_slash:vertical_size=100,slash_size=180"
+    row = {"variant_spec": "xattention:threshold=0.5", "budget": "1/8", "decode_keys": "all"}
+    assert arm(row) == ("xattention", "prefill", "1/8")
+    assert arm({**row, "decode_keys": None})[1] == "variant"
