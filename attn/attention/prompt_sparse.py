@@ -216,7 +216,8 @@ class PromptSparseAttention(Attention):
     def record(self, keys: torch.Tensor, length: int, choose_s: float, attend_s: float) -> None:
         per_head = visible_per_head(keys, self.block).double() / (length * (length + 1) // 2)
         self.last_pairs = int(visible_per_head(keys, self.block).sum())
-        self.calls.append({"density": per_head.flatten().tolist(), "choose_s": choose_s, "attend_s": attend_s})
+        self.calls.append({"density": per_head.flatten().tolist(), "choose_s": choose_s, "attend_s": attend_s,
+                           "backend": self.last_backend})
 
     def take_selection(self) -> list[dict[str, Any]]:
         """The prefills recorded since the last call (each: per-head densities, seconds choosing and attending)."""
@@ -230,14 +231,16 @@ class PromptSparseAttention(Attention):
 def selection_columns(calls: list[dict[str, Any]]) -> dict[str, Any]:
     """Row columns over recorded prefills (one module's or a model's layers'): the density per head (min / mean / max
     over heads, layers and prompts), the milliseconds an attention call spent choosing and attending (means over the
-    calls) and the share spent choosing, and ``decode_keys``: decoding reads every cached key."""
+    calls) and the share spent choosing, the backend(s) the prefills ran (``prefill_backend``: a row's ``backend`` is
+    the last call's, a decoding step's), and ``decode_keys``: decoding reads every cached key."""
     if not calls:
         return {}
     dens = [d for c in calls for d in c["density"]]
     choose, attend = sum(c["choose_s"] for c in calls), sum(c["attend_s"] for c in calls)
     return {"decode_keys": "all", "density": sum(dens) / len(dens), "density_head_min": min(dens),
             "density_head_max": max(dens), "choose_ms": 1e3 * choose / len(calls), "attend_ms": 1e3 * attend / len(calls),
-            "choose_share": choose / max(choose + attend, 1e-12)}
+            "choose_share": choose / max(choose + attend, 1e-12),
+            "prefill_backend": ",".join(sorted({str(c.get("backend")) for c in calls}))}
 
 
 class BlockPrefillAttention(PromptSparseAttention):
