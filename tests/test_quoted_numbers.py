@@ -1293,6 +1293,42 @@ quote(RESULTS, "(at 16K {} % of the matmul peak, where `full`'s SDPA runs at {} 
       pct(PC, **K16_AT, variant_spec="full:backend=sdpa"))
 
 
+# -- issue 49: the dynamic sparse prefills in SmolLM2 at 8K (results/README.md, prefill-*-smollm2-cpu.jsonl) ----------
+PP, PR = "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl"
+PREFILL_ROWS = (  # (label, variant_spec as rows hold it, budget setting)
+    ("`xattention:threshold=0.5`", "xattention:threshold=0.5", "1/8"),
+    ("`xattention:threshold=0.85`", "xattention:threshold=0.85", "1/4"),
+    ("`flexprefill:gamma=0.6,min_budget=128`", "flexprefill:gamma=0.6,min_budget=128", "1/8"),
+    ("`flexprefill:gamma=0.85,min_budget=256`", "flexprefill:gamma=0.85,min_budget=256", "1/4"),
+    ("`vertical_slash:vertical_size=100,slash_size=180`", "vertical_slash:slash_size=180,vertical_size=100", "1/8"),
+    ("`vertical_slash:vertical_size=200,slash_size=300`", "vertical_slash:slash_size=300,vertical_size=200", "1/4"),
+)
+
+
+@cache
+def prefill_points() -> Any:
+    """The frontier's points of SmolLM2's frontier file and the two prefill files together (the same prompts)."""
+    from harness.analysis import frontier as FR
+
+    return FR.points(list(rows(FS)) + list(rows(PP)) + list(rows(PR)))
+
+
+def point(method: str, task: str, budget: str, col: str) -> Calc:
+    def fn() -> float:
+        p = prefill_points()
+        got = p[(p["eval_len"] == 8192) & (p["method"] == method) & (p["task"] == task) & (p["budget"] == budget)]
+        return float(got[col].iloc[0])
+    return Calc(fn, ".2f")
+
+
+def scored(method: str, task: str, budget: str) -> list[Calc]:
+    return [point(method, task, budget, c) for c in ("score", "ci_low", "ci_high")]
+
+
+def ran(file: str, **where: Any) -> bool:
+    return any(all(r.get(k) == v for k, v in where.items()) for r in rows(file)) if file in committed() else False
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("file", committed())

@@ -253,8 +253,8 @@ class BlockPrefillAttention(PromptSparseAttention):
                 dtypes=(torch.float32, torch.bfloat16, torch.float16), requires=flex_unavailable,
                 note="compiled FlexAttention, a BlockMask per call from each head's chosen blocks (no CPU backward)"),
     )
-    # 2-core AMD EPYC, B=1 H=8 D=64 fp32 at 8K, random q/k (quiet): xattention 0.31 s with flex against 0.92 s gathered,
-    # flexprefill 0.14 against 0.30 (full's SDPA: 0.45 s); attn-bench sweep --config results/prefill-cost-cpu.toml
+    # Timed by hand on the 2-core AMD EPYC (B=1 H=8 D=64 fp32, 8K, random q/k): flex 2-3x faster than gathered for
+    # both block methods; the flex rows: results/prefill-cost-cpu.jsonl (attn-bench sweep --config results/prefill-cost-cpu.toml)
     auto_order = {"cpu/forward": ("flex", "gathered")}
 
     def select_backend(self, device: str, dtype: torch.dtype, mode: str) -> str:
@@ -280,16 +280,20 @@ class BlockPrefillAttention(PromptSparseAttention):
         full = layout & (c < r) & ((r + 1) * bs <= L)
         partial = layout & ~full
 
-        def kv_blocks(lay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            idx = torch.argsort((~lay).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-            return lay.sum(-1, dtype=torch.int32), idx
-
-        def causal_mod(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx
-
         mask = BlockMask.from_kv_blocks(*kv_blocks(partial), *kv_blocks(full), BLOCK_SIZE=bs, mask_mod=causal_mod,
                                         seq_lengths=(L, L))
         return run_flex(q, k, v, mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def kv_blocks(layout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A per-head (B, H, R, n) block layout -> BlockMask's (kv_num_blocks, kv_indices), active blocks first."""
+    idx = torch.argsort((~layout).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return layout.sum(-1, dtype=torch.int32), idx
+
+
+def causal_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    """Flex's causal mask_mod (one function object: a new closure a call would be a new compile)."""
+    return kv_idx <= q_idx
 
 
 def flex_tile_ok(bs: int, device: str) -> str | None:
@@ -300,6 +304,6 @@ def flex_tile_ok(bs: int, device: str) -> str | None:
     return None
 
 
-__all__ = ["BlockPrefillAttention", "PromptSparseAttention", "attend_rows", "causal_probs", "diagonal_forced", "expand_layout",
-           "flex_tile_ok", "flex_unavailable", "row_keys", "selection_columns", "visible_per_head",
-           "UnsupportedBackend"]
+__all__ = ["BlockPrefillAttention", "PromptSparseAttention", "attend_rows", "causal_mod", "causal_probs",
+           "diagonal_forced", "expand_layout", "flex_tile_ok", "kv_blocks", "row_keys", "selection_columns",
+           "visible_per_head"]

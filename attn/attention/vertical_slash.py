@@ -20,7 +20,7 @@ import torch
 
 from attn.attention.base import Backend, UnsupportedBackend, modes
 from attn.attention.flex import BlockMask, flex_unavailable, run_flex
-from attn.attention.prompt_sparse import PromptSparseAttention, causal_probs
+from attn.attention.prompt_sparse import PromptSparseAttention, causal_probs, kv_blocks
 from attn.registry import check, register_attention
 
 SINK_COLUMNS = 30  # first keys always taken as verticals
@@ -172,9 +172,6 @@ def flex_lines(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vertical: torc
         in_cols = col_ok[b, h, q_idx // BLOCK, ci]
         in_ranges = ranges_p[b, h, q_idx // BLOCK, j] & (j <= q_idx)
         return torch.where(kv_idx < Vp, in_cols, in_ranges)
-
-    def kv_blocks(lay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return lay.sum(-1, dtype=torch.int32), torch.argsort((~lay).to(torch.int8), dim=-1, stable=True).to(torch.int32)
 
     mask = BlockMask.from_kv_blocks(*kv_blocks(partial), *kv_blocks(full), BLOCK_SIZE=BLOCK, mask_mod=rule,
                                     seq_lengths=(L, Vp + L))
