@@ -283,3 +283,11 @@ def test_a_budget_sizes_each_prefill_and_the_frontier_reads_it_as_one():
     row = {"variant_spec": "xattention:threshold=0.5", "budget": "1/8", "decode_keys": "all"}
     assert arm(row) == ("xattention", "prefill", "1/8")
     assert arm({**row, "decode_keys": None})[1] == "variant"
+
+
+def test_the_presets_selection_specs_are_the_budgets():
+    from harness.accuracy.budgets import parse_budget, prefill_sized, sized
+    from harness.accuracy.presets import BLOCK_SPARSE_512, PREFILL_AT_8K, PREFILL_METHODS
+
+    assert PREFILL_AT_8K == tuple(prefill_sized(m, parse_budget("1/8"), 8192) for m in PREFILL_METHODS)
+    assert BLOCK_SPARSE_512 == sized("block_sparse", 512)[0]
