@@ -1329,6 +1329,62 @@ def ran(file: str, **where: Any) -> bool:
     return any(all(r.get(k) == v for k, v in where.items()) for r in rows(file)) if file in committed() else False
 
 
+def block_sparse_share() -> float:
+    """The 512-key block_sparse's pairs at 8K / the causal pairs, as the dynamic rows count density."""
+    import attn
+
+    m = attn.build_attention("block_sparse", block_size=64, local_blocks=7, global_blocks=1)
+    return m.pairs(8192, 8192, True) / (8192 * 8193 / 2)
+
+
+def prefill_table() -> None:
+    """The 8K table of the dynamic prefills: density (mean, per-head range, over the passkey prompts), the attention
+    mass each keeps on lm text (selection, mean over layers), passkey and RULER niah_single_1 with their intervals."""
+    full = [*scored("full", "passkey", ""), *scored("full", "niah_single_1", "")]
+    quote(RESULTS, "| `full` | | 1 | 1 | {} [{}, {}] | {} [{}, {}] |", *full)
+    bs = BLOCK_SPARSE_ROW
+    pairs = Calc(block_sparse_share, ".3f")
+    quote(RESULTS, "| `block_sparse` (first block + 7 local: 512 keys) | 1/16 of the cache | {} | {} | -- | {} [{}, {}] |",
+          pairs, val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=bs),
+          *scored("block_sparse", "niah_single_1", "1/16"))
+    for label, spec, budget in PREFILL_ROWS:
+        if not ran(PP, variant_spec=spec):
+            continue
+        method = spec.split(":")[0]
+        at = {"variant_spec": spec, "eval_len": 8192}
+        dens = [V(PP, at, "density", "mean", ".3f"), V(PP, at, "density_head_min", "min", ".3f"),
+                V(PP, at, "density_head_max", "max", ".3f")]
+        mass = ([val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=spec)]
+                if ran(PR, task="selection", variant_spec=spec) else [])
+        ruler = scored(method, "niah_single_1", budget) if ran(PR, task="ruler", variant_spec=spec) else []
+        quote(RESULTS, f"| {label} | {budget} | {{}} ({{}}–{{}}) | {'{}' if mass else '--'} | {{}} [{{}}, {{}}] | "
+              + ("{} [{}, {}] |" if ruler else "not run |"), *dens, *mass, *scored(method, "passkey", budget), *ruler)
+
+
+BLOCK_SPARSE_ROW = "block_sparse:block_size=64,global_blocks=1,local_blocks=7,backend=gathered"
+prefill_table()
+VS8, XA8 = "vertical_slash:slash_size=180,vertical_size=100", "xattention:threshold=0.5"
+quote(RESULTS, "floor is the first and the diagonal 128-token block: {} at 8K",
+      V(PP, {"variant_spec": XA8}, "density_head_min", "min", ".3f"))
+quote(RESULTS, "at {} of the pairs it keeps {} of full attention's mass and scores {} on RULER where `full` scores {} and "
+      "`block_sparse` with about as many pairs ({}) scores {};",
+      V(PP, {"variant_spec": VS8}, "density", "mean", ".3f"),
+      val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=VS8),
+      point("vertical_slash", "niah_single_1", "1/8", "score"), point("full", "niah_single_1", "", "score"),
+      Calc(block_sparse_share, ".3f"),
+      point("block_sparse", "niah_single_1", "1/16", "score"))
+quote(RESULTS, "XAttention at {} of the pairs keeps {} of the mass",
+      V(PP, {"variant_spec": XA8}, "density", "mean", ".2f"),
+      val(PR, ".2f", "mean", task="selection", metric="mass_checkpoint", variant_spec=XA8))
+quote(RESULTS, "FlexPrefill's choice is the cheapest per pair saved ({}× faster than `full` at 16K on {} of its FLOPs)",
+      ratio(ms(PC, "", **K16_AT, variant_spec="full:backend=sdpa"),
+            ms(PC, "", **K16_AT, variant_spec="flexprefill:gamma=0.3,min_budget=128"), ".2f"),
+      ratio(V(PC, {**K16_AT, "variant_spec": "flexprefill:gamma=0.3,min_budget=128"}, "flops", "one"),
+            V(PC, {**K16_AT, "variant_spec": "full:backend=sdpa"}, "flops", "one"), ".2f"))
+quote(RESULTS, "passkey prefills spent {}–{} % of their attention time choosing",
+      V(PP, {}, "choose_share", "min", ".0f", 100), V(PP, {}, "choose_share", "max", ".0f", 100))
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("file", committed())
