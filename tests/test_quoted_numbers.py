@@ -1313,10 +1313,10 @@ def prefill_points() -> Any:
     return FR.points(list(rows(FS)) + list(rows(PP)) + list(rows(PR)))
 
 
-def point(method: str, task: str, budget: str, col: str) -> Calc:
+def point(method: str, task: str, budget: str, col: str, length: int = 8192) -> Calc:
     def fn() -> float:
         p = prefill_points()
-        got = p[(p["eval_len"] == 8192) & (p["method"] == method) & (p["task"] == task) & (p["budget"] == budget)]
+        got = p[(p["eval_len"] == length) & (p["method"] == method) & (p["task"] == task) & (p["budget"] == budget)]
         return float(got[col].iloc[0])
     return Calc(fn, ".2f")
 
@@ -1365,24 +1365,35 @@ BLOCK_SPARSE_ROW = "block_sparse:block_size=64,global_blocks=1,local_blocks=7,ba
 prefill_table()
 VS8, XA8 = "vertical_slash:slash_size=180,vertical_size=100", "xattention:threshold=0.5"
 quote(RESULTS, "floor is the first and the diagonal 128-token block: {} at 8K",
-      V(PP, {"variant_spec": XA8}, "density_head_min", "min", ".3f"))
-quote(RESULTS, "at {} of the pairs it keeps {} of full attention's mass and scores {} on RULER where `full` scores {} and "
+      V(PP, {"variant_spec": XA8, "eval_len": 8192}, "density_head_min", "min", ".3f"))
+quote(RESULTS, "at {} of the pairs keeps {} of full attention's mass and scores {} on RULER where `full` scores {} and "
       "`block_sparse` with about as many pairs ({}) scores {};",
-      V(PP, {"variant_spec": VS8}, "density", "mean", ".3f"),
+      V(PP, {"variant_spec": VS8, "eval_len": 8192}, "density", "mean", ".3f"),
       val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=VS8),
       point("vertical_slash", "niah_single_1", "1/8", "score"), point("full", "niah_single_1", "", "score"),
       Calc(block_sparse_share, ".3f"),
       point("block_sparse", "niah_single_1", "1/16", "score"))
-quote(RESULTS, "XAttention at {} of the pairs keeps {} of the mass",
-      V(PP, {"variant_spec": XA8}, "density", "mean", ".2f"),
-      val(PR, ".2f", "mean", task="selection", metric="mass_checkpoint", variant_spec=XA8))
+quote(RESULTS, "XAttention at {} scores {} and FlexPrefill at {} scores {}.",
+      V(PP, {"variant_spec": "xattention:threshold=0.85", "eval_len": 8192}, "density", "mean", ".3f"),
+      point("xattention", "niah_single_1", "1/4", "score"),
+      V(PP, {"variant_spec": "flexprefill:gamma=0.85,min_budget=256", "eval_len": 8192}, "density", "mean", ".3f"),
+      point("flexprefill", "niah_single_1", "1/4", "score"))
+quote(RESULTS, "XAttention at {} of the pairs keeps {} of the mass and scores {}, FlexPrefill at about the same {}.",
+      V(PP, {"variant_spec": XA8, "eval_len": 8192}, "density", "mean", ".2f"),
+      val(PR, ".2f", "mean", task="selection", metric="mass_checkpoint", variant_spec=XA8),
+      point("xattention", "niah_single_1", "1/8", "score"), point("flexprefill", "niah_single_1", "1/8", "score"))
+quote(RESULTS, "vertical-slash scores {} like `full` ({}) at {} of the pairs, XAttention {} and FlexPrefill {} at the "
+      "same density", point("vertical_slash", "passkey", "1/8", "score", 4096), point("full", "passkey", "", "score", 4096),
+      V(PP, {"eval_len": 4096, "budget": "1/8"}, "density", "mean", ".2f"),
+      point("xattention", "passkey", "1/8", "score", 4096), point("flexprefill", "passkey", "1/8", "score", 4096))
 quote(RESULTS, "FlexPrefill's choice is the cheapest per pair saved ({}× faster than `full` at 16K on {} of its FLOPs)",
       ratio(ms(PC, "", **K16_AT, variant_spec="full:backend=sdpa"),
             ms(PC, "", **K16_AT, variant_spec="flexprefill:gamma=0.3,min_budget=128"), ".2f"),
       ratio(V(PC, {**K16_AT, "variant_spec": "flexprefill:gamma=0.3,min_budget=128"}, "flops", "one"),
             V(PC, {**K16_AT, "variant_spec": "full:backend=sdpa"}, "flops", "one"), ".2f"))
 quote(RESULTS, "passkey prefills spent {}–{} % of their attention time choosing",
-      V(PP, {}, "choose_share", "min", ".0f", 100), V(PP, {}, "choose_share", "max", ".0f", 100))
+      V(PP, {"eval_len": 8192}, "choose_share", "min", ".0f", 100), V(PP, {"eval_len": 8192}, "choose_share", "max",
+                                                                         ".0f", 100))
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------
