@@ -96,22 +96,27 @@ def xattention_definition(q, k, block, stride, threshold):
     return mask
 
 
+def attends_as_defined(name, params, q, k, v, want_mask):
+    """Every backend keeps exactly ``want_mask`` and equals float64 attention over it, forward and gradients."""
+    want = float64_attention(q, k, v, want_mask)
+    go = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, (q, k, v), go)
+    for backend in ("reference", "gathered"):
+        m = attn.build_attention(name, **params, backend=backend)
+        assert torch.equal(m.kept_keys(q, k), want_mask)
+        out = m(q, k, v)
+        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), go), want_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
 @settings(max_examples=12, deadline=None)
 @given(st.integers(1, 2), st.sampled_from([(2, 2), (4, 2), (3, 1)]), st.integers(1, 280), st.integers(30, 60),
        st.integers(100, 140), st.integers(1, 16), st.integers(0, 10**6))
 def test_vertical_slash_chooses_and_attends_as_defined(B, heads, L, vs, ss, last_q, seed):
     q, k, v = draw(B, heads, L, seed=seed, grad=True)
     want_mask = vertical_slash_definition(q.detach(), k.detach(), vs, ss, last_q)
-    want = float64_attention(q, k, v, want_mask)
-    go = torch.randn_like(want)
-    want_grads = torch.autograd.grad(want, (q, k, v), go)
-    for backend in ("reference", "gathered"):
-        m = attn.build_attention("vertical_slash", vertical_size=vs, slash_size=ss, last_q=last_q, backend=backend)
-        assert torch.equal(m.kept_keys(q, k), want_mask)
-        out = m(q, k, v)
-        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-        for a, b in zip(torch.autograd.grad(out, (q, k, v), go), want_grads, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    attends_as_defined("vertical_slash", dict(vertical_size=vs, slash_size=ss, last_q=last_q), q, k, v, want_mask)
 
 
 @settings(max_examples=12, deadline=None)
@@ -121,16 +126,7 @@ def test_xattention_chooses_and_attends_as_defined(B, heads, L, block_stride, th
     block, stride = block_stride
     q, k, v = draw(B, heads, L, seed=seed, grad=True)
     want_mask = xattention_definition(q.detach(), k.detach(), block, stride, threshold)
-    want = float64_attention(q, k, v, want_mask)
-    go = torch.randn_like(want)
-    want_grads = torch.autograd.grad(want, (q, k, v), go)
-    for backend in ("reference", "gathered"):
-        m = attn.build_attention("xattention", block_size=block, stride=stride, threshold=threshold, backend=backend)
-        assert torch.equal(m.kept_keys(q, k), want_mask)
-        out = m(q, k, v)
-        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
-        for a, b in zip(torch.autograd.grad(out, (q, k, v), go), want_grads, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    attends_as_defined("xattention", dict(block_size=block, stride=stride, threshold=threshold), q, k, v, want_mask)
 
 
 @settings(max_examples=20, deadline=None)

@@ -214,8 +214,9 @@ class PromptSparseAttention(Attention):
 
     # -- what a prefill chose ---------------------------------------------------------------------------------------
     def record(self, keys: torch.Tensor, length: int, choose_s: float, attend_s: float) -> None:
-        per_head = visible_per_head(keys, self.block).double() / (length * (length + 1) // 2)
-        self.last_pairs = int(visible_per_head(keys, self.block).sum())
+        pairs = visible_per_head(keys, self.block)
+        per_head = pairs.double() / (length * (length + 1) // 2)
+        self.last_pairs = int(pairs.sum())
         self.calls.append({"density": per_head.flatten().tolist(), "choose_s": choose_s, "attend_s": attend_s,
                            "backend": self.last_backend})
 
