@@ -10,7 +10,9 @@ A press spec names what happens to a model's KV cache once the context is prefil
 - ``quantized:nbits=4``: transformers' ``QuantizedCache`` on the quanto backend (``nbits`` 2 or 4, its
   ``q_group_size``, ``residual_length``, ``axis_key``, ``axis_value``), every token kept at fewer bits;
 - ``oracle:compression_ratio=0.875``: the ceiling of any selector of that budget -- each head keeps, at every decoding
-  step, the context keys of highest true attention weight (:mod:`attn.hf.oracle`).
+  step, the context keys of highest true attention weight (:mod:`attn.hf.oracle`);
+- ``retrieval:retriever=bm25,compression_ratio=0.875``: the model reads only the context's chunks a retriever ranks
+  best for the question, up to the budget (:mod:`attn.hf.retrieval`): not a press of kvpress's, an arm beside them.
 
 The protocol is kvpress's pipeline (``KVPressTextGenerationPipeline``): the context is prefilled with the press's hook
 on every attention layer, which compresses the layer's cache right after the layer wrote it; the question and the
@@ -30,6 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from typing import Any, get_type_hints
 import torch
 
 from attn.hf.oracle import ORACLE, Oracle
+from attn.hf.retrieval import RETRIEVAL, Retrieval
 from attn.optional import require, unavailable
 from attn.specs import coerce, parse_spec, shorten
 
@@ -46,6 +50,9 @@ QUANTIZED = "quantized"
 QUANTIZED_PARAMS: dict[str, tuple[type, Any]] = {  # transformers' QuantizedCache(backend="quanto") arguments
     "nbits": (int, 4), "q_group_size": (int, 64), "residual_length": (int, 128), "axis_key": (int, 0),
     "axis_value": (int, 0)}
+OWN: dict[str, type] = {ORACLE: Oracle, RETRIEVAL: Retrieval}  # our own arms beside kvpress's presses
+PARAMS: dict[str, dict[str, tuple[type, Any]]] = {  # parameter -> (type, default) of the presses not kvpress's
+    QUANTIZED: QUANTIZED_PARAMS, ORACLE: {"compression_ratio": (float, 0.0)}, RETRIEVAL: Retrieval.PARAMS}
 INSTALL = "pip install 'attn-bench[kv]' (kvpress, which pins transformers<5.3, and optimum-quanto)"
 
 
@@ -86,10 +93,8 @@ def press_params(name: str) -> dict[str, Any]:
     """A press's parameters with their defaults (``<required>`` or ``<press>`` where a spec cannot set them)."""
     if name == NONE:
         return {}
-    if name == QUANTIZED:
-        return {k: d for k, (_, d) in QUANTIZED_PARAMS.items()}
-    if name == ORACLE:
-        return {"compression_ratio": 0.0}
+    if name in PARAMS:
+        return {k: d for k, (_, d) in PARAMS[name].items()}
     out = {}
     for k, (tp, default) in _fields(press_classes()[name]).items():
         out[k] = ("<required>" if default is dataclasses.MISSING else default) if _spec_type(tp) else "<press>"
@@ -98,7 +103,7 @@ def press_params(name: str) -> dict[str, Any]:
 
 def press_catalog() -> dict[str, dict[str, Any]]:
     """Every press spec name (``none``, ``quantized``, kvpress's) -> its parameters, for ``attn-bench list``."""
-    names = [NONE, QUANTIZED, ORACLE, *press_classes()]
+    names = [NONE, QUANTIZED, *OWN, *press_classes()]
     return {n: press_params(n) for n in names}
 
 
@@ -125,23 +130,23 @@ class PressSpec:
         return float(self.all_params.get("compression_ratio", 0.0) or 0.0)
 
     def build(self) -> Any:
-        """The kvpress press (None for ``none`` and ``quantized``; the :class:`attn.hf.oracle.Oracle` for ``oracle``)."""
+        """The kvpress press (None for ``none`` and ``quantized``; ours for ``oracle`` and ``retrieval``)."""
         if self.name in (NONE, QUANTIZED):
             return None
-        if self.name == ORACLE:
-            return Oracle(**dict(self.params))
+        if self.name in OWN:
+            return OWN[self.name](**dict(self.params))
         return press_classes()[self.name](**dict(self.params))
 
     def columns(self, query_aware: bool | None = None) -> dict[str, Any]:
         """What every row of this press says about it (cost and accuracy alike); ``query_aware``: the accuracy
         protocol's switch (None: a cost row, which has no question)."""
-        import json
-
         cols = {"press": self.name, "press_spec": self.label,
                 "press_params": json.loads(json.dumps(self.all_params, default=str)), "compression_ratio": self.ratio}
         if query_aware is not None:
             cols |= {"query_aware": query_aware, "press_protocol": "context compressed with the question" if query_aware
                      else "context compressed, then question and answer decoded against it"}
+            if self.name == RETRIEVAL:  # a retriever reads the question by nature
+                cols |= {"query_aware": True, "press_protocol": Retrieval.PROTOCOL}
         return cols
 
     def new_cache(self, config: Any) -> Any:
@@ -162,8 +167,7 @@ def parse_press(text: str) -> PressSpec:
             raise ValueError("press none takes no parameters")
         return PressSpec(NONE)
     if name == QUANTIZED:
-        types = {k: tp for k, (tp, _) in QUANTIZED_PARAMS.items()}
-        spec = PressSpec(QUANTIZED, _coerced(name, raw, types))
+        spec = PressSpec(QUANTIZED, _coerced(name, raw, {k: tp for k, (tp, _) in QUANTIZED_PARAMS.items()}))
         why = unavailable("optimum.quanto", INSTALL)
         if why is not None:
             raise ValueError(f"press quantized needs optimum-quanto: {why}")
@@ -174,8 +178,8 @@ def parse_press(text: str) -> PressSpec:
         except (ValueError, ImportError) as e:
             raise ValueError(f"press {spec.label}: {e}") from None
         return spec
-    if name == ORACLE:
-        spec = PressSpec(ORACLE, _coerced(name, raw, {"compression_ratio": float}))
+    if name in OWN:
+        spec = PressSpec(name, _coerced(name, raw, {k: tp for k, (tp, _) in PARAMS[name].items()}))
         try:
             spec.build()
         except ValueError as e:
@@ -186,7 +190,7 @@ def parse_press(text: str) -> PressSpec:
     except ImportError as e:
         raise ValueError(f"press {shorten(name)} needs kvpress: {e}") from None
     if name not in classes:
-        raise ValueError(f"unknown press {shorten(name)}; valid: {NONE}, {QUANTIZED}, {ORACLE}, {', '.join(classes)} "
+        raise ValueError(f"unknown press {shorten(name)}; valid: {NONE}, {QUANTIZED}, {', '.join([*OWN, *classes])} "
                          "(attn-bench list shows their parameters)")
     fields = _fields(classes[name])
     settable = {k: tp for k, (tp, _) in fields.items() if _spec_type(tp)}
@@ -214,8 +218,8 @@ def _coerced(name: str, raw: dict[str, str], types: dict[str, Any]) -> tuple[tup
 def replayable(press: Any) -> bool:
     """Whether one recorded prefill can stand for this press's own (see module docstring): it hooks the attention
     layers the standard way and compresses only during the prefill (the oracle prunes nothing there)."""
-    if press is None or isinstance(press, Oracle):
-        return True
+    if press is None or isinstance(press, (Oracle, Retrieval)):  # retrieval: replay unused (it prefills its chunks)
+        return not isinstance(press, Retrieval)
     from kvpress import BasePress, DecodingPress, PrefillDecodingPress
 
     return (type(press).__call__ is BasePress.__call__
@@ -224,7 +228,7 @@ def replayable(press: Any) -> bool:
 
 def decoding_press(press: Any) -> bool:
     """Whether the press also compresses while the question and the answer are decoded (kvpress's pipeline)."""
-    if press is None:
+    if press is None or isinstance(press, Retrieval):
         return False
     if isinstance(press, Oracle):
         return True

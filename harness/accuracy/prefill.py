@@ -6,7 +6,8 @@ the context -- so the context is prefilled once (:class:`SharedPrefill`), record
 (:class:`attn.hf.presses.Recorder`), and each arm gets a cache of its own from it: ``none`` the keys as they are,
 ``quantized`` a quantized copy, a kvpress press its pruned copy (replayed: :func:`attn.hf.presses.compress`). The arm
 then decodes the question and its answer greedily against its own cache, the positions continuing the context's
-(kvpress's protocol), and its cache is freed. Arms whose press cannot be replayed prefill the context themselves.
+(kvpress's protocol), and its cache is freed. Arms whose press cannot be replayed prefill the context themselves; a
+retrieval arm (:mod:`attn.hf.retrieval`) prefills only the chunks it keeps, and decodes the question right after them.
 
 Consecutive prompts share prefixes (passkey's depths share the haystack before the key, RULER's examples the template
 and the noise before the first needle): the shared prefill runs only past the longest common prefix with the last
@@ -41,7 +42,12 @@ from attn.hf.presses import (
     prefill_with,
     replayable,
 )
+from attn.hf.retrieval import Retrieval
 
+# per-prompt statistics an arm may give, averaged into its row: the oracle's true attention mass on the kept keys; a
+# retrieval arm's seconds retrieving and prefilling, its chunks, the tokens kept and the share of the needles kept
+MEANS = ("attention_mass_kept", "retrieval_seconds", "prefill_seconds", "chunks", "chunks_kept", "retrieved_tokens",
+         "needle_recall")
 Stop = Callable[[torch.Tensor, Any], torch.Tensor]  # a transformers StoppingCriteria: (ids (1, n), scores) -> (1,)
 
 
@@ -50,7 +56,9 @@ class SharedPrefill:
     given, one plain arm labelled ``None``. Each prompt's cache statistics are kept per arm until :meth:`take_stats`;
     an arm that cannot run is in :attr:`failed` with its exception, and the other arms go on."""
 
-    def __init__(self, specs: Sequence[PressSpec] = (), query_aware: bool = False):
+    def __init__(self, specs: Sequence[PressSpec] = (), query_aware: bool = False,
+                 decode: Callable[[list[int]], str] | None = None):
+        self.decode = decode  # token ids -> text: what a retrieval arm's retriever reads
         self.plain = not specs
         self.specs = list(specs) or [PressSpec(NONE)]
         self.presses = [s.build() for s in self.specs]
@@ -98,10 +106,11 @@ class SharedPrefill:
 
     # -- the arms ------------------------------------------------------------------------------------------------
     def answers(self, model: Any, prompt: list[int], question_at: int, config: Any,
-                stop: Stop | None = None) -> dict[str | None, list[int]]:
+                stop: Stop | None = None, needles: Sequence[str] | None = None) -> dict[str | None, list[int]]:
         """Each arm's greedy continuation of ``prompt`` (``config``: a GenerationConfig: ``max_new_tokens``, and with
         ``min_new_tokens`` exactly that many, the end-of-sequence token suppressed until then, as ``generate`` does;
-        without it, until ``stop`` or the end-of-sequence token)."""
+        without it, until ``stop`` or the end-of-sequence token). ``needles``: the answers the context hides, where the
+        task knows them (a retrieval arm records the share of them its chunks kept)."""
         greedy = Greedy(model, prompt, config, stop)
         if self.plain:
             logits = self._prefill(model, prompt)
@@ -118,6 +127,9 @@ class SharedPrefill:
             if spec.label in self.failed:
                 continue
             try:
+                if isinstance(press, Retrieval):  # a prompt of its own: the chunks it keeps, then the question
+                    said[spec.label] = self._retrieve(model, spec, press, prompt, question_at, greedy, needles)
+                    continue
                 cache = self._branch(model, spec, press, context)
                 cols = cache_columns(cache)
                 if isinstance(press, Oracle):  # it reads the budget's keys of the whole cache each step
@@ -137,6 +149,19 @@ class SharedPrefill:
             finally:
                 cache = None  # each branch freed once answered
         return said
+
+    def _retrieve(self, model: Any, spec: PressSpec, press: Retrieval, prompt: list[int], question_at: int,
+                  greedy: Greedy, needles: Sequence[str] | None) -> list[int]:
+        """A retrieval arm's answer: the question (never cut) scores the context's chunks, the kept ones are prefilled
+        alone and the question decoded after them."""
+        if self.decode is None:
+            raise ValueError(f"press {spec.label} reads text: this evaluation gives no tokenizer")
+        at = min(question_at, len(prompt) - 1)
+        ids = press.choose(model, prompt[:at], prompt[at:], self.decode, needles)
+        cache = press.prefill(model, ids, lambda: spec.new_cache(model.config))
+        self.stats[spec.label].append({**cache_columns(cache), **press.last, "context_tokens": at,
+                                       "kv_cache": type(cache).__name__})
+        return greedy.run(cache, prompt[at:], len(ids), None)
 
     def _branch(self, model: Any, spec: PressSpec, press: Any, context: list[int]) -> Any:
         """The arm's own cache of the context: the shared prefill replayed under its press, or its own prefill."""
@@ -162,8 +187,9 @@ class SharedPrefill:
                "kv_tokens_max": max(g["kv_tokens_max"] for g in got),
                "kv_cache_bytes": sum(g["kv_cache_bytes"] for g in got) / n, "context_tokens": ctx,
                "kv_kept_fraction": mean / ctx, "kv_cache": got[-1]["kv_cache"]}
-        if "attention_mass_kept" in got[0]:  # the oracle's: true attention mass on the kept keys, mean over prompts
-            out["attention_mass_kept"] = sum(g["attention_mass_kept"] for g in got) / n
+        for key in MEANS:  # the oracle's mass kept, a retrieval arm's choice: means over the prompts that have them
+            if have := [g[key] for g in got if key in g]:
+                out[key] = sum(have) / len(have)
         return out
 
 
@@ -231,11 +257,13 @@ def shared_order(prompts: Sequence[list[int]]) -> list[int]:
 
 def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, decode: Callable[[list[int]], str],
                      boundary: int, arms: SharedPrefill | None = None, question_at: Sequence[int] | None = None,
-                     settled: Callable[[str], bool] | None = None) -> dict[str | None, list[str]]:
+                     settled: Callable[[str], bool] | None = None,
+                     needles: Sequence[Sequence[str]] | None = None) -> dict[str | None, list[str]]:
     """Greedy continuations of ``new_tokens`` tokens, decoded, in the prompts' order, per arm of ``arms`` (by default
     one plain arm). ``question_at``: where each question starts. ``settled(text)``: True once the score of an answer
     that begins with ``text`` can no longer change (passkey's first run of digits has ended); decoding stops there,
-    which saves the steps and leaves every score as the full answer's (greedy answers are prefixes of each other)."""
+    which saves the steps and leaves every score as the full answer's (greedy answers are prefixes of each other).
+    ``needles``: per prompt, the answers its context hides (:meth:`SharedPrefill.answers`)."""
     from transformers import GenerationConfig
 
     gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
@@ -249,7 +277,8 @@ def generate_answers(model: torch.nn.Module, prompts: list[list[int]], new_token
             return torch.tensor([settled(decode(ids[0, start:].tolist()))])  # type: ignore[misc]
 
         at = question_at[i] if question_at else start
-        for arm, new in arms.answers(model, prompts[i], at, gen, stop if settled else None).items():
+        hidden = needles[i] if needles else None
+        for arm, new in arms.answers(model, prompts[i], at, gen, stop if settled else None, hidden).items():
             out[arm][i] = decode(new)
     return out
 

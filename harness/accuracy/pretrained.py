@@ -328,7 +328,7 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         return
     extra = {"params": sum(t.numel() for t in model.parameters())}
     def fresh() -> SharedPrefill:
-        return SharedPrefill(s.presses, s.query_aware)
+        return SharedPrefill(s.presses, s.query_aware, p.ckpt.tokens.decode)
 
     cache = fresh()
     cells: dict[str, list[Todo]] = {}

@@ -181,7 +181,7 @@ def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfi
     prompts = [passkey_prompt(tokens, length, depth, k, filler) for k in keys]
     asked = len(tokens.encode(QUESTION.rstrip()))
     said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens.decode, tokens.boundary, cache,
-                            [len(p) - asked for p in prompts], settled=key_said)
+                            [len(p) - asked for p in prompts], settled=key_said, needles=[[k] for k in keys])
     hits = {arm: [said_key(s) == k for s, k in zip(out, keys, strict=True)] for arm, out in said.items()}
     return {arm: accuracy(sum(h), len(h), outcomes=h) for arm, h in hits.items()}
 

