@@ -341,6 +341,44 @@ def _prefill_ruler() -> CheckpointPreset:
        "attention mass each keeps (selection), block_sparse at about the same density, then ~1/4 on RULER; 8K")
 
 
+# -- retrieval (attn/hf/retrieval.py) on the frontier ----------------------------------------------------------------
+# BM25 and dense retrieval at the frontier's budgets on the frontier's prompts (paired with frontier-*-cpu's rows: read
+# both files together), the model's own keys at 1/8; then, in SmolLM2 at 8K, an aggregation task (fwe: full SmolLM2
+# scores 0 on cwe there) with every press, the oracle and full beside retrieval in one run, the best-ranked sized
+# variants last. Retrieval shares no prefill: each arm prefills only what it keeps.
+RETRIEVERS = ("retrieval:retriever=bm25", "retrieval:retriever=dense")
+AGGREGATION = "fwe"
+
+
+def _retrieval_group(L: int, tasks: tuple[str, ...], ruler: tuple[str, ...], presses: tuple[str, ...] = RETRIEVERS,
+                     budgets: tuple[str, ...] = FRONTIER_BUDGETS) -> Group:
+    return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
+                 passkey_examples=4, presses=presses, budgets=budgets)
+
+
+def _retrieval_smollm2() -> CheckpointPreset:
+    pk_ruler, keys = ("passkey", "ruler"), ("retrieval:retriever=keys",)
+    return CheckpointPreset("smollm2-135m", (
+        _retrieval_group(8192, pk_ruler, ("niah_single_1",)), _retrieval_group(8192, pk_ruler, ("niah_single_1",), keys,
+                                                                               ("1/8",)),
+        _retrieval_group(8192, ("ruler",), (AGGREGATION,), (*FRONTIER_PRESSES, *RETRIEVERS, *keys), ("1/8",)),
+        _retrieval_group(4096, pk_ruler, FRONTIER_RULER), _retrieval_group(4096, pk_ruler, FRONTIER_RULER, keys, ("1/8",)),
+        Group(("ruler",), (), (8192,), ruler_tasks=(AGGREGATION,), examples=20, budgets=("1/8",),
+              sized=("sinks", "block_sparse")),
+    ), "SmolLM2-135M: BM25 and dense retrieval at 1/2-1/16 of the context, the model's own keys at 1/8, on passkey "
+       "(5 depths x 4) and RULER, 8K then 4K; at 8K fwe with every press, the oracle and full at 1/8 beside retrieval, "
+       "then the sinks window and block-sparse at 1/8 on it")
+
+
+def _retrieval_qwen() -> CheckpointPreset:
+    pk_ruler = ("passkey", "ruler")
+    return CheckpointPreset("qwen2.5-coder-0.5b", (
+        _retrieval_group(8192, pk_ruler, ("niah_single_1",), budgets=("1/4", "1/8", "1/16")),
+        _retrieval_group(4096, pk_ruler, ("niah_single_1",)),
+    ), "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 depths x 4) and RULER niah_single_1, at 1/4-1/16 "
+       "of the context at 8K, then at 1/2-1/16 at 4K")
+
+
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(), "kvpress-smollm2-cpu": _kvpress_smollm2(),
     "selective-smollm2-cpu": _selective_smollm2(),
@@ -348,6 +386,7 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "frontier-smollm2-cpu": _frontier_smollm2(), "frontier-qwen-cpu": _frontier_qwen(),
     "frontier-gemma3-cpu": _frontier_gemma3(), "frontier-gpu": _frontier_gpu(),
     "prefill-passkey-smollm2-cpu": _prefill_passkey(), "prefill-ruler-smollm2-cpu": _prefill_ruler(),
+    "retrieval-smollm2-cpu": _retrieval_smollm2(), "retrieval-qwen-cpu": _retrieval_qwen(),
 }
 
 __all__ = ["CHECKPOINT_PRESETS", "MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY",

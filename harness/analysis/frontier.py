@@ -52,6 +52,9 @@ def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
     if press is not None:
         if press == "none":
             return "full", "reference", ""
+        if press == "retrieval":  # the chunks a retriever picks for the question (attn/hf/retrieval.py)
+            params = row.get("press_params") if isinstance(row.get("press_params"), dict) else {}
+            return f"retrieval ({params.get('retriever', 'bm25')})", "retrieval", budget
         if press == "quantized":
             bits = re.search(r"nbits=(\d+)", str(row.get("press_spec", "")))
             return f"quantized {bits[1] if bits else '?'}-bit", "quantized", ""
@@ -168,7 +171,7 @@ def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
             if oracle:
                 rec["gap"] = float(_auc(oracle, x)) - rec["auc"]
                 rec["gap_lo"], rec["gap_hi"] = percentile_ci(_auc(oracle, x, draws) - m_boot)
-        b = cfg.at if kind in ("press", "oracle", "variant", "prefill") else ""
+        b = cfg.at if kind in ("press", "oracle", "variant", "prefill", "retrieval") else ""
         own = [ex.get((method, t, b)) for t in tasks]
         if all(a is not None for a in own):
             where = "score" if kind == "quantized" else "at"  # full: flat, its score at every budget
@@ -258,6 +261,11 @@ ORACLE_NOTE = ("The oracle keeps, per head and decoding step, the keys with the 
                "attention mass kept is not the whole of what a budget must hold.")
 
 
+RETRIEVAL_NOTE = ("retrieval (...): the model reads only the context's chunks a retriever ranks best for the question, "
+                  "up to the budget's tokens: query-aware by nature, to compare with the query-aware presses and the "
+                  "oracle, which also see the question before choosing.")
+
+
 def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: str, head: str) -> list[str]:
     """One model at one length: ranked and marked tasks, the ranking, what did not run, cells beating the oracle."""
     full = g[(g["kind"] == "reference") & (g["status"] == "ok")]
@@ -305,6 +313,8 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
              f"there), equal weight per ranked task. Intervals: 95 %, paired bootstrap ({config.boot} resamples of each "
              f"task's examples, passkey's by depth: its four keys at a depth share a haystack; seed {config.seed}); "
              f"scores at {config.at}: Wilson for 0/1 outcomes, a passkey depth counted once. Gaps: oracle minus method."]
+    if (pts["kind"] == "retrieval").any():
+        lines += ["", RETRIEVAL_NOTE]
     for model in sorted(set(pts["model"])):
         for L in sorted(set(pts[pts["model"] == model]["eval_len"])):
             here = {k: v[(v["model"] == model) & (v["eval_len"] == L)] for k, v in (("p", pts), ("r", rk), ("b", beat))}

@@ -3,7 +3,8 @@
 Per model and length, one panel per task: score against the KV bytes a decoded token reads (log scale), one line per
 press over its budgets with its interval as a band, the oracle (the ceiling of any selector of the budget) in black on
 top, the full cache as a dashed line, quantized caches and the sized variants (at 1/8) as markers where their bytes put
-them. A task full scores below 0.5 on is drawn but titled as not ranked. The numbers behind it come from
+them, retrieval (the chunks a retriever keeps for the question) as dotted lines. A task full scores below 0.5 on is
+drawn but titled as not ranked. The numbers behind it come from
 :mod:`harness.analysis.frontier` (``attn-bench frontier`` tables them), so the figure and the table agree.
 
 One figure per model and length: ``frontier.<fmt>`` holds them all (one band of panels each, what the report shows),
@@ -63,10 +64,12 @@ def _panel(ax: Any, sub: pd.DataFrame, pal: dict[str, Any], gid: str) -> None:
             x = x * 2.0 ** (0.07 * (variants.index(method) - (len(variants) - 1) / 2))
         if kind == "prefill":  # a dynamic sparse prefill keeps the whole cache: at full's bytes, spread apart
             x = x * 2.0 ** (0.07 * (prefills.index(method) - (len(prefills) - 1) / 2))
-        if kind in ("press", "oracle"):
+        if kind in ("press", "oracle", "retrieval"):  # retrieval: dotted, it reads the question before choosing
             colour = "black" if kind == "oracle" else pal[method]
-            ax.plot(x, y, color=colour, marker="o", markersize=4, lw=2.8 if kind == "oracle" else 1.4,
-                    zorder=5 if kind == "oracle" else 3, label=method, gid=f"{gid}:{method}")
+            ax.plot(x, y, color=colour, marker="v" if kind == "retrieval" else "o", markersize=4,
+                    lw=2.8 if kind == "oracle" else 1.4, ls=":" if kind == "retrieval" else "-",
+                    zorder=5 if kind == "oracle" else 3, label=method + (" (query-aware)" if kind == "retrieval" else ""),
+                    gid=f"{gid}:{method}")
             ax.fill_between(x, g["ci_low"].to_numpy(float), g["ci_high"].to_numpy(float), color=colour, alpha=0.15,
                             lw=0, gid=f"band:{gid}:{method}")
         else:  # quantized at its bytes, a sized variant at its budget: points, not curves
@@ -104,7 +107,7 @@ def _caption(pts: pd.DataFrame) -> str:
     n = ", ".join(str(int(v)) for v in sorted(set(pts["n"])))
     return (f"examples per point: {n} (passkey: its depths pooled); bands and bars: 95 % intervals (Wilson for 0/1 "
             "outcomes, else bootstrap); black: the oracle, per head the budget's keys of highest true attention weight; "
-            "squares: variants sized to 1/8, spread a little along x")
+            "squares: variants sized to 1/8, spread a little along x; dotted: retrieval, which reads the question")
 
 
 def _slug(text: str) -> str:
