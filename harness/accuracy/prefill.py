@@ -159,7 +159,9 @@ class SharedPrefill:
         at = min(question_at, len(prompt) - 1)
         ids = press.choose(model, prompt[:at], prompt[at:], self.decode, needles)
         cache = press.prefill(model, ids, lambda: spec.new_cache(model.config))
-        self.stats[spec.label].append({**cache_columns(cache), **press.last, "context_tokens": at,
+        held = cache_columns(cache) if ids else dict.fromkeys(("kv_tokens_min", "kv_tokens_mean", "kv_tokens_max",
+                                                               "kv_cache_bytes"), 0)  # no chunk fit the budget
+        self.stats[spec.label].append({**held, **press.last, "context_tokens": at,
                                        "kv_cache": type(cache).__name__})
         return greedy.run(cache, prompt[at:], len(ids), None)
 
