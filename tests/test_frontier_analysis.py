@@ -375,3 +375,32 @@ def test_effective_length_reads_only_the_tasks_ranked_at_every_length():
     rows += grid({"snapkv": {"1/8": ones(10)}}, ones(20), eval_len=8192)
     eff = FR.effective_length(FR.points(rows)).set_index(["method", "budget"])
     assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # passkey 1.0 at 4K; RULER's 0 left out
+
+
+def retrieval_rows(retriever: str, per_budget: dict[str, list[float]]) -> list[dict]:
+    rows = []
+    for b, outcomes in per_budget.items():
+        for r in passkey_rows("retrieval", outcomes, budget=b):
+            rows.append(r | {"press_spec": f"retrieval:retriever={retriever},{r['press_spec'].split(':')[1]}",
+                             "press_params": {"retriever": retriever, "chunk": 128}, "query_aware": True})
+    return rows
+
+
+def test_retrieval_is_its_own_kind_ranked_over_the_budgets_and_drawn_dotted(tmp_path):
+    """Each retriever is a method of kind retrieval, with an AUC over the press budgets and its score at 1/8; the
+    table says it is query-aware by nature; the figure draws it as a dotted line, not a press's solid one."""
+    from harness.analysis.figures.frontier import plot_frontier
+
+    rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "snapkv": {b: ones(10) for b in BUDGETS}}, ones(20))
+    rows += retrieval_rows("bm25", {b: ones(16) for b in BUDGETS}) + retrieval_rows("dense", {"1/8": ones(4)})
+    pts = FR.points(rows)
+    assert set(pts[pts["kind"] == "retrieval"]["method"]) == {"retrieval (bm25)", "retrieval (dense)"}
+    rk = FR.ranking(pts, boot=200).set_index("method")
+    assert rk.loc["retrieval (bm25)", "auc"] == pytest.approx(0.8) and rk.loc["retrieval (bm25)", "at"] == 0.8
+    assert pd.isna(rk.loc["retrieval (dense)", "auc"]) and rk.loc["retrieval (dense)", "at"] == pytest.approx(0.2)
+    assert rk.loc["retrieval (bm25)", "gap_at"] == pytest.approx(0.2)
+    assert FR.RETRIEVAL_NOTE in FR.markdown(pts, FR.FrontierConfig(boot=200))
+    fig = plot_frontier(pd.DataFrame(rows), tmp_path, formats=("png",))
+    lines = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
+    assert lines["frontier:m:4096:passkey:retrieval (bm25)"].get_linestyle() == ":"
+    assert lines["frontier:m:4096:passkey:snapkv"].get_linestyle() == "-"
