@@ -360,7 +360,8 @@ def _retrieval_smollm2() -> CheckpointPreset:
     # 1/2 on 8K passkey only (the budgets its presses ran; about 100 s a prompt with it), 1/4-1/16 elsewhere
     pk_ruler, keys, three = ("passkey", "ruler"), ("retrieval:retriever=keys",), FRONTIER_BUDGETS[1:]
     return CheckpointPreset("smollm2-135m", (
-        _retrieval_group(8192, ("passkey",), ("niah_single_1",)), _retrieval_group(8192, ("ruler",), ("niah_single_1",), budgets=three),
+        _retrieval_group(8192, ("passkey",), FRONTIER_RULER[:1]),
+        _retrieval_group(8192, ("ruler",), FRONTIER_RULER[:1], budgets=three),
         _retrieval_group(8192, pk_ruler, ("niah_single_1",), keys, ("1/8",)),
         _retrieval_group(8192, ("ruler",), (AGGREGATION,), (*FRONTIER_PRESSES, *RETRIEVERS, *keys), ("1/8",)),
         _retrieval_group(4096, pk_ruler, FRONTIER_RULER, budgets=three),
