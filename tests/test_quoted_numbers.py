@@ -1497,18 +1497,22 @@ def frontier_markdown(file: str) -> str:
     from harness.analysis import frontier as FR
     from harness.analysis.frontier_cost import cost_lines
 
-    pts = FR.points(list(rows(file)))
+    pts = FR.points([r for f in (file, *FRONTIER_WITH.get(file, ())) for r in rows(f)])
     cost = cost_lines(list(rows(FRONTIER_COST[file])), pts, "1/8", "#####") if file in FRONTIER_COST else []
     return " ".join((FR.markdown(pts, FR.FrontierConfig(level=4)) + "\n".join(cost)).split())
 
 
 FRONTIER_COST = {FS: FC, FQ: FC}  # a section's --cost file
+# files read with a frontier file (the same prompts, its rows paired with these): retrieval's arms (issue 51)
+FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl",), FQ: ("retrieval-qwen-cpu.jsonl",)}
 
 
 @pytest.mark.parametrize("file", frontier_files())
 def test_the_frontier_tables_are_rendered_from_their_rows(file):
     """Every number of the ranking, effective-length and did-not-run tables is the command's output on the rows."""
-    assert frontier_markdown(file) in text(RESULTS), f"paste `attn-bench frontier results/{file} --heading-level 4`"
+    assert frontier_markdown(file) in text(RESULTS), (
+        f"paste `attn-bench frontier results/{file} {' '.join(f'results/{f}' for f in FRONTIER_WITH.get(file, ()))} "
+        "--heading-level 4`")
 
 
 def spans(pattern: str, body: str) -> list[tuple[int, int]]:
