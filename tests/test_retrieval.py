@@ -186,3 +186,35 @@ def test_the_budget_sizes_it_as_a_press_and_rows_call_it_query_aware():
     assert spec.ratio == 0.875 and spec.build().budget(8000) == 1000
     cols = spec.columns(False)
     assert cols["query_aware"] is True and cols["press_protocol"] == R.Retrieval.PROTOCOL
+
+
+def test_the_timing_bench_times_each_arm_alone_with_no_prefix_reused():
+    """Each prompt is answered from a fresh cache (a second prompt sharing the first's prefix pays its whole prefill):
+    the press arm's shared cache holds the whole context every time."""
+    from transformers import GenerationConfig
+
+    from harness.accuracy import bench_retrieval as B
+    from harness.accuracy.checkpoint import byte_tokens
+    from harness.accuracy.prefill import SharedPrefill
+
+    model, tokens = _tiny(), byte_tokens()
+    items = B.prompts(tokens, 600, 2)
+    assert items[0][0][:300] == items[1][0][:300]  # the haystack before the key is shared
+    row = B.time_arm(model, tokens, "retrieval:retriever=keys,compression_ratio=0.75", items)
+    assert len(row["seconds"]) == 2 and row["value"] > 0 and row["query_aware"]
+    assert row["kv_tokens_mean"] <= int(row["context_tokens"] * 0.25) and row["retrieval_seconds"] > 0
+    kept = []  # how many cached tokens each prefill started from
+    real = SharedPrefill._crop
+
+    def spy(self, context, model, record):
+        kept.append(real(self, context, model, record))
+        return kept[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SharedPrefill, "_crop", spy)
+        B.time_arm(model, tokens, "none", items)
+        assert kept == [0, 0]
+        arms = SharedPrefill([parse_press("none")])  # one cache for both: the second starts from the shared prefix
+        for prompt, at in items:
+            arms.answers(model, prompt, at, GenerationConfig(max_new_tokens=1))
+        assert kept[2] == 0 and kept[3] >= 300
