@@ -1396,6 +1396,101 @@ quote(RESULTS, "passkey prefills spent {}–{} % of their attention time choosin
                                                                          ".0f", 100))
 
 
+# -- issue 51: retrieval beside the frontier's arms (results/README.md, retrieval-*-cpu.jsonl) ------------------------
+RS, RQ, RT = "retrieval-smollm2-cpu.jsonl", "retrieval-qwen-cpu.jsonl", "retrieval-time-cpu.jsonl"
+RETRIEVED = ("bm25", "dense", "keys")
+
+
+@dataclass(frozen=True)
+class Text:
+    """Words derived from rows (the best press's name and score): ``fn()`` as it returns them."""
+
+    fn: Callable[[], str] = field(hash=False)
+
+    def render(self) -> str:
+        return self.fn()
+
+
+@cache
+def retrieval_points(file: str) -> Any:
+    """The frontier's points of a frontier file with its retrieval file (the same prompts)."""
+    from harness.analysis import frontier as FR
+
+    return FR.points([r for f in (file, *FRONTIER_WITH[file]) for r in rows(f)])
+
+
+def cell(file: str, L: int, task: str, method: str, budget: str = "1/8") -> Text:
+    """``0.70 [0.48, 0.85]``: the method's score on the task with its interval, or ``-`` where it did not run."""
+    def fn() -> str:
+        p = retrieval_points(file)
+        hit = p[(p["eval_len"] == L) & (p["task"] == task) & (p["method"] == method) & (p["status"] == "ok")
+                & (p["budget"] == ("" if method == "full" else budget))]
+        assert len(hit) <= 1, (file, L, task, method)
+        if not len(hit):
+            return "-"
+        score, lo, hi = (float(hit[c].iloc[0]) for c in ("score", "ci_low", "ci_high"))
+        return f"{score:.2f} [{lo:.2f}, {hi:.2f}]"
+    return Text(fn)
+
+
+def best(file: str, L: int, task: str, kind: str, budget: str = "1/8") -> Text:
+    """The best-scoring method of a kind on the task at the budget (ties named together), and its score."""
+    def fn() -> str:
+        p = retrieval_points(file)
+        hit = p[(p["eval_len"] == L) & (p["task"] == task) & (p["kind"] == kind) & (p["budget"] == budget)
+                & (p["status"] == "ok") & ~p["method"].str.contains("query-aware")]
+        if not len(hit):
+            return "-"
+        top = hit[hit["score"] == hit["score"].max()].sort_values("method")
+        return ", ".join(f"`{m}`" for m in top["method"]) + " " + cell(file, L, task, top["method"].iloc[0], budget).fn()
+    return Text(fn)
+
+
+def recall(file: str, L: int, retriever: str, task: str, budget: str = "1/8") -> V:
+    ratio_ = {"1/4": 0.75, "1/8": 0.875, "1/16": 0.9375}[budget]
+    return V(file, {"eval_len": L, "task": "passkey" if task == "passkey" else "ruler", "metric": METRIC_OF[task],
+                    "press_spec": f"retrieval:retriever={retriever},compression_ratio={ratio_}",
+                    **({} if task == "passkey" else {"subtask": task})}, "needle_recall", "mean", ".2f")
+
+
+METRIC_OF = {"passkey": "exact_match", "niah_single_1": "string_match", "niah_multikey_1": "string_match",
+             "fwe": "string_match"}
+
+
+def retrieval_table(file: str, L: int, tasks: tuple[str, ...]) -> None:
+    """At 1/8 of the context: full, the oracle, the best press and sized variant per task, each retriever with the
+    share of the needles its chunks kept (where the task knows them)."""
+    cols = " | ".join("{}" for _ in tasks)
+    quote(RESULTS, f"| `full` (every key) | {cols} | |", *(cell(file, L, t, "full") for t in tasks))
+    quote(RESULTS, f"| oracle | {cols} | |", *(cell(file, L, t, "oracle") for t in tasks))
+    quote(RESULTS, f"| best press | {cols} | |", *(best(file, L, t, "press") for t in tasks))
+    quote(RESULTS, f"| best sized variant | {cols} | |", *(best(file, L, t, "variant") for t in tasks))
+    needles = [t for t in tasks if t != AGGREGATION_TASK]
+    for r in RETRIEVED:
+        if not any(row.get("press_spec", "").startswith(f"retrieval:retriever={r},") for row in rows(FRONTIER_WITH[file][0])):
+            continue
+        quote(RESULTS, f"| `retrieval:retriever={r}` | {cols} | " + " / ".join("{}" for _ in needles) + " |",
+              *(cell(file, L, t, f"retrieval ({r})") for t in tasks),
+              *(recall(FRONTIER_WITH[file][0], L, r, t) for t in needles))
+
+
+AGGREGATION_TASK = "fwe"
+
+
+def gap(file: str, L: int, task: str, a: str, b: str, budget: str = "1/8") -> Text:
+    """``+0.30 [0.10, 0.50]``: method ``a``'s score minus ``b``'s on the same prompts, with the paired bootstrap's 95 %
+    interval (passkey resampled by depth), as the frontier computes its gaps."""
+    def fn() -> str:
+        from harness.analysis.paired import paired_difference
+
+        p = retrieval_points(file)
+        at = p[(p["eval_len"] == L) & (p["task"] == task) & (p["status"] == "ok")]
+        one = {m: at[(at["method"] == m) & (at["budget"] == ("" if m == "full" else budget))].iloc[0] for m in (a, b)}
+        d, lo, hi = paired_difference(one[a]["per_example"], one[b]["per_example"], clusters=[one[a]["clusters"]])
+        return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+    return Text(fn)
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("file", committed())

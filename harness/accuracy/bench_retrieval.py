@@ -65,7 +65,7 @@ def time_arm(model: Any, tokens: Any, arm: str, items: list[tuple[list[int], int
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--model", "name", default="smollm2-135m", show_default=True)
 @click.option("--length", default=8192, show_default=True)
-@click.option("--prompts", "n", default=5, show_default=True, help="Timed prompts per arm.")
+@click.option("--prompts", "n", default=3, show_default=True, help="Timed prompts per arm.")
 def main(out: Path, name: str, length: int, n: int) -> None:
     """Each arm of ARMS timed alone on the same prompts, one row each appended to OUT."""
     import torch
