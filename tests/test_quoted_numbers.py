@@ -1599,7 +1599,7 @@ def frontier_markdown(file: str) -> str:
 
 FRONTIER_COST = {FS: FC, FQ: FC}  # a section's --cost file
 # files read with a frontier file (the same prompts, its rows paired with these): retrieval's arms (issue 51)
-FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl",), FQ: ("retrieval-qwen-cpu.jsonl",)}
+FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",)}
 
 
 @pytest.mark.parametrize("file", frontier_files())

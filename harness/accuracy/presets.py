@@ -342,44 +342,46 @@ def _prefill_ruler() -> CheckpointPreset:
 
 
 # -- retrieval (attn/hf/retrieval.py) on the frontier ----------------------------------------------------------------
-# BM25 and dense retrieval at the frontier's budgets on the frontier's prompts (paired with frontier-*-cpu's rows: read
-# both files together), the model's own keys at 1/8; then, in SmolLM2 at 8K, an aggregation task (fwe: full SmolLM2
-# scores 0 on cwe there) with every press, the oracle and full beside retrieval in one run, the best-ranked sized
-# variants last. Retrieval shares no prefill: each arm prefills only what it keeps.
-RETRIEVERS = ("retrieval:retriever=bm25", "retrieval:retriever=dense")
-AGGREGATION = "fwe"
+# BM25 and dense retrieval at the frontier's budgets on its prompts (pairs with frontier-*-cpu's rows), the model's own
+# keys at 1/8; in SmolLM2 at 8K an aggregation task (fwe: full scores 0 on cwe there) with every press, the oracle, full
+# and the best sized variant beside retrieval. Each retrieval arm prefills only what it keeps: nothing is shared.
+RETRIEVERS, KEYS = ("retrieval:retriever=bm25", "retrieval:retriever=dense"), ("retrieval:retriever=keys",)
+AGGREGATION, THREE = "fwe", FRONTIER_BUDGETS[1:]
+PK_RULER = ("passkey", "ruler")
 
 
 def _retrieval_group(L: int, tasks: tuple[str, ...], ruler: tuple[str, ...], presses: tuple[str, ...] = RETRIEVERS,
-                     budgets: tuple[str, ...] = FRONTIER_BUDGETS) -> Group:
+                     budgets: tuple[str, ...] = THREE) -> Group:
     return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
                  passkey_examples=4, presses=presses, budgets=budgets)
 
 
 def _retrieval_smollm2() -> CheckpointPreset:
-    # 1/2 on 8K passkey only (the budgets its presses ran; about 100 s a prompt with it), 1/4-1/16 elsewhere
-    pk_ruler, keys, three = ("passkey", "ruler"), ("retrieval:retriever=keys",), FRONTIER_BUDGETS[1:]
+    # 1/2 on passkey only (the budgets its presses ran at 8K; about 100 s a prompt with it)
     return CheckpointPreset("smollm2-135m", (
-        _retrieval_group(8192, ("passkey",), FRONTIER_RULER[:1]),
-        _retrieval_group(8192, ("ruler",), FRONTIER_RULER[:1], budgets=three),
-        _retrieval_group(8192, pk_ruler, ("niah_single_1",), keys, ("1/8",)),
-        _retrieval_group(8192, ("ruler",), (AGGREGATION,), (*FRONTIER_PRESSES, *RETRIEVERS, *keys), ("1/8",)),
+        _retrieval_group(8192, ("passkey",), FRONTIER_RULER[:1], budgets=FRONTIER_BUDGETS),
+        _retrieval_group(8192, ("ruler",), FRONTIER_RULER[:1]), _retrieval_group(8192, PK_RULER, ("niah_single_1",),
+                                                                                 KEYS, ("1/8",)),
+        _retrieval_group(8192, ("ruler",), (AGGREGATION,), (*FRONTIER_PRESSES, *RETRIEVERS, *KEYS), ("1/8",)),
         Group(("ruler",), (), (8192,), ruler_tasks=(AGGREGATION,), examples=20, budgets=("1/8",),
               sized=("block_sparse",)),  # the sized variant ranked best at 1/8 on passkey (frontier-smollm2-cpu)
-        _retrieval_group(4096, pk_ruler, FRONTIER_RULER, budgets=three),
-        _retrieval_group(4096, pk_ruler, FRONTIER_RULER, keys, ("1/8",)),
-    ), "SmolLM2-135M: BM25 and dense retrieval at 1/4-1/16 of the context (and 1/2 on 8K passkey), the model's own keys "
-       "at 1/8, on passkey (5 depths x 4) and RULER, 8K then 4K; at 8K fwe with every press, the oracle, full and "
-       "block-sparse at 1/8 beside retrieval")
+    ), "SmolLM2-135M at 8K: BM25 and dense retrieval at 1/2-1/16 of the context on passkey (5 depths x 4), 1/4-1/16 on "
+       "RULER niah_single_1, the model's own keys at 1/8; fwe with every press, the oracle, full and block-sparse at 1/8 "
+       "beside retrieval")
+
+
+def _retrieval_smollm2_4k() -> CheckpointPreset:
+    # a file of its own, so it ran beside the 8K one once the Qwen run had finished
+    return CheckpointPreset("smollm2-135m", (
+        _retrieval_group(4096, PK_RULER, FRONTIER_RULER), _retrieval_group(4096, PK_RULER, FRONTIER_RULER, KEYS, ("1/8",)),
+    ), "SmolLM2-135M at 4K: BM25 and dense retrieval at 1/4-1/16 of the context, the model's own keys at 1/8, on "
+       "passkey (5 depths x 4), RULER niah_single_1 and niah_multikey_1")
 
 
 def _retrieval_qwen() -> CheckpointPreset:
-    pk_ruler = ("passkey", "ruler")
-    return CheckpointPreset("qwen2.5-coder-0.5b", (
-        _retrieval_group(8192, pk_ruler, ("niah_single_1",), budgets=("1/4", "1/8", "1/16")),
-        _retrieval_group(4096, pk_ruler, ("niah_single_1",), budgets=("1/4", "1/8", "1/16")),
-    ), "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 depths x 4) and RULER niah_single_1, at 1/4-1/16 "
-       "of the context, 8K then 4K")
+    return CheckpointPreset("qwen2.5-coder-0.5b", tuple(_retrieval_group(L, PK_RULER, ("niah_single_1",)) for L in (8192, 4096)),
+                            "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 depths x 4) and RULER "
+                            "niah_single_1, at 1/4-1/16 of the context, 8K then 4K")
 
 
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
@@ -389,7 +391,8 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "frontier-smollm2-cpu": _frontier_smollm2(), "frontier-qwen-cpu": _frontier_qwen(),
     "frontier-gemma3-cpu": _frontier_gemma3(), "frontier-gpu": _frontier_gpu(),
     "prefill-passkey-smollm2-cpu": _prefill_passkey(), "prefill-ruler-smollm2-cpu": _prefill_ruler(),
-    "retrieval-smollm2-cpu": _retrieval_smollm2(), "retrieval-qwen-cpu": _retrieval_qwen(),
+    "retrieval-smollm2-cpu": _retrieval_smollm2(), "retrieval-smollm2-4k-cpu": _retrieval_smollm2_4k(),
+    "retrieval-qwen-cpu": _retrieval_qwen(),
 }
 
 __all__ = ["CHECKPOINT_PRESETS", "MQAR_CONV", "MQAR_VARIANTS", "POSITIONS", "PRESETS", "RECURRENT_LENGTHGEN", "ROPE_FAMILY",
