@@ -344,6 +344,8 @@ quote(RESULTS, "Its own pattern finds {}, missing the three keys placed first (d
 # the frontier (issue 48): the 1/8 column of the ranking `attn-bench frontier` renders; a decoded token's cost
 FS, FQ, FC = "frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-cost-cpu.jsonl"
 FG, QWEN = "frontier-gemma3-cpu.jsonl", "qwen2.5-coder-0.5b"
+# files read with a frontier file (the same prompts, its rows paired with these): retrieval's arms (issue 51)
+FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",)}
 
 
 @cache
@@ -1416,7 +1418,7 @@ def retrieval_points(file: str) -> Any:
     """The frontier's points of a frontier file with its retrieval file (the same prompts)."""
     from harness.analysis import frontier as FR
 
-    return FR.points([r for f in (file, *FRONTIER_WITH[file]) for r in rows(f)])
+    return FR.points([r for f in (file, *FRONTIER_WITH[file]) if f in committed() for r in rows(f)])
 
 
 def cell(file: str, L: int, task: str, method: str, budget: str = "1/8") -> Text:
@@ -1489,6 +1491,39 @@ def gap(file: str, L: int, task: str, a: str, b: str, budget: str = "1/8") -> Te
         d, lo, hi = paired_difference(one[a]["per_example"], one[b]["per_example"], clusters=[one[a]["clusters"]])
         return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
     return Text(fn)
+
+
+def score(file: str, L: int, task: str, method: str, budget: str = "1/8", col: str = "score") -> Calc:
+    def fn() -> float:
+        p = retrieval_points(file)
+        hit = p[(p["eval_len"] == L) & (p["task"] == task) & (p["method"] == method) & (p["status"] == "ok")
+                & (p["budget"] == ("" if method in ("full", "quantized 4-bit") else budget))]
+        assert len(hit) == 1, (file, L, task, method)
+        return float(hit[col].iloc[0])
+    return Calc(fn, ".2f")
+
+
+def best_of(file: str, L: int, task: str, kind: str, budget: str = "1/8") -> Calc:
+    def fn() -> float:
+        p = retrieval_points(file)
+        return float(p[(p["eval_len"] == L) & (p["task"] == task) & (p["kind"] == kind) & (p["budget"] == budget)
+                       & ~p["method"].str.contains("query-aware")]["score"].max())
+    return Calc(fn, ".2f")
+
+
+RB, RD, RK = "retrieval (bm25)", "retrieval (dense)", "retrieval (keys)"
+retrieval_table(FS, 8192, ("passkey", "niah_single_1", AGGREGATION_TASK))
+quote(RESULTS, "BM25 minus the best press (`keydiff`) is {} on passkey and {} on `niah_single_1`, dense minus it {} and {}",
+      *(gap(FS, 8192, t, m, "keydiff") for m in (RB, RD) for t in ("passkey", "niah_single_1")))
+quote(RESULTS, "SmolLM2 at its 8K limit (full's {} and {})", score(FS, 8192, "passkey", "full"),
+      score(FS, 8192, "niah_single_1", "full"))
+quote(RESULTS, "kept the needle in {} of passkey's prompts and {} of RULER's, and scored {} and {}",
+      recall(RS, 8192, "keys", "passkey"), recall(RS, 8192, "keys", "niah_single_1"),
+      score(FS, 8192, "passkey", RK), score(FS, 8192, "niah_single_1", RK))
+quote(RESULTS, "On `fwe`, BM25 scores {} against full's {} ({} paired) and dense {}, where the best press at 1/8 scores {}, "
+      "the oracle {} and `block_sparse` {}", score(FS, 8192, "fwe", RB), score(FS, 8192, "fwe", "full"),
+      gap(FS, 8192, "fwe", RB, "full"), score(FS, 8192, "fwe", RD), best_of(FS, 8192, "fwe", "press"),
+      score(FS, 8192, "fwe", "oracle"), score(FS, 8192, "fwe", "block_sparse"))
 
 
 # -- the tests -----------------------------------------------------------------------------------------------------
@@ -1598,8 +1633,6 @@ def frontier_markdown(file: str) -> str:
 
 
 FRONTIER_COST = {FS: FC, FQ: FC}  # a section's --cost file
-# files read with a frontier file (the same prompts, its rows paired with these): retrieval's arms (issue 51)
-FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",)}
 
 
 @pytest.mark.parametrize("file", frontier_files())
