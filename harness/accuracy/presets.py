@@ -379,9 +379,11 @@ def _retrieval_smollm2_4k() -> CheckpointPreset:
 
 
 def _retrieval_qwen() -> CheckpointPreset:
-    return CheckpointPreset("qwen2.5-coder-0.5b", tuple(_retrieval_group(L, PK_RULER, ("niah_single_1",)) for L in (8192, 4096)),
-                            "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 depths x 4) and RULER "
-                            "niah_single_1, at 1/4-1/16 of the context, 8K then 4K")
+    return CheckpointPreset("qwen2.5-coder-0.5b", (
+        _retrieval_group(8192, PK_RULER, ("niah_single_1",)),
+        _retrieval_group(4096, PK_RULER, ("niah_single_1",), budgets=FRONTIER_BUDGETS)),
+        "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 depths x 4) and RULER niah_single_1, at 1/4-1/16 "
+        "of the context at 8K, then at 1/2-1/16 at 4K")
 
 
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
