@@ -344,7 +344,7 @@ def _prefill_ruler() -> CheckpointPreset:
 # -- retrieval (attn/hf/retrieval.py) on the frontier ----------------------------------------------------------------
 # BM25 and dense retrieval at the frontier's budgets on its prompts (pairs with frontier-*-cpu's rows), the model's own
 # keys at 1/8; in SmolLM2 at 8K an aggregation task (fwe: full scores 0 on cwe there) with every press, the oracle, full
-# and the best sized variant beside retrieval. Each retrieval arm prefills only what it keeps: nothing is shared.
+# and the best sized variant beside retrieval. A retrieval arm prefills only what it keeps: it shares no prefill.
 RETRIEVERS, KEYS = ("retrieval:retriever=bm25", "retrieval:retriever=dense"), ("retrieval:retriever=keys",)
 AGGREGATION, THREE = "fwe", FRONTIER_BUDGETS[1:]
 PK_RULER = ("passkey", "ruler")
@@ -357,14 +357,14 @@ def _retrieval_group(L: int, tasks: tuple[str, ...], ruler: tuple[str, ...], pre
 
 
 def _retrieval_smollm2() -> CheckpointPreset:
-    # 1/2 on passkey only (the budgets its presses ran at 8K; about 100 s a prompt with it)
+    # 1/2 on passkey only (its presses' budgets; ~100 s a prompt with it); fwe: block_sparse, best sized on passkey
     return CheckpointPreset("smollm2-135m", (
         _retrieval_group(8192, ("passkey",), FRONTIER_RULER[:1], budgets=FRONTIER_BUDGETS),
         _retrieval_group(8192, ("ruler",), FRONTIER_RULER[:1]), _retrieval_group(8192, PK_RULER, ("niah_single_1",),
                                                                                  KEYS, ("1/8",)),
         _retrieval_group(8192, ("ruler",), (AGGREGATION,), (*FRONTIER_PRESSES, *RETRIEVERS, *KEYS), ("1/8",)),
         Group(("ruler",), (), (8192,), ruler_tasks=(AGGREGATION,), examples=20, budgets=("1/8",),
-              sized=("block_sparse",)),  # the sized variant ranked best at 1/8 on passkey (frontier-smollm2-cpu)
+              sized=("block_sparse",)),
     ), "SmolLM2-135M at 8K: BM25 and dense retrieval at 1/2-1/16 of the context on passkey (5 depths x 4), 1/4-1/16 on "
        "RULER niah_single_1, the model's own keys at 1/8; fwe with every press, the oracle, full and block-sparse at 1/8 "
        "beside retrieval")
@@ -379,11 +379,10 @@ def _retrieval_smollm2_4k() -> CheckpointPreset:
 
 
 def _retrieval_qwen() -> CheckpointPreset:
-    return CheckpointPreset("qwen2.5-coder-0.5b", (
-        _retrieval_group(8192, PK_RULER, ("niah_single_1",)),
-        _retrieval_group(4096, PK_RULER, ("niah_single_1",), budgets=FRONTIER_BUDGETS)),
-        "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 depths x 4) and RULER niah_single_1, at 1/4-1/16 "
-        "of the context at 8K, then at 1/2-1/16 at 4K")
+    groups = (_retrieval_group(8192, PK_RULER, FRONTIER_RULER[:1]),
+              _retrieval_group(4096, PK_RULER, FRONTIER_RULER[:1], budgets=FRONTIER_BUDGETS))
+    return CheckpointPreset("qwen2.5-coder-0.5b", groups, "Qwen2.5-Coder-0.5B: BM25 and dense retrieval on passkey (5 "
+                            "depths x 4) and RULER niah_single_1, at 1/4-1/16 of the context at 8K, then 1/2-1/16 at 4K")
 
 
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
