@@ -86,6 +86,11 @@ def dense_scores(chunks: Sequence[str], question: str) -> list[float]:
     return (emb[1:] @ emb[0]).tolist()
 
 
+def _decoder(model: Any) -> Any:
+    """The decoder stack (:func:`attn.hf.presses.language_model`, which imports this module)."""
+    return model.model.language_model if hasattr(model.model, "language_model") else model.model
+
+
 class _Stop(Exception):
     """Raised by the first layer's hook: the rest of the model is not run."""
 
@@ -97,9 +102,8 @@ def key_scores(model: Any, ids: Sequence[int], context: int, bounds: Sequence[tu
     from transformers.models.llama.modeling_llama import rotate_half
 
     from attn.hf.layers import window_layers
-    from attn.hf.presses import language_model
 
-    lm = language_model(model)
+    lm = _decoder(model)
     windows = window_layers(model.config)
     attn = next(layer.self_attn for i, layer in enumerate(lm.layers) if i not in windows)
     got: dict[str, Any] = {}
@@ -187,12 +191,10 @@ class Retrieval:
     @torch.no_grad()
     def prefill(self, model: Any, ids: list[int], new_cache: Callable[[], Any]) -> Any:
         """The kept tokens prefilled alone into a fresh cache (their positions from 0)."""
-        from attn.hf.presses import language_model
-
         t0 = time.perf_counter()
         cache = new_cache()
         if ids:
-            language_model(model)(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache)
+            _decoder(model)(input_ids=torch.tensor([ids], device=model.device), past_key_values=cache)
         self.last["prefill_seconds"] = time.perf_counter() - t0
         return cache
 
