@@ -1421,13 +1421,19 @@ def retrieval_points(file: str) -> Any:
     return FR.points([r for f in (file, *FRONTIER_WITH[file]) if f in committed() for r in rows(f)])
 
 
+def retrieval_point(file: str, L: int, task: str, method: str, budget: str) -> Any:
+    """The ok point of one method on one task at one budget (full and quantized caches: at every token), or none."""
+    p = retrieval_points(file)
+    hit = p[(p["eval_len"] == L) & (p["task"] == task) & (p["method"] == method) & (p["status"] == "ok")
+            & (p["budget"] == ("" if method in ("full", "quantized 4-bit") else budget))]
+    assert len(hit) <= 1, (file, L, task, method)
+    return hit
+
+
 def cell(file: str, L: int, task: str, method: str, budget: str = "1/8") -> Text:
     """``0.70 [0.48, 0.85]``: the method's score on the task with its interval, or ``-`` where it did not run."""
     def fn() -> str:
-        p = retrieval_points(file)
-        hit = p[(p["eval_len"] == L) & (p["task"] == task) & (p["method"] == method) & (p["status"] == "ok")
-                & (p["budget"] == ("" if method == "full" else budget))]
-        assert len(hit) <= 1, (file, L, task, method)
+        hit = retrieval_point(file, L, task, method, budget)
         if not len(hit):
             return "-"
         score, lo, hi = (float(hit[c].iloc[0]) for c in ("score", "ci_low", "ci_high"))
@@ -1487,9 +1493,7 @@ def gap(file: str, L: int, task: str, a: str, b: str, budget: str = "1/8") -> Te
     def fn() -> str:
         from harness.analysis.paired import paired_difference
 
-        p = retrieval_points(file)
-        at = p[(p["eval_len"] == L) & (p["task"] == task) & (p["status"] == "ok")]
-        one = {m: at[(at["method"] == m) & (at["budget"] == ("" if m == "full" else budget))].iloc[0] for m in (a, b)}
+        one = {m: retrieval_point(file, L, task, m, budget).iloc[0] for m in (a, b)}
         d, lo, hi = paired_difference(one[a]["per_example"], one[b]["per_example"], clusters=[one[a]["clusters"]])
         return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
     return Text(fn)
@@ -1497,9 +1501,7 @@ def gap(file: str, L: int, task: str, a: str, b: str, budget: str = "1/8") -> Te
 
 def score(file: str, L: int, task: str, method: str, budget: str = "1/8", col: str = "score") -> Calc:
     def fn() -> float:
-        p = retrieval_points(file)
-        hit = p[(p["eval_len"] == L) & (p["task"] == task) & (p["method"] == method) & (p["status"] == "ok")
-                & (p["budget"] == ("" if method in ("full", "quantized 4-bit") else budget))]
+        hit = retrieval_point(file, L, task, method, budget)
         assert len(hit) == 1, (file, L, task, method)
         return float(hit[col].iloc[0])
     return Calc(fn, ".2f")
