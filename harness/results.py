@@ -45,8 +45,9 @@ COST_KEY_FIELDS = (
     "press", "press_params",  # None in cells without a press: rows written before presses keep their keys
     "queries", "budget_bytes",  # None in plain decode cells (one token a step, the grid's batch)
     "ragged",  # None unless a decode cell's sequences hold different contexts
+    "side",  # sweep --base: "base" (the ref's variants) or "head" (the working tree's); None in any other sweep
 )
-STATUSES = ("ok", "oom", "timeout", "error", "unsupported", "skipped")
+STATUSES = ("ok", "oom", "timeout", "error", "unsupported", "skipped", "mismatch")  # mismatch: refused by the gate
 # Accuracy metrics that are proportions, in [0, 1]: an interval over seeds is clipped to that range.
 PROPORTIONS = ("accuracy", "exact_match", "digit_accuracy", "string_match", "all_found")
 

@@ -76,6 +76,8 @@ class Cell:
     budget_bytes: int | None = None
     # decode only (op scope): each sequence's context drawn uniformly from [L(1 - r), L(1 + r)] (None: all L)
     ragged: float | None = None
+    # sweep --base: which side of the comparison measures it, "base" (REF's variants) or "head" (the working tree's)
+    side: str | None = None
 
     def contexts(self) -> list[int]:
         """Each sequence's context: ``seq_len`` for all, or with ``ragged`` r drawn uniformly from the integers in
@@ -125,7 +127,7 @@ class Cell:
         parts += ([f"T={self.queries}"] if self.queries else []) + (
             [f"budget={self.budget_bytes / 2**20:g}MiB"] if self.budget_bytes else []) + (
             [f"ragged={self.ragged:g}"] if self.ragged else [])
-        return " ".join(parts)
+        return " ".join(parts + ([f"[{self.side}]"] if self.side else []))
 
 
 def json_normal(value: Any) -> Any:
@@ -144,6 +146,8 @@ class Measured:
     state: Any = None  # decoding state (inspected by tests)
     columns: Callable[[], dict[str, Any]] | None = None  # row columns read after the timed calls (a press's kept tokens)
     bytes: int | None = None  # what one call must move to and from memory at least (the bandwidth roofline's count)
+    # the correctness gate (harness.cost.gate): the cell's own inputs, cut to a length, compared with the reference
+    gate: Callable[..., dict[str, Any]] | None = None
 
 
 # -- FLOPs ---------------------------------------------------------------------------------------

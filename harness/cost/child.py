@@ -31,8 +31,11 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
-             peaks: tuple[str, ...] = ("before", "after")) -> dict[str, Any]:
+             peaks: tuple[str, ...] = ("before", "after"), options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Measure one cell in this process; every failure becomes a status (never raises).
+
+    ``options``: ``gate`` (harness.cost.gate.GateOptions as a dict: the cell is checked against its reference before
+    anything is timed, and refused as ``mismatch``), ``profile`` (a trace path: harness.cost.profile, after timing).
 
     Order: a warm-up call on a throwaway instance (compile, autotune, lazy init), the matmul peak,
     the memory baseline, the measured instance's inputs (for decoding: the prefill, whose freed
@@ -50,6 +53,8 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
     from harness.memory import PeakMemory, release_freed_memory
 
     cell = Cell.from_row(cell_row)
+    options = options or {}
+    checked: dict[str, Any] = {}
     mem = PeakMemory(cell.device)
     cuda = cell.device.startswith("cuda")
     working_set: int | None = None  # the bytes one call moves, known once the warm-up instance is built
@@ -61,11 +66,22 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         timed = when in peaks or (cuda and when == "before")
         return flops, time_bandwidth(cell.device, working_set) if timed and working_set else None
 
+    if options.get("profile"):  # name each generated C++ kernel in the trace (set before anything compiles)
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True
     try:
         # Warm-up on a throwaway instance: compilation, autotuning and lazy initialisation
         # are timed here, and whatever they leave behind is in the baseline taken next.
         torch.manual_seed(seed)
         measured = build(cell)
+        if options.get("gate") is not None:
+            checked = gate_cell(cell, measured, options["gate"])
+            if "mismatch" in (checked["check"], checked["base_check"]):
+                return {"status": "mismatch", "error": f"not timed: {checked['check_detail']}", **checked}
+            del measured
+            torch.manual_seed(seed)  # the warm-up's instance as without the gate
+            measured = build(cell)
         warmup_s = first_call(measured.fn)
         working_set = measured.bytes
         del measured
@@ -81,6 +97,12 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         peak_mem = mem.peak()
         backend, flops, tokens, moved = measured.backend(), measured.flops, measured.tokens, measured.bytes
         columns = measured.columns() if measured.columns is not None else {}
+        if options.get("profile"):
+            from pathlib import Path
+
+            from harness.cost.profile import profile_calls
+
+            columns.update(profile_calls(measured.fn, Path(options["profile"]), cell.device, t.median_s))
         del measured
         peak_after = peak("after")
     except UnsupportedBackend as e:
@@ -96,7 +118,8 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         "status": "ok", "error": None, "backend": backend,
         "latency_ms": median * 1e3,
         "latency_iqr_ms": None if t.iqr_s is None else t.iqr_s * 1e3,
-        "repeats": t.repeats, "timing_samples": t.samples, "calls_per_sample": t.number_per_run,
+        "repeats": t.repeats, "timing_samples": t.samples,
+        "sample_ms": [x * 1e3 for x in t.per_call_s], "calls_per_sample": t.number_per_run,
         "timed_calls": t.calls, "warmup_calls": 1,
         "warmup_s": warmup_s, "compile_s": max(0.0, warmup_s - median),
         "tokens_per_s": tokens / median,
@@ -111,8 +134,18 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
         "peak_dtype": cell.dtype if peaks else None,
         "other_cpu": other_cpu(start, end), "loadavg_1m": load_average(),
         "num_threads": torch.get_num_threads(), "cpus": usable_cpus(),
-        **columns,
+        **checked, **columns,
     }
+
+
+def gate_cell(cell: Any, measured: Any, gate: dict[str, Any]) -> dict[str, Any]:
+    """The gate's columns for ``cell`` (harness.cost.gate); a scope without a gate says so and is timed."""
+    from harness.cost.gate import GateOptions
+
+    if measured.gate is None:
+        return {"check": "skipped", "check_detail": f"the gate compares the op scope's cells, not {cell.scope}'s",
+                "check_tokens": None, "base_check": None, "base_err": None}
+    return measured.gate(GateOptions(**gate))
 
 
 def claim_cuda_device(device: str, mem_limit: int | None) -> int:
@@ -175,7 +208,8 @@ def child_main(argv: list[str] | None = None) -> None:
         if not cuda and args.mem_limit and not args.no_address_space_cap:
             cap_address_space(args.mem_limit)
         if req["op"] == "cell":
-            send(run_cell(req["cell"], timing, req.get("seed", 0), tuple(req.get("peaks", ("before", "after")))))
+            send(run_cell(req["cell"], timing, req.get("seed", 0), tuple(req.get("peaks", ("before", "after"))),
+                          req.get("options")))
         elif req["op"] == "exit":
             break
 

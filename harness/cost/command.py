@@ -5,6 +5,8 @@ harness.cost.sweep and the summary tables come from harness.cost.summary.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,12 @@ from typing import Any
 import click
 
 from harness.cost.options import click_options
+from harness.cost.pinned import pinned
+from harness.cost.profile import top_table
 from harness.cost.spec import Grid, RunSettings, expand, load_spec
 from harness.cost.summary import failed_variants, summary_tables
 from harness.cost.sweep import check_executor, run_sweep
+from harness.cost.versus import speedup_table
 from harness.executors import executor_options
 
 
@@ -31,13 +36,16 @@ from harness.executors import executor_options
 @click.option("--dry-run", is_flag=True, help="Validate and list the cells; measure nothing.")
 def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Path | None, dry_run: bool, **opts: Any) -> None:
     """Measure latency, throughput, peak memory and FLOP/s across sequence lengths, each cell isolated in a worker process."""
-    from harness.plugins import load_plugins, report_plugins
+    from harness.plugins import absolute_plugins, load_plugins, report_plugins
 
     spec = load_spec(preset, config, opts)
     failed_plugins = load_plugins(spec.run.plugin, report=False)  # a bad spec's one error line names them
     check_executor(spec.run)
+    ref = check_ref(spec.run)
     cells = expand(spec, check_device_available=spec.run.executor.kind == "local")  # a login node may have no GPU
     report_plugins(failed_plugins)
+    if spec.run.base is not None:  # each cell on both sides, base then head: the machine's drift hits both
+        cells = [dataclasses.replace(c, side=side) for c in cells for side in ("base", "head")]
     if out is None and spec.run.out:
         out = Path(spec.run.out)
     if out is None:
@@ -50,14 +58,38 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
             click.echo(f"{c.label}  [{c.scope}, {c.dtype}, B={c.batch_size} H={c.num_heads}{kv} D={c.head_dim}]")
         click.echo(f"{len(cells)} cells -> {out}")
         return
-    rows = run_sweep(spec, cells, out, resume)  # checks, locks and reads out once; a second writer stops there
+    with pinned(ref, absolute_plugins(spec.run.plugin)) if ref else contextlib.nullcontext() as side:
+        spec = dataclasses.replace(spec, run=dataclasses.replace(spec.run, pinned=side))
+        rows = run_sweep(spec, cells, out, resume)  # checks, locks and reads out once; a second writer stops there
     if rows or not spec.run.executor.detach:
         click.echo(summary_tables(rows))
+    if spec.run.profile:
+        click.echo(top_table(rows))
     click.echo(f"results: {out}")
+    if spec.run.base is not None:
+        table, why = speedup_table(rows, spec.run.fail_over)
+        click.echo(table)
+        if why:
+            click.echo("\n".join(["head fails against the base: exit status 1", *why]), err=True)
+            raise click.exceptions.Exit(1)
+    refused = [r for r in rows if r.get("status") == "mismatch"]
+    if refused:
+        click.echo(f"{len(refused)} cell(s) refused by the gate (not timed): exit status 1", err=True)
+        raise click.exceptions.Exit(1)
     failed = failed_variants(rows)
     if failed:
         click.echo(f"every cell of {', '.join(failed)} failed with an error (reasons above): exit status 1", err=True)
         raise click.exceptions.Exit(1)
 
 
-__all__ = ["sweep_command"]
+def check_ref(run: RunSettings) -> str | None:
+    """The git ref whose variants are measured (--base, --at), checked against the other settings."""
+    if run.base is not None and run.at is not None:
+        raise click.UsageError("--base compares a ref with the working tree, --at measures one ref: give one of them")
+    ref = run.base or run.at
+    if ref is not None and run.executor.kind != "local":
+        raise click.UsageError("--base and --at check the ref out on this machine: use --executor local")
+    return ref
+
+
+__all__ = ["check_ref", "sweep_command"]

@@ -132,7 +132,19 @@ class RunSettings:
     plugin: tuple[str, ...] = option((), parse=strs(split=False), multiple=True,
                                      help="File or module registering extra variants. Repeatable.")
     out: str | None = option(None, parse=text)  # --out is the command's own option (a path)
+    # the kernel engineer's loop (docs/kernels.md): harness.cost.pinned, harness.cost.gate, harness.cost.versus
+    base: str | None = option(None, parse=text, help="A git ref (branch, tag, commit): each cell is measured on REF's "
+                              "variants and on the working tree's, interleaved, gated, with a speed-up table.")
+    at: str | None = option(None, parse=text, help="Measure the variants as git ref REF holds them (a row's repro).")
+    fail_over: float = option(0.1, parse=positive, type=float,
+                              help="--base: exit 1 when a cell is slower than this fraction beyond its interval (0.1).")
+    refcheck: bool = option(False, parse=boolean, flags=("--refcheck/--no-refcheck",),
+                            help="Gate each cell on its reference before timing it (always on with --base).")
+    check_tokens: int = option(1024, parse=count(1), type=int, help="Tokens the gate compares (default 1024).")
+    profile: bool = option(False, parse=boolean, flags=("--profile/--no-profile",),
+                           help="Also write a torch.profiler trace and top-operator table per cell.")
     executor: ExecutorConfig = ExecutorConfig()
+    pinned: Any = None  # harness.cost.pinned.Pinned of --base / --at, once checked out
 
     @property
     def timing(self) -> TimingConfig:

@@ -7,8 +7,9 @@ from typing import Any
 
 from harness.messages import one_line
 
-MARKS = {"oom": "OOM", "timeout": "T/O", "skipped": "skip", "unsupported": "n/a", "error": "ERR"}
-LEGEND = "OOM = out of memory, T/O = over the time limit, skip = not run after a failure, n/a = unsupported, ERR = error"
+MARKS = {"oom": "OOM", "timeout": "T/O", "skipped": "skip", "unsupported": "n/a", "error": "ERR", "mismatch": "≠ref"}
+LEGEND = ("OOM = out of memory, T/O = over the time limit, skip = not run after a failure, n/a = unsupported, "
+          "ERR = error, ≠ref = differs from the reference (refused: not timed)")
 
 
 def _fmt_len(n: int) -> str:

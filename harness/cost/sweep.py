@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import os
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -82,20 +86,44 @@ class CellMeasurer:
     each row describes where and under what load it was measured.
     """
 
-    def __init__(self, run: RunSettings, run_id: str):
+    def __init__(self, run: RunSettings, run_id: str, profiles: str | None = None):
         from harness.cost.worker import Worker, WorkerConfig
         from harness.environment import environment
 
         self.settings, self.run_id = run, run_id
         mem_bytes, host_bytes, rule = cell_memory_limits(run.device, run.mem_limit)
-        self.worker = Worker(WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
-                                          plugins=tuple(run.plugin), threads=run.threads))
+        config = WorkerConfig(run.device, mem_limit_bytes=mem_bytes, host_limit_bytes=host_bytes,
+                              plugins=tuple(run.plugin), threads=run.threads)
+        self.worker = Worker(config)
+        # --base / --at: a second worker whose import path and plugin files are the ref's (harness.cost.pinned)
+        self.pinned_worker = None if run.pinned is None else Worker(
+            dataclasses.replace(config, plugins=run.pinned.plugins, path=run.pinned.path))
+        self.gate_dir = tempfile.mkdtemp(prefix="attn-bench-gate-") if gated(run) else None
+        self.profiles = profiles  # --profile: the folder the traces go to
         self.env = environment(run.device, run.seed)
         self.extra: dict[str, Any] = {"mem_limit_bytes": mem_bytes, "host_limit_bytes": host_bytes,
                                       "host_limit_rule": rule}
         self.run_peaks: dict[str, list[float]] = {}  # dtype -> every matmul peak this host timed in the run
         # CUDA: (configuration key, matmul peak) of the chain being measured -- see peaks_for
         self._chain_peak: tuple[str, float] | None = None
+
+    def pinned(self, cell: Cell) -> bool:
+        """Whether ``cell`` runs on the ref's variants: the base side of --base, every cell of --at."""
+        return self.settings.pinned is not None and cell.side != "head"
+
+    def options(self, cell: Cell) -> dict[str, Any]:
+        """The cell's gate (the head side compares with the base's output too) and profile trace, for the worker."""
+        from harness.cost.gate import GateOptions
+
+        out: dict[str, Any] = {}
+        if self.gate_dir:
+            stem = hashlib.sha1(dataclasses.replace(cell, side=None).key().encode()).hexdigest()[:16]
+            against = f"{self.gate_dir}/{stem}-base.pt" if cell.side == "head" else None
+            out["gate"] = GateOptions(self.settings.check_tokens, f"{self.gate_dir}/{stem}-{cell.side or 'cell'}.pt",
+                                      against).as_dict()
+        if self.profiles:
+            out["profile"] = str(Path(self.profiles) / (re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell.label) + ".json"))
+        return out
 
     def peaks_for(self, cell: Cell) -> tuple[str, ...]:
         """Which matmul peaks the worker times around ``cell``: before and after it on CPU, where the
@@ -111,21 +139,26 @@ class CellMeasurer:
         s = self.settings
         peaks = self.peaks_for(cell)
         attempts, walls = [], []
+        worker, options = self.pinned_worker if self.pinned(cell) else self.worker, self.options(cell)
         for _ in range(1 + s.retries):
-            start, startup = time.monotonic(), self.worker.startup_s
-            result = self.worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit, peaks=peaks)
+            start, startup = time.monotonic(), worker.startup_s
+            result = worker.run_cell(cell.as_row(), s.timing, s.seed, s.time_limit, peaks=peaks, options=options)
             if result.get("status") == "ok":
                 result = self._with_run_median(cell, self._with_peaks(cell, result, peaks), peaks)
             result = assess(result)
-            walls.append(time.monotonic() - start - (self.worker.startup_s - startup))  # a worker's start is not the cell's
+            walls.append(time.monotonic() - start - (worker.startup_s - startup))  # a worker's start is not the cell's
             attempts.append(result)
             if not result.get("noisy"):
                 break
         # Later attempts run with compiled kernels cached: the first one's warm-up is the cell's.
         first = {k: attempts[0][k] for k in ("warmup_s", "compile_s") if k in attempts[0]}
         result = {**least_noisy(attempts), **first, "attempts": len(attempts)}
-        return {"result": result, "env": self.env, "run_id": self.run_id,
-                "extra": {**self.extra, "cell_wall_s": sum(walls), "worker_starts": self.worker.starts}}
+        env, extra = self.env, {**self.extra, "cell_wall_s": sum(walls),
+                                "worker_starts": self.worker.starts + getattr(self.pinned_worker, "starts", 0)}
+        if s.pinned is not None:  # the row's code is the ref's; the harness that measured it, this checkout's
+            extra.update(harness_commit=self.env.get("code_commit"), ref=s.pinned.ref if self.pinned(cell) else None)
+            env = {**env, "code_commit": s.pinned.commit} if self.pinned(cell) else env
+        return {"result": result, "env": env, "run_id": self.run_id, "extra": extra}
 
     def _with_run_median(self, cell: Cell, result: dict[str, Any], peaks: tuple[str, ...]) -> dict[str, Any]:
         """Give the row the median of the matmul peaks this host timed earlier in the run, in the cell's dtype
@@ -154,6 +187,15 @@ class CellMeasurer:
 
     def close(self) -> None:
         self.worker.close()
+        if self.pinned_worker is not None:
+            self.pinned_worker.close()
+        if self.gate_dir:
+            shutil.rmtree(self.gate_dir, ignore_errors=True)
+
+
+def gated(run: RunSettings) -> bool:
+    """Whether cells are checked against their reference before they are timed: --refcheck, and always with --base."""
+    return run.refcheck or run.base is not None
 
 
 def lost_cell(cell: Cell, why: str) -> dict[str, Any]:
@@ -196,9 +238,10 @@ def make_chains(cells: Sequence[Cell], failures: Failures, skip: bool) -> list[C
     if not skip:
         return [CostChain([c], skip=False) for c in cells]
     groups: dict[str, list[Cell]] = {}
-    for c in cells:
-        groups.setdefault(c.config_key(), []).append(c)
-    return [CostChain(g, {k: failures[k]} if k in failures else None, skip=True) for k, g in groups.items()]
+    for c in cells:  # a --base run's two sides of a configuration are one chain: its cells alternate as given
+        groups.setdefault(dataclasses.replace(c, side=None).config_key(), []).append(c)
+    return [CostChain(g, {k: failures[k] for k in {c.config_key() for c in g} if k in failures}, skip=True)
+            for g in groups.values()]
 
 
 def make_row(cell: Cell, result: dict[str, Any], env: dict[str, Any], run_id: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +291,7 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
     """
     from tqdm import tqdm
 
+    from harness.cost.repro import repro_command
     from harness.cost.worker import WorkerConfig
     from harness.environment import environment
     from harness.executors import Workload, job_minutes, make_executor, pending_jobs, sidecar_path
@@ -269,6 +313,7 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
                     "host_limit_bytes": None, "host_limit_rule": None, "cell_wall_s": None, "worker_starts": 0,
                     "attempts": 1, "peak_timing": None}
         todo_at_start = sum(c.key() not in done for c in cells)
+        profiles = str(out.parent.resolve() / f"{out.stem}-profiles") if run.profile else None
         with tqdm(total=todo_at_start, unit="cell", dynamic_ncols=True, file=sys.stderr, disable=not todo_at_start) as bar:
 
             def record(cell: Cell, payload: dict[str, Any]) -> None:
@@ -278,6 +323,9 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
                 done.add(key)
                 extra = {**defaults, **payload["extra"], "executor": kind}
                 row = make_row(cell, payload["result"], payload.get("env") or env, payload.get("run_id") or run_id, extra)
+                row["repro"] = repro_command(cell, run, row.get("code_commit"), row.get("num_threads"))
+                if row.get("profile_trace"):  # named from the results file's folder, which travels with it
+                    row["profile_trace"] = os.path.relpath(row["profile_trace"], out.parent)
                 rows.append(store.append(row))
                 if row["status"] not in ("ok", "skipped"):
                     bar.write(f"{cell.label}: {row['status']}: {row['error']}")
@@ -292,7 +340,7 @@ def run_sweep(spec: SweepSpec, cells: list[Cell], out: Path, resume: bool,
             chains = make_chains(todo, failure_index(rows), run.skip_after_failure)
             startup = WorkerConfig().startup_timeout_s
             work = Workload(
-                chains=chains, make_host=partial(CellMeasurer, run, run_id), key=Cell.key, lost=lost_cell,
+                chains=chains, make_host=partial(CellMeasurer, run, run_id, profiles), key=Cell.key, lost=lost_cell,
                 gpus=1 if run.device.startswith("cuda") else 0,
                 # every attempt of a cell (1 + retries), each with a worker restart and its two peak timings
                 task_timeout_s=(1 + run.retries) * (run.time_limit + 2 * startup + 120),

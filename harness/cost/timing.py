@@ -50,6 +50,7 @@ class Timing:
     samples: int  # timed blocks
     number_per_run: int  # calls per block
     calls: int  # every call time_callable made, the untimed probe of a fast call included
+    per_call_s: tuple[float, ...] = ()  # each sample's seconds per call: what a speed-up's interval resamples
 
     @property
     def repeats(self) -> int:
@@ -107,7 +108,8 @@ def time_callable(fn: Callable[[], object], config: TimingConfig = TimingConfig(
         calls += number
     m = _measurement(number, blocks)
     iqr = m.iqr if len(blocks) >= 2 else None
-    return Timing(median_s=m.median, iqr_s=iqr, samples=len(blocks), number_per_run=number, calls=calls)
+    return Timing(median_s=m.median, iqr_s=iqr, samples=len(blocks), number_per_run=number, calls=calls,
+                  per_call_s=tuple(b / number for b in blocks))
 
 
 def bare_loop(fn: Callable[[], object], calls: int) -> list[float]:

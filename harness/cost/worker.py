@@ -99,6 +99,8 @@ class WorkerConfig:
     startup_timeout_s: float = 300.0
     address_space_cap: bool = True  # CPU: RLIMIT_AS per cell; off leaves only the RSS watchdog
     threads: int | None = None  # torch.set_num_threads in the worker; None: torch's default
+    # first on the worker's import path (PYTHONPATH): a --base ref's attn package (harness.cost.pinned)
+    path: tuple[str, ...] = ()
 
 
 class Worker:
@@ -136,9 +138,12 @@ class Worker:
         if self.config.threads:
             args += ["--threads", str(self.config.threads)]
         cmd = child_command(args)
+        env = None
+        if self.config.path:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([*self.config.path, os.environ.get("PYTHONPATH", "")])}
         try:
             self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=fd, stderr=subprocess.STDOUT, pass_fds=(wfd,),
+                cmd, stdin=subprocess.PIPE, stdout=fd, stderr=subprocess.STDOUT, pass_fds=(wfd,), env=env,
                 start_new_session=True,  # its own process group: a timeout kills compile workers too
             )
         finally:
@@ -217,10 +222,11 @@ class Worker:
 
     # requests
     def run_cell(self, cell_row: dict[str, Any], timing: TimingConfig, seed: int, time_limit_s: float,
-                 peaks: tuple[str, ...] = ("before", "after")) -> dict[str, Any]:
-        """Measure one cell in the worker; ``peaks``: which matmul peaks to time around it (harness.cost.child)."""
+                 peaks: tuple[str, ...] = ("before", "after"), options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Measure one cell in the worker; ``peaks``: which matmul peaks to time around it, ``options``: its gate
+        and profile (harness.cost.child.run_cell)."""
         return self._request({"op": "cell", "cell": cell_row, "seed": seed, "timing": vars_of(timing),
-                              "peaks": list(peaks)}, time_limit_s)
+                              "peaks": list(peaks), "options": options or {}}, time_limit_s)
 
     def _request(self, msg: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 import attn
-from attn.attention.prompt_sparse import selection_columns
 from attn.attention.token_inputs import draw_inputs
 from harness.cost.capacity import batched_state, capacity_batch
 from harness.cost.cells import (
@@ -26,6 +25,7 @@ from harness.cost.cells import (
     register_scope,
     selection_flops,
 )
+from harness.cost.gate import check_decode_step, check_forward
 
 
 def op_flops(module: Any, cell: Cell) -> int:
@@ -51,6 +51,7 @@ def build_op(cell: Cell) -> Measured:
 
     q, k, v = (torch.randn(B, h, L, D, device=dev, dtype=dtype) for h in (H, Hkv, Hkv))  # (B, H|H_kv, L, D)
     inputs, documents = extra(L), cell.documents(dev)
+    gate = lambda options: check_forward(cell, q, k, v, inputs, documents, options)  # noqa: E731
     if cell.mode == "train":
         leaves = (q, k, v, *inputs.values())  # a gate's gradient is part of the step
         for t in leaves:
@@ -61,13 +62,15 @@ def build_op(cell: Cell) -> Measured:
             out = module(q, k, v, causal=cell.causal, documents=documents, **inputs)
             return torch.autograd.grad(out, leaves, grad_out)
 
-        return Measured(train_step, flops, B * L, backend, columns=columns, bytes=moved)
+        return Measured(train_step, flops, B * L, backend, columns=columns, bytes=moved, gate=gate)
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return module(q, k, v, causal=cell.causal, documents=documents, **inputs)
 
     if probe is not None:  # a dynamic prefill: its work is the pairs it chooses on these inputs (one untimed call)
+        from attn.attention.prompt_sparse import selection_columns  # here: a --base ref's attn may predate it
+
         forward()
         flops = 4 * D * module.last_pairs + chosen  # last_pairs: summed over the batch and the heads
         probe()
@@ -76,7 +79,7 @@ def build_op(cell: Cell) -> Measured:
             return {"selection_flops": chosen, "dense_flops": op_flops(module, cell) - chosen,
                     **selection_columns(probe())}
 
-    return Measured(forward, flops, B * L, backend, columns=columns, bytes=moved)
+    return Measured(forward, flops, B * L, backend, columns=columns, bytes=moved, gate=gate)
 
 
 def build_decode(cell: Cell, module: Any) -> Measured:
@@ -88,6 +91,7 @@ def build_decode(cell: Cell, module: Any) -> Measured:
     ``ragged_state``; rows carry ``contexts`` and ``state_bytes``."""
     dev, dtype = torch.device(cell.device), DTYPES[cell.dtype]
     B, H, Hkv, L, D, T = cell.batch_size, cell.num_heads, cell.kv_heads, cell.seq_len, cell.head_dim, cell.step_tokens
+    asked = cell  # the gate checks the cell as asked (a budget's batch is found below)
     extra = lambda b, n: draw_inputs(module.token_inputs, b, Hkv, n, D, device=dev, dtype=dtype)  # noqa: E731
 
     def prefill(b: int, n: int) -> Any:
@@ -131,7 +135,7 @@ def build_decode(cell: Cell, module: Any) -> Measured:
         return out
 
     return Measured(decode_step, flops, B * T, lambda: module.last_backend, state, (lambda: columns) if columns else None,
-                    moved)
+                    moved, gate=lambda options: check_decode_step(asked, options))
 
 
 def prefix_state(state: Any, length: int, prefill: Callable[[int], Any]) -> Any:
