@@ -18,7 +18,7 @@ COMMANDS = {
     "list": "harness.cli:list_command",
     "check": "harness.check:check_command",
     "sweep": "harness.cost.command:sweep_command",
-    "repro": "harness.cost.repro:repro_cli",
+    "repro": "harness.cost.command:repro_cli",
     "accuracy": "harness.accuracy.cli:accuracy_command",
     "plot": "harness.analysis.figures:plot_command",
     "report": "harness.analysis.report:report_command",

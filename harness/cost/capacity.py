@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from attn.attention.ragged import stacked
-
 
 def capacity_batch(budget_bytes: int, state_bytes: int) -> int:
     """The most sequences whose states of ``state_bytes`` each fit in ``budget_bytes``; 0 when not even one does."""
@@ -24,6 +22,8 @@ def batched_state(state: Any, batch: int) -> Any:
     """A copy of a one-sequence decoding state with every per-sequence tensor repeated to ``batch`` sequences, in new
     memory (attn.attention.ragged.stacked of the state ``batch`` times): positions, scalars and configs shared, a
     one-step undo dropped."""
+    from attn.attention.ragged import stacked  # here: a --base ref's attn may predate it (harness.cost.pinned)
+
     return stacked([state] * batch)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,57 @@ def sweep_command(out: Path | None, resume: bool, preset: str | None, config: Pa
         raise click.exceptions.Exit(1)
 
 
+def _rows(target: str, run_id: str | None) -> list[tuple[Path, int, dict[str, Any]]]:
+    from harness.results import numbered_rows
+
+    file, _, line = target.rpartition(":") if ":" in target and target.rsplit(":", 1)[1].isdigit() else (target, "", "")
+    path = Path(file)
+    if not path.is_file():
+        raise click.UsageError(f"{file}: no such results file")
+    if not line and run_id is None:
+        raise click.UsageError("name a row: FILE:LINE, or FILE --run-id ID")
+    rows = [(path, n, r) for n, r in numbered_rows(path)
+            if (str(n) == line if line else r.get("run_id") == run_id) and "status" in r and "task" not in r]
+    if not rows:
+        raise click.UsageError(f"{target}: no cost row" + (f" of run {run_id}" if run_id else " at that line"))
+    missing = [n for _, n, r in rows if not r.get("repro")]
+    if missing:
+        raise click.UsageError(f"{file}: line {missing[0]} has no repro command (written before rows carried one)")
+    return rows
+
+
+def _latency(row: dict[str, Any]) -> str:
+    if row.get("status") != "ok":
+        return f"{row.get('status')} ({row.get('error')})"
+    iqr = row.get("latency_iqr_ms")
+    return f"{row['latency_ms']:.4g} ms" + (f" (IQR {iqr:.2g})" if iqr is not None else "")
+
+
+@click.command("repro")
+@click.argument("target")
+@click.option("--run-id", help="Every cost row of this run in FILE, instead of one line.")
+@click.option("--dry-run", is_flag=True, help="Print the commands; run nothing.")
+def repro_cli(target: str, run_id: str | None, dry_run: bool) -> None:
+    """Measure a recorded cost row again (TARGET: FILE:LINE) with the command it carries; print both measurements."""
+    from harness.results import read_rows
+
+    rows = _rows(target, run_id)
+    for path, line, row in rows:
+        click.echo(f"{path}:{line}: {row['repro']}")
+        if dry_run:
+            continue
+        with tempfile.TemporaryDirectory(prefix="attn-bench-repro-") as tmp:
+            out = Path(tmp) / "repro.jsonl"
+            sweep_command.main(shlex.split(row["repro"])[2:] + ["--out", str(out)], standalone_mode=False)
+            new = read_rows(out)[-1]
+        click.echo(f"  recorded: {_latency(row)} on {row.get('device_name')} at {row.get('code_commit')}")
+        click.echo(f"  now:      {_latency(new)} on {new.get('device_name')} at {new.get('code_commit')}")
+        if row.get("status") == new.get("status") == "ok":
+            click.echo(f"  now / recorded: {new['latency_ms'] / row['latency_ms']:.3f}"
+                       + ("" if new.get("device_name") == row.get("device_name") else
+                          " (another machine: compare ratios measured in one run, not times)"))
+
+
 def check_ref(run: RunSettings) -> str | None:
     """The git ref whose variants are measured (--base, --at), checked against the other settings."""
     if run.base is not None and run.at is not None:
@@ -92,4 +145,4 @@ def check_ref(run: RunSettings) -> str | None:
     return ref
 
 
-__all__ = ["check_ref", "sweep_command"]
+__all__ = ["check_ref", "repro_cli", "sweep_command"]

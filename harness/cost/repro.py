@@ -1,17 +1,13 @@
 """A reproducer on every cost row: ``repro`` holds the one ``attn-bench sweep`` command that measures that cell alone
 (the exact variant spec with every parameter and the backend, shape, dtype, mode, threads, seed, timing, plugins
 and, where the row's code was committed, ``--at COMMIT``: the variants as that commit holds them). ``attn-bench repro
-FILE:LINE`` (or ``FILE --run-id ID``) runs it and prints the new measurement beside the recorded one -- FlashInfer's
-``--generate_repro_command``, run for you.
+FILE:LINE`` (or ``FILE --run-id ID``: harness.cost.command) runs it and prints the new measurement beside the
+recorded one -- FlashInfer's ``--generate_repro_command``, run for you.
 """
 from __future__ import annotations
 
 import shlex
-import tempfile
-from pathlib import Path
 from typing import Any
-
-import click
 
 from harness.cost.cells import Cell
 
@@ -64,56 +60,4 @@ def repro_command(cell: Cell, run: Any, commit: str | None, threads: int | None 
     return shlex.join(["attn-bench", "sweep", *args])
 
 
-def _rows(target: str, run_id: str | None) -> list[tuple[Path, int, dict[str, Any]]]:
-    from harness.results import numbered_rows
-
-    file, _, line = target.rpartition(":") if ":" in target and target.rsplit(":", 1)[1].isdigit() else (target, "", "")
-    path = Path(file)
-    if not path.is_file():
-        raise click.UsageError(f"{file}: no such results file")
-    if not line and run_id is None:
-        raise click.UsageError("name a row: FILE:LINE, or FILE --run-id ID")
-    rows = [(path, n, r) for n, r in numbered_rows(path)
-            if (str(n) == line if line else r.get("run_id") == run_id) and "status" in r and "task" not in r]
-    if not rows:
-        raise click.UsageError(f"{target}: no cost row" + (f" of run {run_id}" if run_id else " at that line"))
-    missing = [n for _, n, r in rows if not r.get("repro")]
-    if missing:
-        raise click.UsageError(f"{file}: line {missing[0]} has no repro command (written before rows carried one)")
-    return rows
-
-
-def _latency(row: dict[str, Any]) -> str:
-    if row.get("status") != "ok":
-        return f"{row.get('status')} ({row.get('error')})"
-    iqr = row.get("latency_iqr_ms")
-    return f"{row['latency_ms']:.4g} ms" + (f" (IQR {iqr:.2g})" if iqr is not None else "")
-
-
-@click.command("repro")
-@click.argument("target")
-@click.option("--run-id", help="Every cost row of this run in FILE, instead of one line.")
-@click.option("--dry-run", is_flag=True, help="Print the commands; run nothing.")
-def repro_cli(target: str, run_id: str | None, dry_run: bool) -> None:
-    """Measure a recorded cost row again (TARGET: FILE:LINE) with the command it carries; print both measurements."""
-    from harness.cost.command import sweep_command
-    from harness.results import read_rows
-
-    rows = _rows(target, run_id)
-    for path, line, row in rows:
-        click.echo(f"{path}:{line}: {row['repro']}")
-        if dry_run:
-            continue
-        with tempfile.TemporaryDirectory(prefix="attn-bench-repro-") as tmp:
-            out = Path(tmp) / "repro.jsonl"
-            sweep_command.main(shlex.split(row["repro"])[2:] + ["--out", str(out)], standalone_mode=False)
-            new = read_rows(out)[-1]
-        click.echo(f"  recorded: {_latency(row)} on {row.get('device_name')} at {row.get('code_commit')}")
-        click.echo(f"  now:      {_latency(new)} on {new.get('device_name')} at {new.get('code_commit')}")
-        if row.get("status") == new.get("status") == "ok":
-            click.echo(f"  now / recorded: {new['latency_ms'] / row['latency_ms']:.3f}"
-                       + ("" if new.get("device_name") == row.get("device_name") else
-                          " (another machine: compare ratios measured in one run, not times)"))
-
-
-__all__ = ["repro_cli", "repro_command", "spec_text", "spec_value"]
+__all__ = ["repro_command", "spec_text", "spec_value"]
