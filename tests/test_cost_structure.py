@@ -85,7 +85,7 @@ class _FakeWorker:
     startup_s, starts = 0.0, 1
     oom_from = 10**9
 
-    def run_cell(self, row, timing, seed, time_limit_s, peaks):
+    def run_cell(self, row, timing, seed, time_limit_s, peaks, options=None):
         if row["seq_len"] >= self.oom_from:
             return {"status": "oom", "error": "MemoryError"}
         return {"status": "ok", "error": None, "latency_ms": 1.0, "achieved_flops_per_s": 1e9, "cpus": 2,
@@ -96,8 +96,8 @@ class _FakeWorker:
 
 
 class _FakeMeasurer(sweep.CellMeasurer):
-    def __init__(self, run, run_id):
-        super().__init__(run, run_id)
+    def __init__(self, run, run_id, profiles=None):
+        super().__init__(run, run_id, profiles)
         self.worker.close()
         self.worker = _FakeWorker()
 

@@ -481,7 +481,7 @@ class _FakeWorker:
     def __init__(self):
         self.asked: list[tuple[str, ...]] = []
 
-    def run_cell(self, row, timing, seed, time_limit_s, peaks):
+    def run_cell(self, row, timing, seed, time_limit_s, peaks, options=None):
         self.asked.append(peaks)
         peak = 4e14 + len(self.asked)  # a new value each time: which cell timed it shows
         return {"status": "ok", "latency_ms": 1.0, "achieved_flops_per_s": 1e14, "peak_dtype": row["dtype"],

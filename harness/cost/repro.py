@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from harness.cost.cells import Cell
+from harness.cost.cells import SCOPES, Cell
 
 
 def spec_value(value: Any) -> str:
@@ -38,9 +38,9 @@ def repro_command(cell: Cell, run: Any, commit: str | None, threads: int | None 
              "--heads", str(cell.num_heads), "--head-dim", str(cell.head_dim), "--dtype", cell.dtype]
     optional = [("--kv-heads", cell.num_kv_heads), ("--docs", cell.docs), ("--queries-per-step", cell.queries),
                 ("--budget", cell.budget_bytes), ("--ragged", cell.ragged), ("--press", cell.press_spec),
-                ("--layers", cell.layers), ("--hf-config", cell.hf_config if cell.scope == "hf" else None)]
+                ("--layers", cell.layers), ("--hf-config", cell.hf_config)]
     args += [str(a) for flag, value in optional if value is not None for a in (flag, value)]
-    if cell.scope == "model":
+    if not SCOPES[cell.scope].positions_from_config and cell.position != "none":
         args += ["--position", spec_text(cell.position, cell.position_params)]
     if not cell.causal:
         args.append("--bidirectional")
