@@ -204,6 +204,9 @@ def prepare_cost(df: pd.DataFrame) -> pd.DataFrame:
     if "press_spec" in df:  # a KV press (scope hf): its own series
         df["variant_label"] = [lab if not isinstance(p, str) else f"{lab} + {p}"
                                for lab, p in zip(df["variant_label"], df["press_spec"], strict=True)]
+    if "side" in df:  # sweep --base: the ref's and the working tree's variant are two series
+        df["variant_label"] = [lab if not isinstance(s, str) else f"{lab} ({s})"
+                               for lab, s in zip(df["variant_label"], df["side"], strict=True)]
     name = df["device_name"] if "device_name" in df else pd.Series([None] * len(df), index=df.index)
     cap = df["cpu_capability"] if "cpu_capability" in df else pd.Series(None, index=df.index, dtype=object)
     df["device_key"] = [machine_label(n, d, c) for n, d, c in zip(name, df["device"], cap, strict=True)]
