@@ -1575,6 +1575,82 @@ if RT in committed():
           V(RT, {"press_spec": KY}, "retrieval_seconds", "one", ".2f"))
 
 
+# -- the kernel engineer's loop: sweep --base against the commit before linear's rebuild, and one profile -----------
+
+KB, KP, CSR = "base-linear-chunked-cpu.jsonl", "profile-sliding-window-cpu.jsonl", "cpu-speed-roofline-cpu.jsonl"
+SWF, SWB, FULL_SDPA = f"{SW},backend=flex", f"{SW},backend=blocked", "full:backend=sdpa"
+BS128, BS64 = ("block_sparse:block_size=128,local_blocks=3,global_blocks=0,backend=flex",
+               "block_sparse:block_size=64,local_blocks=5,global_blocks=0,backend=flex")
+
+
+def base_speedups() -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    from harness.cost.versus import pairs, speedups
+
+    return speedups(pairs(list(rows(KB))))
+
+
+def implied(length: int) -> float:
+    """linear's chunked forward in the two committed files of the cpu-speed grid: before its rebuild / after."""
+    at = {"variant": "linear", "backend": "chunked", "mode": "forward", "seq_len": length}
+    return V(CS, at, "latency_ms").number() / V(CSR, at, "latency_ms").number()
+
+
+def profiled(spec: str) -> dict[str, Any]:
+    (row,) = V(KP, {"variant_spec": spec}, "latency_ms").matching()
+    return row
+
+
+def share(spec: str, op: str) -> Calc:
+    return Calc(lambda: 100 * next(t["share"] for t in profiled(spec)["profile_top"] if t["op"].startswith(op)))
+
+
+def ns_per_pair(spec: str) -> float:
+    """Nanoseconds per (query, key) pair the variant's FLOP count holds (4 x head_dim FLOPs a pair, every head)."""
+    row = profiled(spec)
+    return row["latency_ms"] * 1e6 / (row["flops"] / (4 * row["head_dim"]))
+
+
+if KB in committed():
+    cells_kb, means_kb = base_speedups()
+    for c in cells_kb:
+        n = int(c["label"].rsplit("L=", 1)[1])
+        quote(RESULTS, f"| {n // 1024}K | {{}} ms | {{}} ms | {{}}x [{{}}, {{}}] | {c['check']} |",
+              V(KB, {"side": "base", "seq_len": n}, "latency_ms", "one", ".1f"),
+              V(KB, {"side": "head", "seq_len": n}, "latency_ms", "one", ".1f"),
+              *(Calc(lambda c=c, k=k: c[k], ".2f") for k in ("speedup", "low", "high")))
+    (mean_kb,) = means_kb.values()
+    quote(RESULTS, "geometric mean over the three lengths {}x [{}, {}]",
+          *(Calc(lambda k=k: mean_kb[k], ".2f") for k in ("geomean", "low", "high")))
+    peaked = {"row": lambda r: bool(r.get("peak_flops_per_s"))}
+    quote(RESULTS, "matmul peaks differ ({}–{} against {}–{} GFLOP/s in their sections)",
+          *(V(f, peaked, "peak_flops_per_s", agg, ".0f", 1e-9) for f in (CS, CSR) for agg in ("min", "max")))
+    quote(RESULTS, "imply {}x, {}x and {}x (geometric mean {}x)",
+          *(Calc(lambda n=n: implied(n), ".2f") for n in (4096, 16384, 65536)),
+          Calc(lambda: math.exp(statistics.mean(math.log(implied(n)) for n in (4096, 16384, 65536))), ".2f"))
+    quote(RESULTS, "`linear` reaches {} of the matmul peak at 64K and {} at 16K",
+          V(KB, {"side": "head", "seq_len": 65536}, "peak_fraction"), V(KB, {"side": "head", "seq_len": 16384}, "peak_fraction"))
+
+if KP in committed():
+    quote(RESULTS, "`sliding_window`'s Flex forward at 16K takes {} ms, {} of the matmul peak; {}% of its profiled "
+          "self time is one generated C++ kernel",
+          V(KP, {"variant_spec": SWF}, "latency_ms", "one", ".0f"), V(KP, {"variant_spec": SWF}, "peak_fraction"),
+          share(SWF, "graph_0_kernel"))
+    quote(RESULTS, "{} ns per pair the window keeps, against {} ns for `full`'s SDPA kernel in the same run ({} of the "
+          "peak)", Calc(lambda: ns_per_pair(SWF), ".2f"), Calc(lambda: ns_per_pair(FULL_SDPA), ".2f"),
+          V(KP, {"variant_spec": FULL_SDPA}, "peak_fraction"))
+    quote(RESULTS, "64 key tiles (`block_sparse`, five local blocks of 64: 320 keys a query) take {} ms, {} of the peak; "
+          "three tiles of 128 with one partial instead of two take {} ms",
+          V(KP, {"variant_spec": BS64}, "latency_ms", "one", ".0f"), V(KP, {"variant_spec": BS64}, "peak_fraction"),
+          V(KP, {"variant_spec": BS128}, "latency_ms", "one", ".0f"))
+    quote(RESULTS, "The `blocked` backend ({} ms) spends {}% in ATen's flash kernel and {}% in `fill_` and {}% in "
+          "`copy_`", V(KP, {"variant_spec": SWB}, "latency_ms", "one", ".0f"),
+          share(SWB, "aten::_scaled_dot_product_flash"), share(SWB, "aten::fill_"), share(SWB, "aten::copy_"))
+    band_ms = lambda: ns_per_pair(FULL_SDPA) * profiled(SWF)["seq_len"] * 384 * profiled(SWF)["num_heads"] / 1e6  # noqa: E731
+    quote(RESULTS, "at `full`'s cost per pair the window's tiles would take about {} ms, {} of the matmul peak counted "
+          "on the window's own pairs", Calc(band_ms, ".0f"),
+          Calc(lambda: profiled(SWF)["peak_fraction"] * profiled(SWF)["latency_ms"] / band_ms(), ".2f"))
+
+
 # -- the tests -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("file", committed())
