@@ -160,7 +160,7 @@ OTHER = {
     "position_params": {"rope_theta": 500000.0}, "scope": "op", "mode": "decode", "device": "cuda", "dtype": "bfloat16",
     "batch_size": 2, "num_heads": 4, "num_kv_heads": 1, "head_dim": 32, "seq_len": 2048, "causal": False, "layers": 4,
     "hf_config": "smollm2-135m", "docs": 4, "press": "snapkv", "press_params": {"compression_ratio": 0.5}, "queries": 4,
-    "budget_bytes": 2**30, "ragged": "lognormal",
+    "budget_bytes": 2**30, "ragged": "lognormal", "side": "head",
 }
 
 

@@ -228,12 +228,15 @@ def load_run(argv: list[str]):
     return load_spec(None, None, _opts(argv)).run
 
 
-def test_repro_refuses_a_row_without_a_command_in_one_line(tmp_path):
+def test_repro_refuses_a_row_without_a_command_in_one_line(tmp_path, capsys):
+    from harness.cli import main
+
     old = tmp_path / "old.jsonl"
     old.write_text(json.dumps({"variant": "full", "status": "ok", "mode": "forward", "device": "cpu"}) + "\n")
     for target in (f"{old}:1", f"{old}:2", f"{tmp_path}/none.jsonl:1", str(old)):
-        done = subprocess.run([sys.executable, "-m", "harness.cli", "repro", target], capture_output=True, text=True)
-        assert done.returncode == 2 and done.stderr.count("\n") == 1, (target, done.stderr)
+        assert main(["repro", target]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("attn-bench: error:"), (target, err)
 
 
 # -- the table and its verdict ----------------------------------------------------------------------------------
