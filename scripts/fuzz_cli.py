@@ -1,4 +1,4 @@
-"""Throw bad invocations at all six subcommands and count how each ended.
+"""Throw bad invocations at the subcommands and count how each ended.
 
     python scripts/fuzz_cli.py [--jobs 2] [--filter TEXT] [--show]
 
@@ -84,7 +84,9 @@ def cases() -> list[Case]:
         ["--out", "notes.txt"], ["--out", "existing_file/o.jsonl"], ["--out", "a_dir"],
         ["--out", "nonobj.jsonl", "--resume"], ["--out", "binary.bin", "--resume"], ["--out", "notes.txt", "--resume"],
         ["--resume"], ["--executor", "nope"], ["--executor", "slurm"], ["--plugin", "missing.py", "--variant", "mine"],
-        ["--threads", "0"], ["--threads", "x"],
+        ["--threads", "0"], ["--threads", "x"], ["--base", "no-such-ref-xyz"], ["--at", "no-such-ref-xyz"],
+        ["--base", "HEAD", "--at", "HEAD"], ["--base", "HEAD", "--executor", "slurm"], ["--check-tokens", "0"],
+        ["--fail-over", "-1"],
     ]
     out: list[Case] = []
     for extra in sweep:
@@ -140,6 +142,9 @@ def cases() -> list[Case]:
         ["--variant", "nope"], ["--variant", "sliding_window:window=0"], ["--variant", "full:foo=1"],
         ["--variant", long_name], ["--plugin", "missing.py"], ["--plugin", "plugin_syntax.py"],
         ["--plugin", "plugin_notattn.py"], ["--device", "cuda"], ["--device", "tpu"], ["--bogus"])]
+    out += [Case(("repro", f"{f}:1")) for f in inputs]
+    out += [Case(("repro",)), Case(("repro", "badlatency.jsonl")), Case(("repro", "badlatency.jsonl", "--run-id", "r")),
+            Case(("repro", "badlatency.jsonl:x"))]
     return out
 
 
