@@ -56,6 +56,19 @@ def test_a_change_to_the_code_a_row_names_makes_its_file_stale(repo):
         assert f.status == "stale" and f.commit == first and [c.split(" ", 1)[1] for c in f.changed] == ["the flex backend"]
 
 
+def test_a_base_comparison_is_as_fresh_as_its_head_rows(repo):
+    """``sweep --base``: the base rows hold the ref's older commit on purpose; the head's say when the file was made."""
+    old = commit(repo, {"attn/attention/sliding_window.py": "a = 1\n"}, "old kernel", "2026-12-01T10:00:00+00:00")
+    new = commit(repo, {"attn/attention/sliding_window.py": "a = 2\n"}, "new kernel", "2026-12-02T10:00:00+00:00")
+    both = repo / "base.jsonl"
+    both.write_text("".join(json.dumps({**ROW, "side": side, "code_commit": c}) + "\n"
+                            for side, c in (("base", old), ("head", new))))
+    assert freshness(both, repo).status == "fresh" and freshness(both, repo).commit == new
+    only_ref = repo / "at.jsonl"  # sweep --at OLD: the variants as that commit held them
+    only_ref.write_text(json.dumps({**ROW, "code_commit": old, "ref": old}) + "\n")
+    assert freshness(only_ref, repo).status == "stale"
+
+
 def test_no_commit_known_is_unknown_not_fresh(repo, tmp_path):
     commit(repo, {"attn/attention/sliding_window.py": "a = 1\n"}, "first", "2026-12-01T10:00:00+00:00")
     early = repo / "early.jsonl"  # measured before the first commit: no producing commit in this history

@@ -72,8 +72,10 @@ def named_code(rows: Iterable[dict[str, Any]], root: Path = ROOT) -> tuple[str, 
 
 
 def produced_at(rows: Sequence[dict[str, Any]], root: Path = ROOT) -> tuple[str | None, bool]:
-    """(commit, inferred): the rows' ``code_commit``, else the last commit before the first row's timestamp."""
-    recorded = next((r["code_commit"] for r in rows if isinstance(r.get("code_commit"), str)), None)
+    """(commit, inferred): the rows' ``code_commit``, else the last commit before the first row's timestamp. A
+    ``sweep --base`` file's base rows hold the ref's commit on purpose: its head rows say when it was produced."""
+    recorded = next((r["code_commit"] for r in rows if isinstance(r.get("code_commit"), str) and r.get("side") != "base"),
+                    None)
     if recorded:
         full = git("rev-parse", "--verify", "--quiet", f"{recorded.removesuffix('-dirty')}^{{commit}}", root=root)
         return full, False
