@@ -20,7 +20,7 @@ from harness.cost.versus import pairs, speedup_table, speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PLUGIN = '''"""A plain attention whose fast backend a test breaks on the working tree."""
+PLUGIN = '''"""Two plain attentions whose fast backends a test breaks on the working tree: one wrong, one slow."""
 import math
 import time
 from dataclasses import dataclass
@@ -54,8 +54,16 @@ class Planted(Attention):
         return attend(q, k, v, causal)
 
     def backend_fast(self, q, k, v, causal):
-        return attend(q, k, v, causal)  # HEAD
+        return attend(q, k, v, causal)  # WRONG ON HEAD
+
+
+@attn.register_attention("slowed", config=PlantedConfig)
+class Slowed(Planted):
+    def backend_fast(self, q, k, v, causal):
+        return attend(q, k, v, causal)  # SLOW ON HEAD
 '''
+HEAD = PLUGIN.replace("attend(q, k, v, causal)  # WRONG ON HEAD", "attend(q, k, v, causal, drop_last=True)").replace(
+    "        return attend(q, k, v, causal)  # SLOW ON HEAD", "        time.sleep(0.01)\n        return attend(q, k, v, causal)")
 
 FAST = "--min-run-time 0.05 --max-run-time 0.2 --retries 0 --lengths 64 --heads 2 --head-dim 16 --threads 1".split()
 
@@ -64,10 +72,9 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-@pytest.fixture
-def plugin_repo(tmp_path: Path) -> Path:
-    """A git repository holding the plugin, committed and tagged ``good``: the base every test compares with."""
-    repo = tmp_path / "kernels"
+def plugin_repo(root: Path) -> Path:
+    """A git repository holding the plugin, committed and tagged ``good``: the base the tests compare with."""
+    repo = root / "kernels"
     repo.mkdir()
     git(repo, "init", "-q")
     (repo / "planted.py").write_text(PLUGIN)
@@ -78,8 +85,7 @@ def plugin_repo(tmp_path: Path) -> Path:
 
 
 def sweep(repo: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
-    argv = ["sweep", "--plugin", str(repo / "planted.py"), "--variant", "planted:backend=fast", *FAST, "--out", str(out),
-            *more]
+    argv = ["sweep", "--plugin", str(repo / "planted.py"), *FAST, "--out", str(out), *more]
     return subprocess.run([sys.executable, "-m", "harness.cli", *argv], cwd=repo, capture_output=True, text=True,
                           timeout=600)
 
@@ -88,46 +94,53 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_wrong_kernel_on_the_head_is_refused_untimed_and_its_base_row_reproduces(plugin_repo, tmp_path):
-    plugin = plugin_repo / "planted.py"
-    plugin.write_text(PLUGIN.replace("attend(q, k, v, causal)  # HEAD", "attend(q, k, v, causal, drop_last=True)"))
-    out = tmp_path / "wrong.jsonl"
-    done = sweep(plugin_repo, out, "--base", "good")
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """One ``--base good`` sweep of both variants, their head side broken: (the run, its results file, the repo)."""
+    root = tmp_path_factory.mktemp("loop")
+    repo = plugin_repo(root)
+    (repo / "planted.py").write_text(HEAD)
+    out = root / "compared.jsonl"
+    return sweep(repo, out, "--variant", "planted:backend=fast", "--variant", "slowed:backend=fast", "--base", "good"), \
+        out, repo
+
+
+def sides(out: Path, variant: str) -> dict[str, dict]:
+    return {r["side"]: r for r in rows(out) if r["variant"] == variant}
+
+
+def test_a_wrong_kernel_on_the_head_is_refused_untimed_and_its_base_row_reproduces(compared, tmp_path):
+    done, out, repo = compared
     assert done.returncode == 1, done.stderr
-    by_side = {r["side"]: r for r in rows(out)}
-    head, base = by_side["head"], by_side["base"]
+    head, base = sides(out, "planted")["head"], sides(out, "planted")["base"]
     assert head["status"] == "mismatch" and head["check"] == "mismatch" and "output off by" in head["check_detail"]
     assert head["latency_ms"] is None and not head.get("sample_ms")  # never timed
     assert base["status"] == "ok" and base["check"] == "ok" and base["latency_ms"] > 0
-    assert base["code_commit"] == git(plugin_repo, "rev-parse", "good") and base["ref"] == "good"
-    assert "refused by the gate" in done.stderr
-    assert git(plugin_repo, "worktree", "list").count("\n") == 0  # the base's worktree is gone
+    assert base["code_commit"] == git(repo, "rev-parse", "good") and base["ref"] == "good"
+    assert "planted:backend=fast forward L=64: head refused by the gate" in done.stderr
+    assert git(repo, "worktree", "list").count("\n") == 0  # the base's worktree is gone
     # the base row's reproducer measures the good kernel at its commit, wherever the working tree stands
     assert f"--at {base['code_commit']}" in base["repro"]
-    line = 1 + [r["side"] for r in rows(out)].index("base")
+    line = 1 + [(r["variant"], r["side"]) for r in rows(out)].index(("planted", "base"))
     again = subprocess.run([sys.executable, "-m", "harness.cli", "repro", f"{out}:{line}"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert "recorded:" in again.stdout and "now / recorded:" in again.stdout
 
 
-def test_a_slower_head_fails_the_comparison(plugin_repo, tmp_path):
-    (plugin_repo / "planted.py").write_text(PLUGIN.replace("        return attend(q, k, v, causal)  # HEAD",
-                                                           "        time.sleep(0.01)\n"
-                                                           "        return attend(q, k, v, causal)"))
-    out = tmp_path / "slow.jsonl"
-    done = sweep(plugin_repo, out, "--base", "good")
+def test_a_slower_head_fails_the_comparison(compared):
+    done, out, _ = compared
     assert done.returncode == 1, done.stderr
-    assert "head is" in done.stderr and "the base's time" in done.stderr
-    table = [line for line in done.stdout.splitlines() if line.startswith("planted:backend=fast forward L=64")]
-    assert len(table) == 1 and "ok" in table[0]
-    head = next(r for r in rows(out) if r["side"] == "head")
+    assert "slowed:backend=fast forward L=64: head is" in done.stderr and "the base's time" in done.stderr
+    table = [line for line in done.stdout.splitlines() if line.startswith("slowed:backend=fast forward L=64")]
+    assert len(table) == 1 and table[0].rstrip().endswith("ok")
+    head = sides(out, "slowed")["head"]
     assert head["status"] == "ok" and head["base_check"] == "ok"  # right but slow: gated, timed, and failed
 
 
-def test_an_unknown_ref_is_one_line_and_exit_2(plugin_repo, tmp_path):
+def test_an_unknown_ref_is_one_line_and_exit_2(tmp_path):
     out = tmp_path / "none.jsonl"
-    done = sweep(plugin_repo, out, "--base", "no-such-ref")
+    done = sweep(plugin_repo(tmp_path), out, "--variant", "planted:backend=fast", "--base", "no-such-ref")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no-such-ref" in done.stderr
     assert not out.exists()
 
