@@ -108,7 +108,7 @@ def cases() -> list[Case]:
         ["--task", "mqar", "--out", "notes.txt"], ["--task", "mqar", "--out", "existing_file/a.jsonl"],
         ["--task", "mqar", "--out", "binary.bin", "--resume"], ["--task", "mqar", "--out", "nonobj.jsonl", "--resume"],
         ["--task", "mqar", "--ckpt-dir", "existing_file"], ["--task", "passkey", "--depths", "2"],
-        ["--task", "passkey", "--digits", "0"], ["--task", "mqar", "--num-pairs", "0"],
+        ["--task", "passkey", "--digits", "0"], ["--task", "mqar", "--num-pairs", "-1"],
         ["--task", "lm", "--corpus", "missing_dir"], ["--task", "lm", "--corpus", "binary.bin"],
         ["--task", "fidelity", "--base-task", "nope"], ["--task", "mqar", "--variant", "sliding_window:window=0"],
         ["--task", "mqar", "--threads", "0"], ["--task", "mqar", "--variant", long_name],
