@@ -180,6 +180,21 @@ def test_the_gate_passes_a_right_backend_and_refuses_it_off_by_one(variant, para
     assert refused["check"] == "mismatch" and refused["check_tokens"] == 200
 
 
+@pytest.mark.parametrize("variant,backend,mode", [
+    ("gla", "chunked", "train"),  # token inputs (gates) cut with the keys, their gradients compared
+    ("nsa", "gathered", "forward"), ("moba", "gathered", "decode"), ("quest", "gathered", "decode"),
+    ("full", "sdpa", "decode"), ("mamba2", "chunked", "decode"),
+])
+def test_the_gate_passes_each_kind_of_built_in_on_the_cells_own_path(variant, backend, mode):
+    """No false refusals: token inputs, selection, a dense-prefill decode, a KV cache, a recurrent state, with GQA."""
+    from harness.cost.cells import build
+
+    cell = op_cell(variant, {}, backend, mode, num_kv_heads=2)
+    torch.manual_seed(0)
+    checked = build(cell).gate(GateOptions(tokens=200))
+    assert checked["check"] == "ok", checked["check_detail"]
+
+
 def test_the_gate_compares_the_head_with_the_base_output(tmp_path):
     cell = op_cell("sliding_window", {"window": 40}, "blocked")
     q, k, v = inputs(cell)
