@@ -4,8 +4,8 @@ gradients) against the same variant's ``reference`` backend, at the tolerance ``
 differs is recorded ``mismatch`` and never timed -- FlashInfer's ``--refcheck``, fla's ``verify.py``.
 
 The reference is dense and runs in fp64, so the gate takes the first ``tokens`` tokens of the cell's inputs (1024 by
-default): a causal prefix is a problem of its own whose outputs are the first rows of the whole call's, and every
-block, chunk and window boundary of the built-in backends falls inside it. A decoding cell prefills that many
+default): a prefix is a problem of its own (causal, its outputs are the first rows of the whole call's), and the
+block, chunk and window boundaries of the built-in backends' default layouts fall inside it. A decoding cell prefills that many
 tokens of its shape into the variant's own state, takes one step of its new tokens and compares them with the
 reference's bottom rows over every key. In a ``--base`` run each side saves its output; the side measured second
 (head) compares its own with the base's on the same inputs and dtype, at the same tolerance.
