@@ -68,6 +68,19 @@ def test_worker_started_in_a_planted_directory_ignores_it(version, tmp_path, mon
     assert not marker.exists()
 
 
+def test_a_worker_on_a_refs_import_path_ignores_the_planted_directory_too(tmp_path, monkeypatch):
+    """sweep --base / --at: the ref's folder goes first on PYTHONPATH, and nothing else comes with it (an empty entry
+    would be the current directory)."""
+    marker = plant(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "ref").mkdir()
+    with Worker(WorkerConfig(path=(str(tmp_path / "ref"),))) as w:
+        w.start()
+        assert w.proc.poll() is None
+    assert not marker.exists()
+
+
 def test_child_command_keeps_the_current_directory_off_the_path():
     assert child_command(["--fd", "3"], (3, 11))[1:4] == ["-P", "-m", "harness.cost.worker"]
     fallback = child_command(["--fd", "3"], (3, 10))

@@ -139,8 +139,9 @@ class Worker:
             args += ["--threads", str(self.config.threads)]
         cmd = child_command(args)
         env = None
-        if self.config.path:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([*self.config.path, os.environ.get("PYTHONPATH", "")])}
+        if self.config.path:  # no empty entry: one would put the current directory back on the path
+            inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([*self.config.path, *inherited])}
         try:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=fd, stderr=subprocess.STDOUT, pass_fds=(wfd,), env=env,
