@@ -79,9 +79,6 @@ def run_cell(cell_row: dict[str, Any], timing: TimingConfig, seed: int,
             checked = gate_cell(cell, measured, options["gate"])
             if "mismatch" in (checked["check"], checked["base_check"]):
                 return {"status": "mismatch", "error": f"not timed: {checked['check_detail']}", **checked}
-            del measured
-            torch.manual_seed(seed)  # the warm-up's instance as without the gate
-            measured = build(cell)
         warmup_s = first_call(measured.fn)
         working_set = measured.bytes
         del measured

@@ -85,6 +85,8 @@ def check_forward(cell: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         raise  # the cell cannot run here: unsupported, as without the gate
     except Exception as e:  # noqa: BLE001 -- a backend that raises on the gate's inputs is refused, with why
         found = [f"raised {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
+    # the output and the reference's own error once more, for the other side: a ref's attn.checks (the base side's)
+    # has only ``mismatches``, which returns neither
     with torch.no_grad():
         out = with_documents(fast)(qn, kn, vn, causal=cell.causal, **extra)
         low = with_documents(ref)(qn, kn, vn, causal=cell.causal, **extra)

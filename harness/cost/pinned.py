@@ -28,6 +28,11 @@ class Pinned:
     plugins: tuple[str, ...] = ()
 
 
+def on_ref(pinned: Pinned | None, side: str | None) -> bool:
+    """Whether a cell of ``side`` runs on the ref's variants: the base side of --base, every cell of --at."""
+    return pinned is not None and side != "head"
+
+
 def _git(repo: Path, *args: str) -> str | None:
     try:
         done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=120)
@@ -101,4 +106,4 @@ def pinned(ref: str, plugins: tuple[str, ...] = ()) -> Iterator[Pinned]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["Pinned", "attn_repository", "commit_of", "pinned", "repository"]
+__all__ = ["Pinned", "attn_repository", "commit_of", "on_ref", "pinned", "repository"]

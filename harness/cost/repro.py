@@ -10,6 +10,7 @@ import shlex
 from typing import Any
 
 from harness.cost.cells import SCOPES, Cell
+from harness.cost.pinned import on_ref
 
 
 def spec_value(value: Any) -> str:
@@ -54,7 +55,7 @@ def repro_command(cell: Cell, run: Any, commit: str | None, threads: int | None 
         args += ["--plugin", p]
     if run.refcheck or run.base is not None:
         args += ["--refcheck", "--check-tokens", str(run.check_tokens)]
-    at = run.pinned.commit if run.pinned is not None and cell.side != "head" else commit
+    at = run.pinned.commit if on_ref(run.pinned, cell.side) else commit
     if at and not at.endswith("-dirty"):  # a dirty checkout's code was never committed: no commit reproduces it
         args += ["--at", at]
     return shlex.join(["attn-bench", "sweep", *args])

@@ -27,6 +27,7 @@ import click
 
 from harness.cost.cells import KEY_FIELDS, Cell
 from harness.cost.noise import assess, least_noisy
+from harness.cost.pinned import on_ref
 from harness.cost.spec import RunSettings, SweepSpec
 from harness.memory import cell_memory_limits
 from harness.plugins import absolute_plugins
@@ -108,8 +109,7 @@ class CellMeasurer:
         self._chain_peak: tuple[str, float] | None = None
 
     def pinned(self, cell: Cell) -> bool:
-        """Whether ``cell`` runs on the ref's variants: the base side of --base, every cell of --at."""
-        return self.settings.pinned is not None and cell.side != "head"
+        return on_ref(self.settings.pinned, cell.side)
 
     def options(self, cell: Cell) -> dict[str, Any]:
         """The cell's gate (the head side compares with the base's output too) and profile trace, for the worker."""

@@ -6,17 +6,17 @@ interval (the interval's upper end below 1 / (1 + fail_over)).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from harness.results import COST_KEY_FIELDS
+from harness.results import COST_KEY_FIELDS, cell_key
 
 RESAMPLES = 2000
 LEVEL = 0.95
+BOTH_SIDES = tuple(f for f in COST_KEY_FIELDS if f != "side")  # a cell's identity on either side
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,7 @@ def pairs(rows: Sequence[dict[str, Any]]) -> list[Pair]:
     sides: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         if r.get("side") in ("base", "head"):
-            key = json.dumps({k: r.get(k) for k in COST_KEY_FIELDS if k != "side"}, sort_keys=True, default=str)
-            sides.setdefault(key, {})[r["side"]] = r
+            sides.setdefault(cell_key(r, BOTH_SIDES), {})[r["side"]] = r
     out = []
     for both in sides.values():
         if len(both) == 2:
