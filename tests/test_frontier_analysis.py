@@ -129,65 +129,112 @@ def test_a_task_full_fails_is_marked_and_left_out_of_the_ranking():
     pts = FR.points(good + hard)
     marked = pts[pts["below_half"]]
     assert set(marked["task"]) == {"niah_multikey_1"} and not pts[pts["task"] == "passkey"]["below_half"].any()
-    rk = FR.ranking(pts, boot=200).set_index("method")
+    rk = FR.ranking(pts).set_index("method")
     assert rk.loc["snapkv", "auc"] == pytest.approx(0.5)  # passkey alone
     assert rk.loc["oracle", "auc"] == pytest.approx(1.0)
-    assert "niah_multikey_1 (full 0.30, n 20)" in FR.markdown(pts, FR.FrontierConfig(boot=200))
+    assert "niah_multikey_1 (full 0.30, n 20)" in FR.markdown(pts, FR.FrontierConfig())
 
 
 def test_auc_of_a_method_equal_to_full_at_every_budget_is_full_score():
     full = ones(14)
     rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "tova": {b: full for b in BUDGETS},
                  "knorm": {"1/2": full, "1/4": ones(12), "1/8": ones(8), "1/16": ones(2)}}, full, task="niah_single_1")
-    rk = FR.ranking(FR.points(rows), boot=300).set_index("method")
+    rk = FR.ranking(FR.points(rows)).set_index("method")
     assert rk.loc["tova", "auc"] == pytest.approx(0.7) and rk.loc["full", "auc"] == pytest.approx(0.7)
     assert rk.loc["tova", "auc_lo"] < 0.7 < rk.loc["tova", "auc_hi"]
     # knorm: trapezoid over log2 budgets (-4..-1): (0.1+0.4)/2 + (0.4+0.6)/2 + (0.6+0.7)/2 over a range of 3
     assert rk.loc["knorm", "auc"] == pytest.approx(((0.1 + 0.4) / 2 + (0.4 + 0.6) / 2 + (0.6 + 0.7) / 2) / 3)
     assert rk.loc["tova", "gap"] == pytest.approx(0.3) and rk.loc["tova", "gap_lo"] > 0
-    order = list(FR.ranking(FR.points(rows), boot=300)["method"])
+    order = list(FR.ranking(FR.points(rows))["method"])
     assert order.index("oracle") < order.index("tova") < order.index("knorm")
 
 
 def test_sized_variants_appear_at_one_eighth_with_no_auc():
     rows = grid({"oracle": {b: ones(20) for b in BUDGETS}}, ones(20))
     rows += [variant_row("moba:block_size=64,topk=8", ones(2, 4), depth=d) for d in DEPTHS]
-    rk = FR.ranking(FR.points(rows), boot=200).set_index("method")
+    rk = FR.ranking(FR.points(rows)).set_index("method")
     assert pd.isna(rk.loc["moba", "auc"]) and rk.loc["moba", "at"] == pytest.approx(0.5)
     # five haystacks (depths), each half found: Wilson on five draws, wider than on twenty examples
     assert (rk.loc["moba", "at_lo"], rk.loc["moba", "at_hi"]) == pytest.approx(paired.wilson(2.5, 5))
     assert rk.loc["moba", "at_lo"] < harness_wilson(10, 20)[0]
-    assert rk.loc["moba", "gap_at"] == pytest.approx(0.5) and rk.loc["moba", "gap_at_lo"] > 0
+    assert rk.loc["moba", "gap_at"] == pytest.approx(0.5) and rk.loc["moba", "gap_at_lo"] < 0  # five draws: unresolved
 
 
-# -- the paired bootstrap ------------------------------------------------------------------------------
+# -- intervals and tests that count draws ---------------------------------------------------------------
 
-def test_paired_bootstrap_covers_the_truth_and_is_narrower_than_unpaired_on_correlated_data():
-    rng = np.random.default_rng(1)
-    hard = rng.normal(0, 1, 400)  # each prompt's difficulty, shared by both arms
-    a, b = hard + 0.3 + rng.normal(0, 0.2, 400), hard + rng.normal(0, 0.2, 400)
-    d, lo, hi = paired.paired_difference(a, b, boot=2000, seed=0)
-    assert lo < 0.3 < hi and d == pytest.approx(np.mean(a - b))
-    # unpaired: each arm resampled on its own
-    r = np.random.default_rng(0)
-    unpaired = [a[r.integers(0, 400, 400)].mean() - b[r.integers(0, 400, 400)].mean() for _ in range(2000)]
-    u_lo, u_hi = np.percentile(unpaired, [2.5, 97.5])
-    assert (hi - lo) < 0.5 * (u_hi - u_lo)
-    assert paired.paired_difference(a, b, boot=500, seed=3) == paired.paired_difference(a, b, boot=500, seed=3)
+def test_the_pooled_interval_counts_kish_effective_draws():
+    """Passkey's 5 haystacks beside two RULER tasks of 20: 45 draws, which the equal-weight mean counts as 30 (and
+    passkey's 5 beside one RULER task: 16), Wilson's interval at that count; never zero width, even at 1.0."""
+    score, lo, hi, n = paired.interval([np.ones(20), np.ones(20), np.ones(20)], [(4,) * 5, (1,) * 20, (1,) * 20])
+    assert n == pytest.approx(30.0) and score == 1.0 and (lo, hi) == pytest.approx(paired.wilson(30, 30)) and lo < 1
+    assert paired.interval([np.ones(20), np.ones(20)], [(4,) * 5, (1,) * 20])[3] == pytest.approx(16.0)
+    assert paired.interval([np.zeros(20)])[2] > 0  # a floor keeps its width too
 
 
-def test_paired_difference_over_tasks_weights_tasks_equally_and_rejects_unpaired_arms():
-    d, _, _ = paired.paired_difference([np.ones(4), np.zeros(20)], [np.zeros(4), np.zeros(20)], boot=100)
-    assert d == pytest.approx(0.5)  # not 4 / 24
+def test_the_paired_test_is_the_exact_sign_test_on_binary_draws_and_counts_haystacks_once():
+    from scipy.stats import binomtest
+
+    a = np.array([1.0] * 12 + [0.0] * 8)
+    b = np.array([1.0] * 3 + [0.0] * 17)  # a ahead on 9 draws, never behind
+    t = paired.paired_test(a, b)
+    assert (t["a_ahead"], t["b_ahead"], t["test"]) == (9, 0, "exact sign test")
+    assert t["p"] == pytest.approx(binomtest(9, 9).pvalue)
+    lost = np.array([1.0] * 4 + [0.0] * 4 + [1.0] * 12)  # one haystack (four keys) lost: one discordant draw
+    one = paired.paired_test(np.ones(20), lost, [(4,) * 5])
+    assert (one["a_ahead"], one["draws"], one["p"]) == (1, 5, 1.0)
+    assert paired.paired_test(np.ones(20), lost)["p"] == pytest.approx(binomtest(4, 4).pvalue)  # one by one: 4 draws
+
+
+def test_the_sign_flip_test_on_unequal_weights_is_exact():
+    """Pooled tasks weigh their draws unequally: the null distribution is counted, and equals brute force."""
+    import itertools
+
+    d = np.array([0.25, 0.5, 1.0, -1.0, 0.25, 0.75, 0.5]) / 15
+    p, how = paired.sign_flip_p(d)
+    brute = np.mean([abs(np.dot(s, np.abs(d))) >= abs(d.sum()) - 1e-12 for s in itertools.product((1, -1), repeat=7)])
+    assert how == "exact sign-flip" and p == pytest.approx(brute)
+
+
+def test_newcombe_interval_never_collapses_and_holds_the_difference():
+    same = np.array([1.0, 0.0] * 10)
+    d, lo, hi = paired.paired_difference(same, same)
+    assert d == 0 and lo < 0 < hi  # two arms agreeing on every draw still leave room for a difference
+    d, lo, hi = paired.paired_difference(np.ones(20), np.zeros(20))
+    assert d == 1 and 0 < lo < 1 and hi == 1.0
+    d, _, _ = paired.paired_difference([np.ones(4), np.zeros(20)], [np.zeros(4), np.zeros(20)])
+    assert d == pytest.approx(0.5)  # the tasks weighted alike, not 4 / 24
     with pytest.raises(ValueError, match="same examples"):
-        paired.paired_difference(np.ones(4), np.ones(5), boot=10)
+        paired.paired_difference(np.ones(4), np.ones(5))
+
+
+def test_holm_adjusts_step_down():
+    assert paired.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_claims_say_resolved_not_resolved_and_ties_from_the_rows():
+    from harness.analysis import claims as C
+
+    rows = grid({"oracle": {"1/8": ones(20)}, "keydiff": {"1/8": ones(20)}, "tova": {"1/8": ones(2)},
+                 "knorm": {"1/8": ones(20)}}, ones(20), task="niah_single_1")
+    pts = FR.points(rows)
+    got = {frozenset((c.a, c.b)): c for c in C.pairwise(pts)}
+    assert len(got) == 10  # every pair of the five methods, Holm over ten
+    tie = got[frozenset(("oracle", "keydiff"))]
+    assert tie.verdict == "tie at ceiling" and "untestable" in tie.sentence()
+    win = got[frozenset(("keydiff", "tova"))]
+    assert (win.a, win.verdict, win.a_ahead, win.b_ahead) == ("keydiff", "above", 18, 0)
+    assert win.sentence().startswith("`keydiff` keeps more than `tova` (1.00 vs 0.10") and "Holm over 10" in win.sentence()
+    few = C.pairwise(FR.points(grid({"oracle": {"1/8": ones(20)}, "tova": {"1/8": ones(17)}}, ones(20),
+                                    task="niah_single_1")))
+    assert all(c.verdict == "not resolved" for c in few if {c.a, c.b} == {"oracle", "tova"})
+    assert "not resolved" in FR.markdown(FR.points(rows))
 
 
 def test_the_gap_at_a_budget_needs_the_oracle_there_only():
     """A task run at 1/8 alone (RULER at 8K) leaves no AUC, and still the gap to the oracle at 1/8."""
     rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "snapkv": {b: ones(10) for b in BUDGETS}}, ones(20))
     rows += grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": ones(10)}}, ones(20), task="niah_single_1")
-    rk = FR.ranking(FR.points(rows), boot=200).set_index("method")
+    rk = FR.ranking(FR.points(rows)).set_index("method")
     assert pd.isna(rk.loc["snapkv", "auc"]) and rk.loc["snapkv", "gap_at"] == pytest.approx(0.5)
 
 
@@ -199,9 +246,8 @@ def test_passkey_resamples_whole_depths_and_ruler_single_examples():
     assert pt["clusters"] == (4,) * 5 and (pt["ci_low"], pt["ci_high"]) == pytest.approx(paired.wilson(4, 5))
     top = FR.points(passkey_rows("none", ones(20))).iloc[0]
     assert top["ci_low"] == pytest.approx(harness_wilson(5, 5)[0])  # a perfect score keeps its interval
-    d, lo, _ = paired.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0, clusters=[(4,) * 5])
-    assert d == pytest.approx(0.2) and lo == 0.0  # a resample without that depth shows no difference
-    assert paired.paired_difference(np.ones(20), np.asarray(lost), boot=2000, seed=0)[1] > 0  # one by one: "significant"
+    d, lo, _ = paired.paired_difference(np.ones(20), np.asarray(lost), clusters=[(4,) * 5])
+    assert d == pytest.approx(0.2) and lo < 0  # five haystacks, one lost: no difference shown
     ruler = FR.points([ruler_row("none", lost)]).iloc[0]
     assert ruler["clusters"] == (1,) * 20 and (ruler["ci_low"], ruler["ci_high"]) == pytest.approx(harness_wilson(16, 20))
 
@@ -217,17 +263,21 @@ def test_effective_length_is_the_longest_length_keeping_85_percent_of_full():
     assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # 0.9 >= 0.85 at 4K, 0.5 < 0.85 at 8K
     assert eff.loc[("oracle", "1/8"), "effective_len"] == 8192
     assert pd.isna(eff.loc[("tova", "1/8"), "effective_len"])
-    text = FR.markdown(FR.points(rows), FR.FrontierConfig(boot=100))
+    text = FR.markdown(FR.points(rows), FR.FrontierConfig())
     assert "| method | 1/8 |\n|---|---|\n" in text and "| tova | < 4096 |" in text and "| oracle | 8192 |" in text
 
 
-def test_beats_oracle_only_beyond_the_paired_interval():
-    rows = grid({"oracle": {"1/8": ones(4)}, "streaming_llm": {"1/8": ones(20)}, "tova": {"1/8": ones(6)}}, ones(20))
-    found = FR.beats_oracle(FR.points(rows), boot=500)
-    assert [(f["method"], f["budget"], f["task"]) for f in found] == [("streaming_llm", "1/8", "passkey")]
-    assert found[0]["difference"] == pytest.approx(0.8) and found[0]["lo"] > 0
-    text = FR.markdown(FR.points(rows), FR.FrontierConfig(boot=200))
-    assert "streaming_llm at 1/8 on passkey" in text and FR.ORACLE_NOTE in text
+def test_above_the_oracle_is_every_kind_tested_with_holm():
+    rows = grid({"oracle": {"1/8": ones(4)}, "streaming_llm": {"1/8": ones(20)}, "tova": {"1/8": ones(6)}}, ones(20),
+                task="niah_single_1")
+    rows += [r | {"press_spec": "retrieval:retriever=bm25,compression_ratio=0.875", "press_params": {"retriever": "bm25"}}
+             for r in grid({"retrieval": {"1/8": ones(19)}}, ones(20), task="niah_single_1") if r["press"] == "retrieval"]
+    found = FR.against_oracle(FR.points(rows)).set_index("method")
+    assert set(found.index) == {"streaming_llm", "tova", "retrieval (bm25)"}  # retrieval is tested too
+    assert found.loc["streaming_llm", "diff"] == pytest.approx(0.8) and found.loc["streaming_llm", "p_adj"] < 0.05
+    text = FR.markdown(FR.points(rows))
+    assert "Above the oracle at its budget (3 of the 3 cells" in text and "- streaming_llm at 1/8 on niah_single_1" in text
+    assert FR.ORACLE_NOTE in text
 
 
 def test_did_not_run_is_listed_and_kept_out_of_the_numbers():
@@ -235,11 +285,11 @@ def test_did_not_run_is_listed_and_kept_out_of_the_numbers():
     rows += [press_row("keydiff", [], depth=d, budget="1/8", status="unsupported",
                        error="UnsupportedBackend: keydiff\nneeds a GPU") for d in DEPTHS]
     pts = FR.points(rows)
-    assert "keydiff" not in set(FR.ranking(pts, boot=100)["method"])
+    assert "keydiff" not in set(FR.ranking(pts)["method"])
     assert "- keydiff at 1/8 on passkey: unsupported: UnsupportedBackend: keydiff needs a GPU" in FR.markdown(
-        pts, FR.FrontierConfig(boot=100))
+        pts, FR.FrontierConfig())
     only_failures = FR.points(rows[-5:])  # nothing ran: still a summary saying so
-    assert "- keydiff at 1/8 on passkey: unsupported" in FR.markdown(only_failures, FR.FrontierConfig(boot=100))
+    assert "- keydiff at 1/8 on passkey: unsupported" in FR.markdown(only_failures, FR.FrontierConfig())
 
 
 def test_markdown_is_deterministic():
@@ -395,11 +445,11 @@ def test_retrieval_is_its_own_kind_ranked_over_the_budgets_and_drawn_dotted(tmp_
     rows += retrieval_rows("bm25", {b: ones(16) for b in BUDGETS}) + retrieval_rows("dense", {"1/8": ones(4)})
     pts = FR.points(rows)
     assert set(pts[pts["kind"] == "retrieval"]["method"]) == {"retrieval (bm25)", "retrieval (dense)"}
-    rk = FR.ranking(pts, boot=200).set_index("method")
+    rk = FR.ranking(pts).set_index("method")
     assert rk.loc["retrieval (bm25)", "auc"] == pytest.approx(0.8) and rk.loc["retrieval (bm25)", "at"] == 0.8
     assert pd.isna(rk.loc["retrieval (dense)", "auc"]) and rk.loc["retrieval (dense)", "at"] == pytest.approx(0.2)
     assert rk.loc["retrieval (bm25)", "gap_at"] == pytest.approx(0.2)
-    assert FR.RETRIEVAL_NOTE in FR.markdown(pts, FR.FrontierConfig(boot=200))
+    assert FR.RETRIEVAL_NOTE in FR.markdown(pts, FR.FrontierConfig())
     fig = plot_frontier(pd.DataFrame(rows), tmp_path, formats=("png",))
     lines = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
     assert lines["frontier:m:4096:passkey:retrieval (bm25)"].get_linestyle() == ":"

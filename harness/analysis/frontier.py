@@ -2,10 +2,10 @@
 effective lengths and a markdown summary (``attn-bench frontier``).
 
 A point is one task's score for one method at one budget (passkey's depths pooled into one cell). Every arm answers
-the same prompts, so every comparison is paired: one bootstrap resample of each task's examples serves every method.
-A task full scores below 0.5 on is not ranked: a budget cannot lose what the model never had. Intervals
-(harness.analysis.paired): passkey's examples resampled by depth (its keys at one depth share a haystack), RULER's one
-by one.
+the same prompts, so every comparison is paired, and counts independent draws (:mod:`harness.analysis.paired`): a row
+says how many it holds (``draws``); older passkey rows, whose keys at one depth share a haystack, are one draw a depth.
+A task full scores below 0.5 on is not ranked: a budget cannot lose what the model never had. The comparisons the
+documents state are :mod:`harness.analysis.claims`'.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from harness.analysis.paired import interval, paired_difference, percentile_ci, resample_indices
+from harness.analysis.paired import ALPHA, holm, interval, paired_difference, paired_test
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
 
@@ -30,9 +30,9 @@ MIN_EXAMPLES = 20  # a cell on fewer (a run stopped inside it) is shown, not ran
 
 @dataclass(frozen=True)
 class FrontierConfig:
-    """What the summary rests on: resamples and seed (deterministic), the budget tabled alone, the floors."""
+    """What the summary rests on: the seed of the Monte Carlo tests (deterministic), the budget tabled alone, the
+    floors."""
 
-    boot: int = 2000
     seed: int = 0
     at: str = "1/8"  # the budget the sized variants run at
     floor: float = 0.5  # full below this on a task: the task is not ranked
@@ -87,6 +87,17 @@ def _depth(row: dict[str, Any]) -> float:
     return _num(row.get("depth"), -1.0)  # NaN is no dictionary key: RULER rows have no depth
 
 
+def _clusters(row: dict[str, Any]) -> tuple[int, ...]:
+    """The sizes of a row's independent draws, in its examples' order: from its ``draws`` (equal clusters), else a
+    passkey row is one haystack (the keys of one depth shared it before rows said so) and a RULER row's examples are
+    one draw each."""
+    n = len(row["per_example"])
+    k = row.get("draws")
+    if isinstance(k, int) and not isinstance(k, bool) and k > 0 and n % k == 0:
+        return (n // k,) * k
+    return (n,) if row.get("task") == "passkey" else (1,) * n
+
+
 def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
     """One task's rows of one arm (passkey: one per depth) -> its pooled examples, or why it did not run."""
     cell = sorted(cell, key=_depth)
@@ -99,11 +110,11 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
                          "arms by example")
     ex = np.concatenate([np.asarray(r["per_example"], dtype=float) for r in cell])
     key = tuple((_depth(r), len(r["per_example"])) for r in cell)
-    clusters = tuple(n for _, n in key) if cell[0].get("task") == "passkey" else (1,) * len(ex)
+    clusters = tuple(c for r in cell for c in _clusters(r))
     kv = [_num(r.get("kv_bytes")) for r in cell if _num(r.get("kv_bytes")) == _num(r.get("kv_bytes"))]
-    score, lo, hi = interval([ex], clusters=[clusters])
+    score, lo, hi, _ = interval([ex], clusters=[clusters])
     return {"status": "ok", "error": None, "per_example": ex, "examples": key, "clusters": clusters, "n": len(ex),
-            "score": score,
+            "draws": len(clusters), "score": score,
             "ci_low": lo, "ci_high": hi, "binary": bool(np.isin(ex, (0.0, 1.0)).all()),
             "kv_bytes": float(np.mean(kv)) if kv else float("nan")}
 
@@ -136,13 +147,15 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
 
 # -- points -> numbers ---------------------------------------------------------------------------------
 
-def _auc(curve: list[list[np.ndarray]], x: np.ndarray, draws: Sequence[np.ndarray] | None = None) -> np.ndarray:
-    """Trapezoid area of score over log2(budget) divided by the range, the mean over tasks; per resample with draws."""
-    ys = [np.stack([a[i].mean(axis=-1) if i is not None else np.asarray(a.mean()) for a in row], axis=-1)
-          for row, i in zip(curve, draws if draws is not None else [None] * len(curve), strict=True)]
+def _auc(curve: list[list[np.ndarray]], x: np.ndarray) -> list[np.ndarray]:
+    """Per task, each example's trapezoid area of its score over log2(budget), divided by the range (one budget: its
+    score there): the AUC is linear in the scores, so the method's AUC is the equal-weight mean of these, an example's
+    value in [0, 1], and its interval and tests are a score's."""
     if len(x) == 1:
-        return np.mean([y[..., 0] for y in ys], axis=0)
-    return np.mean([((y[..., 1:] + y[..., :-1]) / 2 * np.diff(x)).sum(axis=-1) / (x[-1] - x[0]) for y in ys], axis=0)
+        return [row[0] for row in curve]
+    dx = np.diff(x) / (x[-1] - x[0])
+    c = np.concatenate([[dx[0] / 2], (dx[:-1] + dx[1:]) / 2, [dx[-1] / 2]])  # trapezoid weight of each budget
+    return [np.tensordot(c, np.stack(row), axes=1) for row in curve]
 
 
 def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
@@ -157,41 +170,41 @@ def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
     ex = {(r.method, r.task, r.budget): r.per_example for r in g.itertuples() if ref.get(r.task) == r.examples}
     budgets = sorted(set(g[g["kind"].isin(["press", "oracle"])]["budget"]) - {""}, key=lambda t: float(Fraction(t)))
     x = np.log2([float(Fraction(b)) for b in budgets])
-    draws = resample_indices(cl, cfg.boot, cfg.seed)
     curves = {m: [[ex.get((m, t, "" if m == "full" else b)) for b in budgets] for t in tasks] for m in set(g["method"])}
-    whole = {m: c for m, c in curves.items() if budgets and all(a is not None for row in c for a in row)}
+    whole = {m: _auc(c, x) for m, c in curves.items() if budgets and all(a is not None for row in c for a in row)}
     oracle = whole.get("oracle")
     out = []
     for method, kind in sorted(set(zip(g["method"], g["kind"], strict=True))):
         rec: dict[str, Any] = {"model": g["model"].iloc[0], "eval_len": g["eval_len"].iloc[0], "method": method,
-                               "kind": kind}
+                               "kind": kind, "tasks": len(tasks), "n": sum(len(ex[("full", t, "")]) for t in tasks),
+                               "draws": sum(len(c) for c in cl)}
         if method in whole:
-            m_boot, rec["auc"] = _auc(whole[method], x, draws), float(_auc(whole[method], x))
-            rec["auc_lo"], rec["auc_hi"] = percentile_ci(m_boot)
+            rec["auc"], rec["auc_lo"], rec["auc_hi"], rec["n_eff"] = interval(whole[method], cl)
             if oracle:
-                rec["gap"] = float(_auc(oracle, x)) - rec["auc"]
-                rec["gap_lo"], rec["gap_hi"] = percentile_ci(_auc(oracle, x, draws) - m_boot)
+                rec["gap"], rec["gap_lo"], rec["gap_hi"] = paired_difference(oracle, whole[method], cl)
         b = cfg.at if kind in ("press", "oracle", "variant", "prefill", "retrieval") else ""
         own = [ex.get((method, t, b)) for t in tasks]
         if all(a is not None for a in own):
             where = "score" if kind == "quantized" else "at"  # full: flat, its score at every budget
-            rec[where], rec[f"{where}_lo"], rec[f"{where}_hi"] = interval(own, cfg.boot, cfg.seed, cl)
+            rec[where], rec[f"{where}_lo"], rec[f"{where}_hi"], rec["n_eff"] = interval(own, cl)
             rec["kv_fraction"] = float(g[(g["method"] == method) & (g["budget"] == b)]["kv_fraction"].mean())
             o_at = [ex.get(("oracle", t, cfg.at)) for t in tasks]  # the oracle at this budget, on every task
             if where == "at" and all(a is not None for a in o_at):
-                rec["gap_at"], rec["gap_at_lo"], rec["gap_at_hi"] = paired_difference(o_at, own, cfg.boot, cfg.seed, cl)
+                rec["gap_at"], rec["gap_at_lo"], rec["gap_at_hi"] = paired_difference(o_at, own, cl)
         out.append(rec)
     return out
 
 
-RANK_COLUMNS = ["model", "eval_len", "method", "kind", "auc", "auc_lo", "auc_hi", "gap", "gap_lo", "gap_hi", "at",
+RANK_COLUMNS = ["model", "eval_len", "method", "kind", "tasks", "n", "draws", "n_eff", "auc",
+                "auc_lo", "auc_hi", "gap", "gap_lo", "gap_hi", "at",
                 "at_lo", "at_hi", "gap_at", "gap_at_lo", "gap_at_hi", "score", "score_lo", "score_hi", "kv_fraction"]
 
 
-def ranking(pts: pd.DataFrame, boot: int = 2000, seed: int = 0, at: str = "1/8") -> pd.DataFrame:
-    """Per (model, eval_len), each method's normalised AUC over the press budgets with paired intervals for it and its
-    gap to the oracle, and its score and gap at ``at``; no-budget arms (quantized) get ``score``. Best AUC first."""
-    cfg = FrontierConfig(boot=boot, seed=seed, at=at)
+def ranking(pts: pd.DataFrame, at: str = "1/8") -> pd.DataFrame:
+    """Per (model, eval_len), each method's normalised AUC over the press budgets with its interval and its paired gap
+    to the oracle, and its score and gap at ``at``; no-budget arms (quantized) get ``score``. ``n``: examples,
+    ``draws``: the independent ones, ``n_eff``: what the equal-weight mean over tasks counts them as. Best AUC first."""
+    cfg = FrontierConfig(at=at)
     recs = [r for _, g in pts[pts["status"] == "ok"].groupby(["model", "eval_len"], sort=True) for r in _rank_group(g, cfg)]
     df = pd.DataFrame(recs, columns=RANK_COLUMNS)
     return df.sort_values(["model", "eval_len", "auc", "at", "score"], ascending=[True, True, False, False, False],
@@ -218,20 +231,26 @@ def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
     return df.sort_values(["model", "method", "fraction"], ignore_index=True).drop(columns="fraction")
 
 
-def beats_oracle(pts: pd.DataFrame, boot: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
-    """Cells where an arm beats the oracle at its budget beyond the paired interval (its lower end above 0)."""
+def against_oracle(pts: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Every cell of an arm with a budget (press, variant, retrieval, prefill) against the oracle at that budget on
+    the same examples: the difference, its interval and the paired test, Holm over each (model, eval_len)'s cells."""
     ok = pts[pts["status"] == "ok"]
     oracle = ok[ok["kind"] == "oracle"].set_index(["model", "eval_len", "task", "budget"])
     found = []
-    for _, r in ok[ok["kind"].isin(["press", "variant"])].iterrows():
+    for _, r in ok[ok["kind"].isin(["press", "variant", "retrieval", "prefill"])].iterrows():
         key = (r["model"], r["eval_len"], r["task"], r["budget"])
         if key not in oracle.index or oracle.loc[key, "examples"] != r["examples"]:
             continue
-        d, lo, hi = paired_difference(r["per_example"], oracle.loc[key, "per_example"], boot, seed, [r["clusters"]])
-        if lo > 0:
-            found.append({"model": key[0], "eval_len": key[1], "task": key[2], "budget": key[3], "method": r["method"],
-                          "difference": d, "lo": lo, "hi": hi})
-    return found
+        t = paired_test(r["per_example"], oracle.loc[key, "per_example"], [r["clusters"]], seed)
+        found.append({"model": key[0], "eval_len": key[1], "task": key[2], "budget": key[3], "method": r["method"],
+                      **{k: t[k] for k in ("a", "b", "diff", "lo", "hi", "a_ahead", "b_ahead", "draws", "p", "test")}})
+    cols = ["model", "eval_len", "task", "budget", "method", "a", "b", "diff", "lo", "hi", "a_ahead", "b_ahead", "draws",
+            "p", "test", "p_adj"]
+    df = pd.DataFrame(found, columns=cols[:-1])
+    df["p_adj"] = np.nan
+    for _, g in df.groupby(["model", "eval_len"]):
+        df.loc[g.index, "p_adj"] = holm(list(g["p"]))
+    return df[cols]
 
 
 # -- markdown ------------------------------------------------------------------------------------------
@@ -255,6 +274,15 @@ def _ranking_lines(rk: pd.DataFrame, at: str) -> list[str]:
     return lines
 
 
+METHODS_NOTE = (
+    "AUC: score over log2(budget), trapezoid, normalised to [0, 1] (a length run at one budget: the score there), equal "
+    "weight per ranked task. Every count is of independent draws (a passkey row's keys in one haystack are one draw). "
+    "Intervals, one method throughout: 95 % Wilson score intervals at the effective number of draws (Kish's n_eff of "
+    "the equal-weight mean over tasks); gaps (oracle minus method): Newcombe's paired interval on those. Claims: the "
+    "sign-flip test of the paired draw differences (on 0/1 draws, the exact sign test on the discordant ones), Holm's "
+    "adjustment over each table's pairs, resolved at 0.05; a tie at 1.00 or 0.00 is a tie.")
+
+
 ORACLE_NOTE = ("The oracle keeps, per head and decoding step, the keys with the largest true attention weight: the most "
                "attention mass a selector of the budget can keep, not the best answer. An arm that keeps other keys "
                "(the recent window or sinks the model copies from, or fewer distracting keys) can answer better, so "
@@ -266,8 +294,53 @@ RETRIEVAL_NOTE = ("retrieval (...): the model reads only the context's chunks a 
                   "oracle, which also see the question before choosing.")
 
 
-def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: str, head: str) -> list[str]:
-    """One model at one length: ranked and marked tasks, the ranking, what did not run, cells beating the oracle."""
+def _draws_line(r: pd.Series) -> str:
+    return (f"Pooled over {r['tasks']} ranked task{'s' if r['tasks'] > 1 else ''}: {r['n']} examples, {r['draws']} "
+            f"independent draws, which the equal-weight mean counts as n_eff {r['n_eff']:.1f}.")
+
+
+def claim_lines(pts: pd.DataFrame, rk: pd.DataFrame, model: str, L: int, at: str, seed: int = 0) -> list[str]:
+    """The comparisons a reader of the ranking makes at ``at``, each with its test: every method against the one ranked
+    just below it, and against full and the oracle; Holm over every pair of the length's methods; then the count."""
+    from harness.analysis.claims import pairwise
+
+    got = {frozenset((c.a, c.b)): c for c in pairwise(pts[(pts["model"] == model) & (pts["eval_len"] == L)], at, seed)}
+    if not got:
+        return []
+    order = [m for m in rk.assign(s=rk["at"].fillna(rk["score"])).sort_values("s", ascending=False)["method"]
+             if any(m in k for k in got)]
+    shown: list[frozenset] = []
+    for i, m in enumerate(order):
+        for other in ([order[i + 1]] if i + 1 < len(order) else []) + ["full", "oracle"]:
+            k = frozenset((m, other))
+            if k in got and k not in shown:
+                shown.append(k)
+    resolved = sum(c.verdict in ("above", "below") for c in got.values())
+    ties = sum(c.verdict.startswith("tie") for c in got.values())
+    fam = next(iter(got.values())).family
+    return ["", f"Claims at {at} (paired on the same draws; Holm over the {fam} pairs of these {len(order)} methods): "
+            f"{resolved} resolved, {ties} tied at a ceiling or floor, {fam - resolved - ties} not resolved.", ""] + [
+        f"- {got[k].sentence()}." for k in shown]
+
+
+def _oracle_lines(beat: pd.DataFrame) -> list[str]:
+    above = beat[beat["diff"] > 0]
+    if len(above) == 0:
+        return ["", f"No arm scores above the oracle on any of the {len(beat)} cells compared with it."]
+    sure = above[above["p_adj"] < ALPHA]
+    lines = ["", f"Above the oracle at its budget ({len(above)} of the {len(beat)} cells compared with it; paired test, "
+                 f"Holm over the {len(beat)}): " + ("none resolved." if len(sure) == 0 else f"{len(sure)} resolved:")]
+    lines += [f"- {r['method']} at {r['budget']} on {r['task']}: {r['a']:.2f} vs {r['b']:.2f}, "
+              f"{r['diff']:+.2f} [{r['lo']:+.2f}, {r['hi']:+.2f}], ahead on {r['a_ahead']} of "
+              f"{r['a_ahead'] + r['b_ahead']} discordant draws, {r['test']} p = {r['p']:.3f}, Holm {r['p_adj']:.3f}"
+              for _, r in sure.iterrows()]
+    return lines + (["", ORACLE_NOTE] if len(sure) else [])
+
+
+def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: str, head: str,
+                    seed: int = 0) -> list[str]:
+    """One model at one length: ranked and marked tasks, the ranking, its claims, what did not run, the cells above
+    the oracle."""
     full = g[(g["kind"] == "reference") & (g["status"] == "ok")]
     lines = ["", f"{head} {g['model'].iloc[0]} at {g['eval_len'].iloc[0]} tokens", "",
              f"Ranked tasks: {', '.join(sorted(full[full['ranked']]['task'])) or 'none'}."]
@@ -276,16 +349,13 @@ def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: s
         lines += [f"Not ranked ({why}): " + ", ".join(f"{t} (full {_f(s)}, n {n})" for t, s, n in zip(
             m["task"], m["score"], m["n"], strict=True)) + "."] if len(m) else []
     if len(rk):
-        lines += [""] + _ranking_lines(rk, at)
+        lines += [_draws_line(rk.iloc[0]), ""] + _ranking_lines(rk, at)
+        lines += claim_lines(g, rk, str(g["model"].iloc[0]), int(g["eval_len"].iloc[0]), at, seed)
     failed = g[g["status"] != "ok"]
     if len(failed):
         lines += ["", "Did not run:"] + [f"- {r['method']}{' at ' + r['budget'] if r['budget'] else ''} on {r['task']}: "
                                          f"{r['status']}: {r['error']}" for _, r in failed.iterrows()]
-    if len(beat):
-        lines += ["", "Beats the oracle (paired interval above 0):"] + [
-            f"- {r['method']} at {r['budget']} on {r['task']}: +{_f(r['difference'])} [{_f(r['lo'])}, {_f(r['hi'])}]"
-            for _, r in beat.iterrows()] + ["", ORACLE_NOTE]
-    return lines
+    return lines + (_oracle_lines(beat) if len(beat) else [])
 
 
 def _effective_lines(model: str, e: pd.DataFrame, keep: float, head: str) -> list[str]:
@@ -302,27 +372,21 @@ def _effective_lines(model: str, e: pd.DataFrame, keep: float, head: str) -> lis
 
 
 def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> str:
-    """Per model and length: the ranking, the tasks not ranked, what did not run, cells beating the oracle; per model
-    the effective lengths. Deterministic: every bootstrap is seeded."""
-    rk = ranking(pts, config.boot, config.seed, config.at)
+    """Per model and length: the ranking, its claims, the tasks not ranked, what did not run, the cells above the
+    oracle; per model the effective lengths. Deterministic: the Monte Carlo tests are seeded."""
+    rk = ranking(pts, config.at)
     eff = effective_length(pts, config.keep)
-    beat = pd.DataFrame(beats_oracle(pts, config.boot, config.seed),
-                        columns=["model", "eval_len", "task", "budget", "method", "difference", "lo", "hi"])
-    lines = [f"{'#' * config.level} Memory-quality frontier", "",
-             f"AUC: score over log2(budget), trapezoid, normalised to [0, 1] (a length run at one budget: the score "
-             f"there), equal weight per ranked task. Intervals: 95 %, paired bootstrap ({config.boot} resamples of each "
-             f"task's examples, passkey's by depth: its four keys at a depth share a haystack; seed {config.seed}); "
-             f"scores at {config.at}: Wilson for 0/1 outcomes, a passkey depth counted once. Gaps: oracle minus method."]
+    beat = against_oracle(pts, config.seed)
+    lines = [f"{'#' * config.level} Memory-quality frontier", "", METHODS_NOTE.format(at=config.at)]
     if (pts["kind"] == "retrieval").any():
         lines += ["", RETRIEVAL_NOTE]
     for model in sorted(set(pts["model"])):
         for L in sorted(set(pts[pts["model"] == model]["eval_len"])):
             here = {k: v[(v["model"] == model) & (v["eval_len"] == L)] for k, v in (("p", pts), ("r", rk), ("b", beat))}
-            lines += _length_section(here["p"], here["r"], here["b"], config.at, "#" * (config.level + 1))
+            lines += _length_section(here["p"], here["r"], here["b"], config.at, "#" * (config.level + 1), config.seed)
         e = eff[eff["model"] == model]
         if len(e):
             lines += _effective_lines(model, e, config.keep, "#" * (config.level + 1))
-    lines += [] if len(beat) else ["", "No arm beats the oracle beyond its paired interval."]
     from harness.analysis.frontier_cost import task_lines  # noqa: I001  (the per-task table, beside the ranking)
     lines += task_lines(pts, config.at, "#" * (config.level + 1))
     return "\n".join(lines) + "\n"
@@ -369,5 +433,6 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     click.echo(f"wrote {out}")
 
 
-__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "beats_oracle", "effective_length", "frontier_command", "markdown",
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "against_oracle", "arm", "claim_lines",
+           "effective_length", "frontier_command", "markdown",
            "points", "ranking", "read_files"]

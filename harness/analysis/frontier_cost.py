@@ -87,7 +87,7 @@ def cost_lines(cost_rows: Iterable[dict[str, Any]], pts: pd.DataFrame, at: str =
 
 def task_lines(pts: pd.DataFrame, at: str = "1/8", head: str = "##") -> list[str]:
     """Per (model, length): each method's score on each task at ``at`` (full and quantized caches at every token) with
-    its 95 % interval and examples, task by task (a "-": not run there)."""
+    its 95 % interval, examples and independent draws, task by task (a "-": not run there)."""
     ok = pts[(pts["status"] == "ok") & ((pts["budget"] == at) | (pts["budget"] == ""))]
     lines: list[str] = []
     for (model, L), g in ok.groupby(["model", "eval_len"], sort=True):
@@ -95,7 +95,8 @@ def task_lines(pts: pd.DataFrame, at: str = "1/8", head: str = "##") -> list[str
         lines += ["", f"{head} {model} at {L} tokens: each task at {at} of the cache", "",
                   "| method | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
         for method, m in g.groupby("method", sort=False):
-            cell = {r.task: f"{r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (n {r.n})" for r in m.itertuples()}
+            cell = {r.task: f"{r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (n {r.n}, {r.draws} draws)"
+                    for r in m.itertuples()}
             lines.append(f"| {method} | " + " | ".join(cell.get(t, "-") for t in tasks) + " |")
     return lines
 

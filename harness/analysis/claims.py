@@ -1,0 +1,134 @@
+"""Claims: every comparison the documents state, made from the frontier's points with its paired test.
+
+A claim is data. For two methods that answered the same prompts, :func:`compare` pools each one's draws over the
+ranked tasks (:mod:`harness.analysis.paired`), tests the difference (the sign-flip test; on 0/1 draws the exact sign
+test on the discordant ones) and, where a table compares many methods, adjusts the p-values by Holm's step-down rule
+over every pair in that table. The verdict is one of: ``above`` (adjusted p < 0.05), ``tie at ceiling`` / ``tie at
+floor`` (both at 1 or both at 0 on every draw: nothing to test), ``not resolved``. :meth:`Claim.sentence` writes it;
+documents quote these sentences and never type their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import pandas as pd
+
+from harness.analysis.paired import ALPHA, holm, paired_test
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``a`` against ``b`` at one budget, in one model at one length, over ``tasks``."""
+
+    model: str
+    eval_len: int
+    budget: str
+    tasks: tuple[str, ...]
+    a: str
+    b: str
+    a_score: float
+    b_score: float
+    diff: float
+    lo: float
+    hi: float
+    a_ahead: int  # draws on which a scored higher
+    b_ahead: int
+    draws: int
+    n_eff: float
+    p: float
+    test: str
+    p_adj: float  # Holm-adjusted over the family the claim was made in (= p for a claim made alone)
+    family: int  # comparisons in that family
+    verdict: str  # above | below | tie at ceiling | tie at floor | not resolved
+
+    def sentence(self) -> str:
+        a, b = f"`{self.a}`", f"`{self.b}`"
+        nums = f"{self.a_score:.2f} vs {self.b_score:.2f}"
+        if self.verdict.startswith("tie"):
+            level = "1.00" if self.verdict.endswith("ceiling") else "0.00"
+            return f"{a} and {b} tie at the {self.verdict.split()[-1]} (both {level} on all {self.draws} draws: untestable)"
+        disc = self.a_ahead + self.b_ahead
+        adj = f", Holm over {self.family}: {_p(self.p_adj)}" if self.family > 1 else ""
+        test = f"{self.test} {_p(self.p)}{adj}"
+        ahead = f"{max(self.a_ahead, self.b_ahead)} of {disc} discordant draws"
+        iv = f"{self.diff:+.2f} [{self.lo:+.2f}, {self.hi:+.2f}]"
+        if self.verdict in ("above", "below"):
+            hi, lo = (a, b) if self.verdict == "above" else (b, a)
+            nums = nums if self.verdict == "above" else f"{self.b_score:.2f} vs {self.a_score:.2f}"
+            return f"{hi} keeps more than {lo} ({nums}, {iv}; ahead on {ahead}; {test})"
+        why = "no discordant draw" if disc == 0 else f"{disc} discordant draw{'s' if disc > 1 else ''}"
+        return f"{a} vs {b}: not resolved ({nums}, {iv}; {why}; {test})"
+
+
+def _p(p: float) -> str:
+    return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
+
+
+def _verdict(t: dict[str, Any], p_adj: float, va_all: set[float], vb_all: set[float]) -> str:
+    if va_all == vb_all and len(va_all) == 1 and next(iter(va_all)) in (0.0, 1.0):
+        return "tie at ceiling" if next(iter(va_all)) == 1.0 else "tie at floor"
+    if p_adj < ALPHA:
+        return "above" if t["diff"] > 0 else "below"
+    return "not resolved"
+
+
+def cells_at(pts: pd.DataFrame, model: str, eval_len: int, at: str) -> tuple[tuple[str, ...], dict[str, dict]]:
+    """The ranked tasks of (model, eval_len) and, per method with a score on every one of them at ``at`` (full and
+    quantized caches: at every token), its per-task examples and clusters (paired on full's examples)."""
+    g = pts[(pts["model"] == model) & (pts["eval_len"] == eval_len) & (pts["status"] == "ok")]
+    refs = g[(g["kind"] == "reference") & g["ranked"]]
+    tasks = tuple(sorted(refs["task"]))
+    ref = dict(zip(refs["task"], refs["examples"], strict=True))
+    out: dict[str, dict] = {}
+    for method, m in g[(g["budget"] == at) | (g["budget"] == "")].groupby("method"):
+        by = {r.task: r for r in m.itertuples() if ref.get(r.task) == r.examples}
+        if tasks and all(t in by for t in tasks):
+            out[method] = {"kind": by[tasks[0]].kind, "ex": [by[t].per_example for t in tasks],
+                           "clusters": [by[t].clusters for t in tasks]}
+    return tasks, out
+
+
+def compare(pts: pd.DataFrame, model: str, eval_len: int, a: str, b: str, at: str = "1/8", seed: int = 0,
+            family: int = 1, p_adj: float | None = None) -> Claim:
+    """One claim, ``a`` against ``b``: KeyError when either has no score at ``at`` on every ranked task."""
+    tasks, cells = cells_at(pts, model, eval_len, at)
+    return _claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, family, p_adj)
+
+
+def _claim(model: str, eval_len: int, at: str, tasks: tuple[str, ...], a: str, b: str, ca: dict, cb: dict, seed: int,
+           family: int, p_adj: float | None, t: dict[str, Any] | None = None) -> Claim:
+    t = t or paired_test(ca["ex"], cb["ex"], ca["clusters"], seed)
+    p_adj = float(t["p"]) if p_adj is None else p_adj
+    va = {float(v) for e in ca["ex"] for v in e}
+    vb = {float(v) for e in cb["ex"] for v in e}
+    return Claim(model, int(eval_len), at, tasks, a, b, float(t["a"]), float(t["b"]), float(t["diff"]), float(t["lo"]),
+                 float(t["hi"]), int(t["a_ahead"]), int(t["b_ahead"]), int(t["draws"]), float(t["n_eff"]),
+                 float(t["p"]), str(t["test"]), p_adj, family, _verdict(t, p_adj, va, vb))
+
+
+def pairwise(pts: pd.DataFrame, at: str = "1/8", seed: int = 0) -> list[Claim]:
+    """Every pair of methods with a score on every ranked task at ``at``, per (model, eval_len), the higher-scoring
+    first; Holm over each (model, eval_len)'s pairs."""
+    out: list[Claim] = []
+    ok = pts[pts["status"] == "ok"]
+    for (model, L), _ in ok.groupby(["model", "eval_len"], sort=True):
+        tasks, cells = cells_at(pts, model, L, at)
+        pairs = list(combinations(sorted(cells), 2))
+        raw = [paired_test(cells[a]["ex"], cells[b]["ex"], cells[a]["clusters"], seed) for a, b in pairs]
+        adj = holm([float(t["p"]) for t in raw])
+        for (a, b), t, q in zip(pairs, raw, adj, strict=True):
+            if t["diff"] < 0:  # the higher-scoring first
+                a, b = b, a
+                t = {**t, "a": t["b"], "b": t["a"], "diff": -t["diff"], "lo": -t["hi"], "hi": -t["lo"],
+                     "a_ahead": t["b_ahead"], "b_ahead": t["a_ahead"]}
+            out.append(_claim(model, L, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t))
+    return out
+
+
+def frame(claims: list[Claim]) -> pd.DataFrame:
+    return pd.DataFrame([c.__dict__ for c in claims])
+
+
+__all__ = ["Claim", "cells_at", "compare", "frame", "pairwise"]
