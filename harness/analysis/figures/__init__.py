@@ -21,6 +21,7 @@ from harness.analysis import frames as F
 # The order figures are drawn in and shown in the report: importing a module registers its figures.
 # isort: off
 import harness.analysis.figures.cost
+import harness.analysis.figures.headline
 import harness.analysis.figures.fidelity
 import harness.analysis.figures.selection
 import harness.analysis.figures.accuracy
