@@ -3,7 +3,8 @@
 A claim is data. For two methods that answered the same prompts, :func:`compare` pools each one's draws over the
 ranked tasks (:mod:`harness.analysis.paired`), tests the difference (the sign-flip test; on 0/1 draws the exact sign
 test on the discordant ones) and, where a table compares many methods, adjusts the p-values by Holm's step-down rule
-over every pair in that table. The verdict is one of: ``above`` (adjusted p < 0.05), ``tie at ceiling`` / ``tie at
+over every pair in that table. The verdict is one of: ``above`` (adjusted p < 0.05 and the difference's interval clear of 0: on scores that are not 0/1 the
+Wilson-based interval is the more conservative of the two), ``tie at ceiling`` / ``tie at
 floor`` (both at 1 or both at 0 on every draw: nothing to test), ``not resolved``. :meth:`Claim.sentence` writes it;
 documents quote these sentences and never type their own.
 """
@@ -69,7 +70,7 @@ def _p(p: float) -> str:
 def _verdict(t: dict[str, Any], p_adj: float, va_all: set[float], vb_all: set[float]) -> str:
     if va_all == vb_all and len(va_all) == 1 and next(iter(va_all)) in (0.0, 1.0):
         return "tie at ceiling" if next(iter(va_all)) == 1.0 else "tie at floor"
-    if p_adj < ALPHA:
+    if p_adj < ALPHA and (t["lo"] > 0 or t["hi"] < 0):  # the test and the interval agree
         return "above" if t["diff"] > 0 else "below"
     return "not resolved"
 
@@ -88,6 +89,29 @@ def cells_at(pts: pd.DataFrame, model: str, eval_len: int, at: str) -> tuple[tup
             out[method] = {"kind": by[tasks[0]].kind, "ex": [by[t].per_example for t in tasks],
                            "clusters": [by[t].clusters for t in tasks]}
     return tasks, out
+
+
+def task_cells(pts: pd.DataFrame, model: str, eval_len: int, task: str, at: str) -> dict[str, dict]:
+    """Per method with a score on ``task`` at ``at`` (full and quantized caches: at every token), paired on full's
+    examples: its examples and clusters, as :func:`cells_at` gives them over the ranked tasks."""
+    g = pts[(pts["model"] == model) & (pts["eval_len"] == eval_len) & (pts["status"] == "ok") & (pts["task"] == task)]
+    full = g[g["kind"] == "reference"]
+    if len(full) == 0:
+        return {}
+    ref = full["examples"].iloc[0]
+    return {r.method: {"kind": r.kind, "ex": [r.per_example], "clusters": [r.clusters]}
+            for r in g[(g["budget"] == at) | (g["budget"] == "")].itertuples() if r.examples == ref}
+
+
+def family(model: str, eval_len: int, at: str, tasks: tuple[str, ...], cells: dict[str, dict],
+           pairs: list[tuple[str, str]], seed: int = 0) -> list[Claim]:
+    """The claims ``a`` against ``b`` for each pair (both in ``cells``), Holm over these pairs: the family a
+    document's table makes."""
+    pairs = [(a, b) for a, b in pairs if a in cells and b in cells]
+    raw = [paired_test(cells[a]["ex"], cells[b]["ex"], cells[a]["clusters"], seed) for a, b in pairs]
+    adj = holm([float(t["p"]) for t in raw])
+    return [_claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t)
+            for (a, b), t, q in zip(pairs, raw, adj, strict=True)]
 
 
 def compare(pts: pd.DataFrame, model: str, eval_len: int, a: str, b: str, at: str = "1/8", seed: int = 0,
@@ -131,4 +155,4 @@ def frame(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([c.__dict__ for c in claims])
 
 
-__all__ = ["Claim", "cells_at", "compare", "frame", "pairwise"]
+__all__ = ["Claim", "cells_at", "compare", "family", "frame", "pairwise", "task_cells"]
