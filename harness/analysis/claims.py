@@ -3,10 +3,10 @@
 A claim is data. For two methods that answered the same prompts, :func:`compare` pools each one's draws over the
 ranked tasks (:mod:`harness.analysis.paired`), tests the difference (the sign-flip test; on 0/1 draws the exact sign
 test on the discordant ones) and, where a table compares many methods, adjusts the p-values by Holm's step-down rule
-over every pair in that table. The verdict is one of: ``above`` (adjusted p < 0.05 and the difference's interval clear of 0: on scores that are not 0/1 the
-Wilson-based interval is the more conservative of the two), ``tie at ceiling`` / ``tie at
-floor`` (both at 1 or both at 0 on every draw: nothing to test), ``not resolved``. :meth:`Claim.sentence` writes it;
-documents quote these sentences and never type their own.
+over every pair in that table. The verdict is one of: ``above`` (adjusted p < 0.05 and the difference's interval
+clear of 0: on scores that are not 0/1 the Wilson-based interval is the more conservative of the two), ``tie at
+ceiling`` / ``tie at floor`` (both at 1 or both at 0 on every draw: nothing to test), ``not resolved``.
+:meth:`Claim.sentence` writes it; documents quote these sentences and never type their own.
 """
 from __future__ import annotations
 

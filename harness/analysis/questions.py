@@ -133,7 +133,7 @@ def _keep_model(rows: list[dict[str, Any]], model: str) -> list[str]:
         vs = [_short(got.get(frozenset((r.method, o))), r.method) if r.method != o else "" for o in ("full", "oracle")]
         lines.append(f"| {r.method} | {FAMILY[r.kind]} | {_iv(r.s, r.s_lo, r.s_hi)} | {vs[0]} | {vs[1]} |")
     order = list(here["method"])
-    adjacent = [got[k] for k in (frozenset(p) for p in zip(order, order[1:])) if k in got]
+    adjacent = [got[k] for k in (frozenset(p) for p in zip(order, order[1:], strict=False)) if k in got]
     resolved = [c for c in claims if c.verdict in ("above", "below")]
     ties = [c for c in claims if c.verdict.startswith("tie")]
     lines += ["", f"Of the {len(claims)} pairs, {len(resolved)} are resolved, {len(ties)} tie at a ceiling or floor and "
@@ -184,7 +184,7 @@ def _retrieval(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         mine = [x for x in ("retrieval (bm25)", "retrieval (dense)") if x in cells]
         fam = C.family(m, L, AT, (task,), cells, [(x, o) for x in mine for o in ("full", "oracle", best) if o])
 
-        def cell(name: str | None) -> str:
+        def cell(name: str | None, score: dict = score) -> str:
             r = score.get(name) if name else None
             return "-" if r is None else f"{_iv(r.score, r.ci_low, r.ci_high)}"
         lines.append(f"| {m} | {L} | {task} ({score['full'].draws} draws) | {cell('full')} | {cell('oracle')} | "
