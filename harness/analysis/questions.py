@@ -37,6 +37,7 @@ class Question:
     title: str
     files: tuple[str, ...]
     render: Callable[[dict[str, list[dict[str, Any]]]], list[str]]
+    short: bool = False  # its files in one line (the top-level README), not one with its command each
 
 
 def _rows(folder: Path, files: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
@@ -83,7 +84,11 @@ def _order(rows: list[dict[str, Any]], models: Sequence[str]) -> list[str]:
     return sorted(models, key=lambda m: (size.get(m, 0), m))
 
 
-def _freshness_lines(folder: Path, files: Sequence[str], commands: dict[str, str]) -> list[str]:
+def _freshness_lines(folder: Path, files: Sequence[str], commands: dict[str, str], short: bool = False) -> list[str]:
+    if short:
+        fr = [freshness(folder / f) for f in files]
+        return ["", "Rows: " + ", ".join(f"`{f}` ({x.commit[:7] if x.commit else '?'}, {x.status})"
+                                         for f, x in zip(files, fr, strict=True)) + "."]
     out = ["", "From:"]
     for f in files:
         fr = freshness(folder / f)
@@ -158,6 +163,30 @@ def _keep(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
              "model's table; a claim is stated only when resolved at 0.05."]
     for model in _order(flat, sorted({r["model"] for r in flat if r.get("model")})):
         lines += _keep_model(flat, model)
+    return lines
+
+
+def _summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One sentence a model: what its table resolves against full at 1/8, and what it cannot tell apart."""
+    flat = _all(rows, KEEP_FILES)
+    lines = []
+    for model in _order(flat, sorted({r["model"] for r in flat if r.get("model")})):
+        L, here, claims = keep_at(flat, model)
+        got = {frozenset((c.a, c.b)): c for c in claims}
+        score = dict(zip(here["method"], here["s"], strict=True))
+        vs = {m: _short(got.get(frozenset((m, "full"))), m).split(" (")[0] for m in here["method"] if m != "full"}
+        tie = [m for m, v in vs.items() if v == "tie at ceiling"]
+        below = [m for m, v in vs.items() if v == "below"]
+        unsure = [m for m, v in vs.items() if v == "not resolved"]
+        above = [m for m, v in vs.items() if v == "above"]
+        r0 = here.iloc[0]
+        parts = [f"full {score['full']:.2f}"]
+        parts += [f"at the ceiling with full (1.00 on every draw, untestable): {', '.join(f'`{m}`' for m in tie)}"] if tie else []
+        parts += [f"above full: {', '.join(f'`{m}` {score[m]:.2f}' for m in above)}"] if above else []
+        parts += [f"not resolved from full: {', '.join(f'`{m}` {score[m]:.2f}' for m in unsure)}"] if unsure else []
+        parts += [f"{len(below)} below full (Holm p < 0.05), best of them `{below[0]}` {score[below[0]]:.2f}"] if below else []
+        lines.append(f"- {subject(flat, model)}, at {L} tokens with 1/8 of its KV cache ({r0['draws']} independent "
+                     f"draws over {r0['tasks']} task{'s' if r0['tasks'] > 1 else ''}): " + "; ".join(parts) + ".")
     return lines
 
 
@@ -261,6 +290,7 @@ def _prefill(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 # -- what each attention costs -------------------------------------------------------------------------------------------
 
+CHECKPOINT_FILES = ("accuracy-headline-smollm2-cpu.jsonl", "accuracy-headline-gemma3-cpu.jsonl")
 COST_FILES = ("headline-cpu.jsonl", "long-headline-cpu.jsonl")
 CORE = ("full", "sliding_window", "block_sparse", "linear")
 
@@ -301,6 +331,8 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question("keep", "What does each method keep at a budget, per model?", KEEP_FILES, _keep),
     Question("prefill", "What does the prefill sparsity buy?", PREFILL_FILES, _prefill),
     Question("retrieval", "What does retrieval do?", KEEP_FILES[:6], _retrieval),
+    Question("summary", "What does each method keep at 1/8, in one line a model?", KEEP_FILES + CHECKPOINT_FILES, _summary,
+             short=True),
 )}
 
 
@@ -315,16 +347,16 @@ def commands_in(doc: str) -> dict[str, str]:
 def answer(name: str, folder: Path, doc: str = "") -> str:
     """The block of question ``name`` from the files under ``folder``."""
     q = QUESTIONS[name]
-    body = q.render(_rows(folder, q.files)) + _freshness_lines(folder, q.files, commands_in(doc))
+    body = q.render(_rows(folder, q.files)) + _freshness_lines(folder, q.files, commands_in(doc), q.short)
     return "\n".join(body)
 
 
-BLOCK = re.compile(r"(<!-- answer: (\w+) -->\n).*?(\n<!-- end answer: \2 -->)", flags=re.S)
+BLOCK = re.compile(r"(<!-- answer: (\w+) -->\n)(?:.*?\n)??(<!-- end answer: \2 -->)", flags=re.S)
 
 
 def fill(doc: str, folder: Path) -> str:
     """``doc`` with every answer block rendered anew."""
-    return BLOCK.sub(lambda m: m[1] + answer(m[2], folder, doc) + m[3], doc)
+    return BLOCK.sub(lambda m: m[1] + answer(m[2], folder, doc) + "\n" + m[3], doc)
 
 
 @click.command("answers")
@@ -334,7 +366,7 @@ def fill(doc: str, folder: Path) -> str:
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a block differs from its rendering.")
 def answers_command(docs: tuple[str, ...], folder: str, check: bool) -> None:
     """Render the answer blocks (<!-- answer: NAME --> ... <!-- end answer: NAME -->) of DOCS from the results files
-    under --results: cost, keep, prefill, retrieval."""
+    under --results: cost, keep, prefill, retrieval, summary."""
     stale = []
     for path in docs:
         old = Path(path).read_text()
