@@ -375,30 +375,6 @@ def decode_ms(press: str, model: str = "smollm2-135m") -> V:
     return V(FC, {"press_spec": press, "mode": "decode", "hf_config": model}, "latency_ms", "one", ".1f")
 
 
-quote(README, "SmolLM2-135M at 4K with 1/8 of its cache: `keydiff` keeps most of the presses, {} [{}, {}] of passkey and "
-      "RULER against the oracle's {} [{}, {}] (a gap of {} [{}, {}]), and decodes a token at 8K in {} ms against full's {} ms",
-      *(rank(FS, 4096, m, c) for m in ("keydiff", "oracle") for c in ("at", "at_lo", "at_hi")),
-      *(rank(FS, 4096, "keydiff", c) for c in ("gap_at", "gap_at_lo", "gap_at_hi")),
-      decode_ms("keydiff:compression_ratio=0.875"), decode_ms("none"))
-quote(README, "At 8K it keeps {} [{}, {}] against the oracle's {} [{}, {}] and full's {} [{}, {}]",
-      *(rank(FS, 8192, m, c) for m in ("keydiff", "oracle", "full") for c in ("at", "at_lo", "at_hi")))
-quote(README, "Qwen2.5-Coder-0.5B at 4K with 1/8: `keydiff` matches the oracle, {} [{}, {}], and `knorm` is next at {} [{}, {}]",
-      *(rank(FQ, 4096, m, c) for m in ("keydiff", "knorm") for c in ("at", "at_lo", "at_hi")))
-quote(README, "at 8K on passkey `keydiff` matches it again, {} [{}, {}], and decodes a token there in {} ms against full's {} ms",
-      *(rank(FQ, 8192, "keydiff", c) for c in ("at", "at_lo", "at_hi")),
-      decode_ms("keydiff:compression_ratio=0.875", QWEN), decode_ms("none", QWEN))
-quote(README, "Gemma 3 270M, pressed on its global layers: at 4K with 1/8 the best press, `tova`, keeps {} [{}, {}] against "
-      "the oracle's {} [{}, {}]", *(rank(FG, 4096, m, c) for m in ("tova", "oracle") for c in ("at", "at_lo", "at_hi")))
-
-
-def test_the_frontier_sentences_name_the_best_presses():
-    assert best_press_at(FS, 4096)[:2] == ["keydiff", "tova"]
-    assert best_press_at(FS, 8192)[0] == "keydiff"
-    assert best_press_at(FQ, 4096)[:2] == ["keydiff", "knorm"]
-    assert best_press_at(FQ, 8192)[0] == "keydiff"
-    assert best_press_at(FG, 4096)[0] == "tova"
-    assert rank(FQ, 4096, "keydiff", "at").fn() == rank(FQ, 4096, "oracle", "at").fn()
-    assert rank(FQ, 8192, "keydiff", "at").fn() == rank(FQ, 8192, "oracle", "at").fn()
 
 
 # -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
@@ -1339,63 +1315,6 @@ def block_sparse_share() -> float:
     return m.pairs(8192, 8192, True) / (8192 * 8193 / 2)
 
 
-def prefill_table() -> None:
-    """The 8K table of the dynamic prefills: density (mean, per-head range, over the passkey prompts), the attention
-    mass each keeps on lm text (selection, mean over layers), passkey and RULER niah_single_1 with their intervals."""
-    full = [*scored("full", "passkey", ""), *scored("full", "niah_single_1", "")]
-    quote(RESULTS, "| `full` | | 1 | 1 | {} [{}, {}] | {} [{}, {}] |", *full)
-    bs = BLOCK_SPARSE_ROW
-    pairs = Calc(block_sparse_share, ".3f")
-    quote(RESULTS, "| `block_sparse` (first block + 7 local: 512 keys) | 1/16 of the cache | {} | {} | -- | {} [{}, {}] |",
-          pairs, val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=bs),
-          *scored("block_sparse", "niah_single_1", "1/16"))
-    for label, spec, budget in PREFILL_ROWS:
-        if not ran(PP, variant_spec=spec):
-            continue
-        method = spec.split(":")[0]
-        at = {"variant_spec": spec, "eval_len": 8192}
-        dens = [V(PP, at, "density", "mean", ".3f"), V(PP, at, "density_head_min", "min", ".3f"),
-                V(PP, at, "density_head_max", "max", ".3f")]
-        mass = ([val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=spec)]
-                if ran(PR, task="selection", variant_spec=spec) else [])
-        ruler = scored(method, "niah_single_1", budget) if ran(PR, task="ruler", variant_spec=spec) else []
-        quote(RESULTS, f"| {label} | {budget} | {{}} ({{}}–{{}}) | {'{}' if mass else '--'} | {{}} [{{}}, {{}}] | "
-              + ("{} [{}, {}] |" if ruler else "not run |"), *dens, *mass, *scored(method, "passkey", budget), *ruler)
-
-
-BLOCK_SPARSE_ROW = "block_sparse:block_size=64,global_blocks=1,local_blocks=7,backend=gathered"
-prefill_table()
-VS8, XA8 = "vertical_slash:slash_size=180,vertical_size=100", "xattention:threshold=0.5"
-quote(RESULTS, "floor is the first and the diagonal 128-token block: {} at 8K",
-      V(PP, {"variant_spec": XA8, "eval_len": 8192}, "density_head_min", "min", ".3f"))
-quote(RESULTS, "at {} of the pairs keeps {} of full attention's mass and scores {} on RULER where `full` scores {} and "
-      "`block_sparse` with about as many pairs ({}) scores {};",
-      V(PP, {"variant_spec": VS8, "eval_len": 8192}, "density", "mean", ".3f"),
-      val(PR, ".3f", "mean", task="selection", metric="mass_checkpoint", variant_spec=VS8),
-      point("vertical_slash", "niah_single_1", "1/8", "score"), point("full", "niah_single_1", "", "score"),
-      Calc(block_sparse_share, ".3f"),
-      point("block_sparse", "niah_single_1", "1/16", "score"))
-quote(RESULTS, "XAttention at {} scores {} and FlexPrefill at {} scores {}.",
-      V(PP, {"variant_spec": "xattention:threshold=0.85", "eval_len": 8192}, "density", "mean", ".3f"),
-      point("xattention", "niah_single_1", "1/4", "score"),
-      V(PP, {"variant_spec": "flexprefill:gamma=0.85,min_budget=256", "eval_len": 8192}, "density", "mean", ".3f"),
-      point("flexprefill", "niah_single_1", "1/4", "score"))
-quote(RESULTS, "XAttention at {} of the pairs keeps {} of the mass and scores {}, FlexPrefill at about the same {}.",
-      V(PP, {"variant_spec": XA8, "eval_len": 8192}, "density", "mean", ".2f"),
-      val(PR, ".2f", "mean", task="selection", metric="mass_checkpoint", variant_spec=XA8),
-      point("xattention", "niah_single_1", "1/8", "score"), point("flexprefill", "niah_single_1", "1/8", "score"))
-quote(RESULTS, "vertical-slash scores {} like `full` ({}) at {} of the pairs, XAttention {} and FlexPrefill {} at the "
-      "same density", point("vertical_slash", "passkey", "1/8", "score", 4096), point("full", "passkey", "", "score", 4096),
-      V(PP, {"eval_len": 4096, "budget": "1/8"}, "density", "mean", ".2f"),
-      point("xattention", "passkey", "1/8", "score", 4096), point("flexprefill", "passkey", "1/8", "score", 4096))
-quote(RESULTS, "FlexPrefill's choice is the cheapest per pair saved ({}× faster than `full` at 16K on {} of its FLOPs)",
-      ratio(ms(PC, "", **K16_AT, variant_spec="full:backend=sdpa"),
-            ms(PC, "", **K16_AT, variant_spec="flexprefill:gamma=0.3,min_budget=128"), ".2f"),
-      ratio(V(PC, {**K16_AT, "variant_spec": "flexprefill:gamma=0.3,min_budget=128"}, "flops", "one"),
-            V(PC, {**K16_AT, "variant_spec": "full:backend=sdpa"}, "flops", "one"), ".2f"))
-quote(RESULTS, "passkey prefills spent {}–{} % of their attention time choosing",
-      V(PP, {"eval_len": 8192}, "choose_share", "min", ".0f", 100), V(PP, {"eval_len": 8192}, "choose_share", "max",
-                                                                         ".0f", 100))
 
 
 # -- issue 51: retrieval beside the frontier's arms (results/README.md, retrieval-*-cpu.jsonl) ------------------------
@@ -1515,37 +1434,6 @@ def best_of(file: str, L: int, task: str, kind: str, budget: str = "1/8") -> Cal
     return Calc(fn, ".2f")
 
 
-RB, RD, RK = "retrieval (bm25)", "retrieval (dense)", "retrieval (keys)"
-retrieval_table(FS, 8192, ("passkey", "niah_single_1", AGGREGATION_TASK))
-quote(RESULTS, "BM25 minus the best press (`keydiff`) is {} on passkey and {} on `niah_single_1`, dense minus it {} and {}",
-      *(gap(FS, 8192, t, m, "keydiff") for m in (RB, RD) for t in ("passkey", "niah_single_1")))
-quote(RESULTS, "SmolLM2 at its 8K limit (full's {} and {})", score(FS, 8192, "passkey", "full"),
-      score(FS, 8192, "niah_single_1", "full"))
-quote(RESULTS, "kept the needle in {} of passkey's prompts and {} of RULER's, and scored {} and {}",
-      recall(RS, 8192, "keys", "passkey"), recall(RS, 8192, "keys", "niah_single_1"),
-      score(FS, 8192, "passkey", RK), score(FS, 8192, "niah_single_1", RK))
-quote(RESULTS, "On `fwe`, BM25 scores {} against full's {} ({} paired) and dense {}, where the best press at 1/8 scores {}, "
-      "the oracle {} and `block_sparse` {}", score(FS, 8192, "fwe", RB), score(FS, 8192, "fwe", "full"),
-      gap(FS, 8192, "fwe", RB, "full"), score(FS, 8192, "fwe", RD), best_of(FS, 8192, "fwe", "press"),
-      score(FS, 8192, "fwe", "oracle"), score(FS, 8192, "fwe", "block_sparse"))
-
-retrieval_table(FQ, 4096, ("passkey", "niah_single_1"), variants=False)
-if "retrieval-smollm2-4k-cpu.jsonl" in committed():
-    retrieval_table(FS, 4096, ("passkey", *FRONTIER_RULER))
-    quote(RESULTS, "BM25 minus `keydiff` is {} on `niah_multikey_1`, dense minus it {}",
-          gap(FS, 4096, "niah_multikey_1", RB, "keydiff"), gap(FS, 4096, "niah_multikey_1", RD, "keydiff"))
-    quote(RESULTS, "at 1/16 of 4K BM25's needle recall on `niah_single_1` falls to {} and its score to {}",
-          recall("retrieval-smollm2-4k-cpu.jsonl", 4096, "bm25", "niah_single_1", "1/16"),
-          score(FS, 4096, "niah_single_1", RB, "1/16"))
-quote(README, "Retrieval instead keeps the eighth of the context BM25 ranks best for the question: in SmolLM2 at 8K it "
-      "scores {} on passkey and {} on RULER against `keydiff`'s {} and {}, and {} against full's {} on `fwe`, an "
-      "aggregation task", score(FS, 8192, "passkey", RB), score(FS, 8192, "niah_single_1", RB),
-      score(FS, 8192, "passkey", "keydiff"), score(FS, 8192, "niah_single_1", "keydiff"), score(FS, 8192, "fwe", RB),
-      score(FS, 8192, "fwe", "full"))
-quote(RESULTS, "At 8K, at 1/8, BM25 and dense retrieval score {} and {} on passkey, as do full ({}), the oracle ({}) and "
-      "`keydiff` ({}), and {} and {} on `niah_single_1`", score(FQ, 8192, "passkey", RB), score(FQ, 8192, "passkey", RD),
-      score(FQ, 8192, "passkey", "full"), score(FQ, 8192, "passkey", "oracle"), score(FQ, 8192, "passkey", "keydiff"),
-      score(FQ, 8192, "niah_single_1", RB), score(FQ, 8192, "niah_single_1", RD))
 
 
 TIMED = (("`none` (every key)", "none"), ("SnapKV at 1/8", "snapkv:compression_ratio=0.875"),
@@ -1768,6 +1656,28 @@ def test_the_frontier_tables_are_rendered_from_their_rows(file):
         "--heading-level 4`")
 
 
+# -- the answers: `attn-bench answers DOC`, every block rendered from today's rows ------------------------------------
+
+@cache
+def answer_blocks(doc: str) -> tuple[str, ...]:
+    """The doc's answer blocks as the renderer makes them from the committed rows (whitespace folded)."""
+    from harness.analysis.questions import BLOCK, answer
+
+    body = (ROOT / doc).read_text()
+    return tuple(" ".join(answer(m[2], ROOT / "results", body).split()) for m in BLOCK.finditer(body))
+
+
+@pytest.mark.parametrize("doc", [README, RESULTS])
+def test_the_answers_are_rendered_from_todays_rows(doc):
+    """What a block says (its tables, claims, files and their freshness) is what the renderer makes of today's rows and
+    today's history: a claim no test supports, or a file called fresh whose code has changed, fails here."""
+    from harness.analysis.questions import BLOCK
+
+    body = (ROOT / doc).read_text()
+    committed_blocks = [" ".join(m[0].split("-->", 1)[1].rsplit("<!--", 1)[0].split()) for m in BLOCK.finditer(body)]
+    assert committed_blocks and committed_blocks == list(answer_blocks(doc)), f"run `attn-bench answers {doc}`"
+
+
 def spans(pattern: str, body: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(pattern, body, flags=re.S)]
 
@@ -1777,6 +1687,7 @@ def covered(doc: str) -> list[tuple[int, int]]:
     body = text(doc)
     out = spans(r"```.*?```", body) + spans(r"`[^`]*`", body) + spans(r"\]\([^)]*\)", body)
     rendered = [q.render() for q in QUOTES if q.doc == doc] + list(SETTINGS.get(doc, ()))
+    rendered += list(answer_blocks(doc)) if doc in (README, RESULTS) else []
     if doc == RESULTS:
         rendered += [(cost_conditions if "task" not in rows(f)[0] else accuracy_conditions)(f) for f in committed()]
         rendered += [frontier_markdown(f) for f in frontier_files()]
