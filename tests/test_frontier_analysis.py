@@ -364,24 +364,6 @@ def _figure_rows() -> list[dict]:
     return rows
 
 
-def test_figure_draws_the_oracle_on_top_full_dashed_and_marks_unranked_tasks(tmp_path):
-    from harness.analysis.figures.frontier import plot_frontier
-
-    fig = plot_frontier(pd.DataFrame(_figure_rows()), tmp_path, formats=("png",))
-    lines = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
-    oracle = lines["frontier:m:4096:passkey:oracle"]
-    snap = lines["frontier:m:4096:passkey:snapkv"]
-    assert oracle.get_color() == "black" and oracle.get_linewidth() > snap.get_linewidth()
-    assert oracle.get_zorder() > snap.get_zorder()
-    assert list(oracle.get_xdata()) == pytest.approx([FULL_BYTES / 16 / 2**20 * k for k in (1, 2, 4, 8)])
-    assert lines["frontier:m:4096:passkey:full"].get_linestyle() == "--"
-    titles = {ax.get_title() for ax in fig.get_axes()}
-    assert "niah_multikey_1 (full < 0.5: not ranked)" in titles and "passkey" in titles
-    assert all(ax.get_xscale() == "log" for ax in fig.get_axes())
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["frontier-m-4096.png", "frontier-m-8192.png", "frontier.png"]  # one per model and length
-
-
 def test_plot_command_draws_the_frontier(tmp_path, capsys):
     src = tmp_path / "rows.jsonl"
     _write(src, _figure_rows())
@@ -436,10 +418,10 @@ def retrieval_rows(retriever: str, per_budget: dict[str, list[float]]) -> list[d
     return rows
 
 
-def test_retrieval_is_its_own_kind_ranked_over_the_budgets_and_drawn_dotted(tmp_path):
+def test_retrieval_is_its_own_kind_ranked_over_the_budgets_and_drawn_in_its_colour(tmp_path):
     """Each retriever is a method of kind retrieval, with an AUC over the press budgets and its score at 1/8; the
-    table says it is query-aware by nature; the figure draws it as a dotted line, not a press's solid one."""
-    from harness.analysis.figures.frontier import plot_frontier
+    table says it is query-aware by nature; the figure draws it in retrieval's colour, not a press's."""
+    from harness.analysis.figures.frontier import FAMILY, plot_frontier
 
     rows = grid({"oracle": {b: ones(20) for b in BUDGETS}, "snapkv": {b: ones(10) for b in BUDGETS}}, ones(20))
     rows += retrieval_rows("bm25", {b: ones(16) for b in BUDGETS}) + retrieval_rows("dense", {"1/8": ones(4)})
@@ -451,6 +433,6 @@ def test_retrieval_is_its_own_kind_ranked_over_the_budgets_and_drawn_dotted(tmp_
     assert rk.loc["retrieval (bm25)", "gap_at"] == pytest.approx(0.2)
     assert FR.RETRIEVAL_NOTE in FR.markdown(pts, FR.FrontierConfig())
     fig = plot_frontier(pd.DataFrame(rows), tmp_path, formats=("png",))
-    lines = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
-    assert lines["frontier:m:4096:passkey:retrieval (bm25)"].get_linestyle() == ":"
-    assert lines["frontier:m:4096:passkey:snapkv"].get_linestyle() == "-"
+    dots = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
+    assert dots["frontier:m:retrieval (bm25)"].get_color() == FAMILY["retrieval"][1]
+    assert dots["frontier:m:snapkv"].get_color() == FAMILY["press"][1]

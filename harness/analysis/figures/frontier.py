@@ -1,142 +1,440 @@
-"""``frontier``: the memory-quality frontier of ``attn-bench accuracy --preset frontier-*`` rows.
+"""``frontier``: the memory-quality frontier of ``attn-bench accuracy --preset frontier-*`` rows (with the retrieval
+and dynamic sparse prefill rows run on the same prompts), as two figures that answer *what keeps the most at 1/8*.
 
-Per model and length, one panel per task: score against the KV bytes a decoded token reads (log scale), one line per
-press over its budgets with its interval as a band, the oracle (the ceiling of any selector of the budget) in black on
-top, the full cache as a dashed line, quantized caches and the sized variants (at 1/8) as markers where their bytes put
-them, retrieval (the chunks a retriever keeps for the question) as dotted lines. A task full scores below 0.5 on is
-drawn but titled as not ranked. The numbers behind it come from
-:mod:`harness.analysis.frontier` (``attn-bench frontier`` tables them), so the figure and the table agree.
+``frontier.<fmt>``, a forest: one panel per model (SmolLM2, Qwen, Gemma 3; another model after them, by size), at
+its shortest length run at the budget the text quotes (:data:`AT`, 1/8). Each method is one row: a dot at its score
+at 1/8 pooled over the model's ranked tasks there (full >= 0.5), a line for its 95 % interval, sorted best first,
+coloured by family with a fixed map (:data:`FAMILY`: press, variant, quantized, retrieval, sparse prefill). Full and
+the oracle are vertical lines, their intervals light bands. A method run on only some ranked tasks is drawn hollow in
+a block of its own below a divider naming the tasks, beside full and the oracle pooled on the same tasks. A method
+whose every cell scores 1.0 (0.0) is a triangle at the right (left) edge: the tasks cannot tell it from a better
+(worse) one. A quantized cache keeps every token at fewer bits: its share of full's bytes is in its label.
 
-One figure per model and length: ``frontier.<fmt>`` holds them all (one band of panels each, what the report shows),
-and with several, each is also written alone as ``frontier-<model>-<length>.<fmt>``.
+``frontier-curves.<fmt>``: score against the KV bytes kept (share of full's, log) over the budgets, for a few methods
+per model at the same length: full, the oracle, the two best presses at 1/8, the best retrieval, the 4-bit cache.
+
+Every number is :func:`harness.analysis.frontier.ranking`'s (``attn-bench frontier`` tables the same): ``at`` and its
+interval at the budget, ``score`` for a cache with no budget. A block of fewer tasks is that function on those tasks.
 """
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure, SubFigure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerTuple
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.transforms import blended_transform_factory, offset_copy
 
 from harness.analysis import frontier as FR
 from harness.analysis.figures.registry import register_figure
-from harness.analysis.figures.style import Skip, figure_style, finish_figure, legend_entries, save
-from harness.analysis.figures.style import palette as make_palette
+from harness.analysis.figures.style import Skip, figure_style, save
 
-MIB = 2.0**20
-WIDTH, HEIGHT = 4.2, 3.4  # one panel
+AT = "1/8"  # the budget the README and results/README.md quote
+# kind -> (legend entry, colour): fixed, the same in every panel, figure and run (tab10 hues far apart)
+FAMILY: dict[str, tuple[str, str]] = {
+    "press": ("press (kvpress: evicts after the prefill)", "#1f77b4"),
+    "variant": ("variant attending to 1/8 of the keys", "#ff7f0e"),
+    "quantized": ("quantized cache (every token, fewer bits)", "#9467bd"),
+    "retrieval": ("retrieval (reads only the chunks it keeps)", "#2ca02c"),
+    "prefill": ("sparse prefill (1/8 of the pairs; whole cache)", "#e377c2"),
+}
+LINES: dict[str, tuple[str, str, Any]] = {  # kind -> (legend entry, colour, dash): drawn across the rows
+    "reference": ("full (uncompressed cache)", "0.45", (0, (4, 2))),
+    "oracle": ("oracle (per head, the keys of highest true weight)", "black", "-"),
+}
+MODEL_ORDER = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")  # the order the README quotes them
+MODEL_NAME = {"smollm2-135m": "SmolLM2-135M", "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B", "gemma3-270m": "Gemma 3 270M"}
+WIDTH = 6.0  # inches: 900 px at save()'s 150 dpi, a README's width
+ROW = 0.19  # inches a method's row takes
+X_LABEL = f"score at {AT} of the KV cache (mean over ranked tasks)"
+
+
+# -- the numbers -------------------------------------------------------------------------------------
+
+@dataclass
+class Block:
+    """The methods of one panel run on the same ranked tasks, best first, with full and the oracle on those tasks."""
+
+    tasks: tuple[str, ...]
+    complete: bool  # every ranked task of the panel
+    rows: pd.DataFrame  # method, kind, label, score, lo, hi, edge ("ceiling", "floor" or ""), kv_fraction, n
+    lines: dict[str, tuple[float, float, float]]  # "reference" / "oracle" -> (score, lo, hi)
+
+
+@dataclass
+class Panel:
+    model: str
+    eval_len: int
+    tasks: tuple[str, ...]  # the ranked tasks
+    blocks: list[Block]
+    press_bytes: float  # the presses' mean share of full's KV bytes at the budget (Gemma 3: its windows stay)
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (method, why)
+
+
+def model_name(model: str) -> str:
+    base = Path(str(model)).name
+    return MODEL_NAME.get(base, base)
+
+
+def _model_key(model: str) -> tuple[int, float, str]:
+    base = Path(str(model)).name
+    if base in MODEL_ORDER:
+        return (0, float(MODEL_ORDER.index(base)), base)
+    size = re.search(r"(\d+(?:\.\d+)?)([mb])(?![a-z])", base.lower())  # 135m, 0.5b: parameters
+    return (1, float(size[1]) * (1e3 if size[2] == "b" else 1.0) if size else float("inf"), base)
+
+
+def _task_key(task: str) -> tuple[bool, str]:
+    return (task != "passkey", task)
 
 
 def frontier_points(acc: pd.DataFrame) -> pd.DataFrame:
-    """The ok points with bytes to place them (:func:`harness.analysis.frontier.points`); Skip when there are none."""
+    """:func:`harness.analysis.frontier.points` of the rows (every status: the ranking reads the ok ones); Skip when
+    there are none."""
     if len(acc) == 0:
         raise Skip("no accuracy rows")
     try:
         pts = FR.points(acc)
     except ValueError as e:
         raise Skip(str(e)) from None
-    pts = pts[(pts["status"] == "ok") & pts["kv_bytes"].notna()]
-    if len(pts) == 0:
-        raise Skip("no frontier rows that ran with their KV bytes measured")
+    if not (pts["status"] == "ok").any():
+        raise Skip("no frontier rows that ran")
     return pts
 
 
-def _task_order(tasks: Sequence[str]) -> list[str]:
-    return sorted(tasks, key=lambda t: (t != "passkey", t))
+def _label(method: str, kind: str, kv: float) -> str:
+    if kind == "quantized" and kv == kv:
+        return f"{method} ({kv:.2f} of the bytes)"
+    return method
 
 
-def _panel(ax: Any, sub: pd.DataFrame, pal: dict[str, Any], gid: str) -> None:
-    """One task: presses as lines with bands, the oracle on top, full dashed, quantized, variants and dynamic sparse
-    prefills (at full's bytes: they keep every key) as markers."""
-    full = sub[sub["kind"] == "reference"]
-    if len(full):
-        ax.axhline(float(full["score"].iloc[0]), color="0.35", ls="--", lw=1.2, label="full (uncompressed)",
-                   gid=f"{gid}:full")
-    variants = sorted(set(sub[sub["kind"] == "variant"]["method"]))
-    prefills = sorted(set(sub[sub["kind"] == "prefill"]["method"]))
-    for (method, kind), g in sub[sub["kind"] != "reference"].groupby(["method", "kind"], sort=True):
-        g = g.sort_values("kv_bytes")
-        x, y = (g["kv_bytes"] / MIB).to_numpy(float), g["score"].to_numpy(float)
-        if kind == "variant":  # sized alike, so at one x: spread a little apart to be seen
-            x = x * 2.0 ** (0.07 * (variants.index(method) - (len(variants) - 1) / 2))
-        if kind == "prefill":  # a dynamic sparse prefill keeps the whole cache: at full's bytes, spread apart
-            x = x * 2.0 ** (0.07 * (prefills.index(method) - (len(prefills) - 1) / 2))
-        if kind in ("press", "oracle", "retrieval"):  # retrieval: dotted, it reads the question before choosing
-            colour = "black" if kind == "oracle" else pal[method]
-            ax.plot(x, y, color=colour, marker="v" if kind == "retrieval" else "o", markersize=4,
-                    lw=2.8 if kind == "oracle" else 1.4, ls=":" if kind == "retrieval" else "-",
-                    zorder=5 if kind == "oracle" else 3, label=method + (" (query-aware)" if kind == "retrieval" else ""),
-                    gid=f"{gid}:{method}")
-            ax.fill_between(x, g["ci_low"].to_numpy(float), g["ci_high"].to_numpy(float), color=colour, alpha=0.15,
-                            lw=0, gid=f"band:{gid}:{method}")
-        else:  # quantized at its bytes, a sized variant at its budget: points, not curves
-            yerr = [y - g["ci_low"].to_numpy(float), g["ci_high"].to_numpy(float) - y]
-            ax.errorbar(x, y, yerr=yerr, color=pal[method], marker={"quantized": "D", "prefill": "^"}.get(kind, "s"),
-                        markersize=7, ls="none", capsize=3, zorder=4, label=method + {"variant": " (1/8)", "prefill":
-                        " (prefill, whole cache)"}.get(kind, ""), gid=f"{gid}:{method}")
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 16, not 2^4
-    ax.set_xlabel("KV bytes kept (MiB, log scale)")
-    ax.set_ylabel("score")
-    ax.set_ylim(-0.03, 1.03)
+def _block(pts: pd.DataFrame, rk: pd.DataFrame, methods: list[tuple[str, str]], tasks: tuple[str, ...],
+           complete: bool, at: str, left_out: list[str]) -> Block | None:
+    """One block's rows from ``rk`` (the ranking of ``pts`` on ``tasks``); a method it could not score is left out."""
+    rk = rk.set_index("method")
+    rows = []
+    for method, kind in methods:
+        col = "score" if kind == "quantized" else "at"
+        r = rk.loc[method] if method in rk.index else None
+        if r is None or pd.isna(r[col]):
+            n = int(pts[(pts["method"] == method) & pts["task"].isin(tasks)]["n"].min())
+            full = int(pts[(pts["kind"] == "reference") & pts["task"].isin(tasks)]["n"].min())
+            left_out.append((method, f"{n} of full's {full} {'/'.join(tasks)} examples: a run cut short, not paired"))
+            continue
+        cells = pts[(pts["method"] == method) & pts["task"].isin(tasks) & (pts["budget"] == ("" if kind == "quantized"
+                                                                                              else at))]["score"]
+        edge = "ceiling" if (cells == 1.0).all() else "floor" if (cells == 0.0).all() else ""
+        rows.append({"method": method, "kind": kind, "label": _label(method, kind, float(r["kv_fraction"])),
+                     "score": float(r[col]), "lo": float(r[f"{col}_lo"]), "hi": float(r[f"{col}_hi"]), "edge": edge,
+                     "kv_fraction": float(r["kv_fraction"]),
+                     "n": int(pts[(pts["method"] == method) & pts["task"].isin(tasks)]["n"].max())})
+    if not rows:
+        return None
+    lines = {k: (float(r["at"]), float(r["at_lo"]), float(r["at_hi"])) for k, name in (("reference", "full"),
+             ("oracle", "oracle")) if name in rk.index and pd.notna((r := rk.loc[name])["at"])}
+    df = pd.DataFrame(rows).sort_values(["score", "hi", "lo", "label"], ascending=[False, False, False, True],
+                                        ignore_index=True)
+    return Block(tasks, complete, df, lines)
 
 
-def _draw(where: Figure | SubFigure, g: pd.DataFrame, pal: dict[str, Any]) -> list[Any]:
-    """One model at one length, one panel per task; returns the axes."""
-    model, length = str(g["model"].iloc[0]), int(g["eval_len"].iloc[0])
-    tasks = _task_order(sorted(set(g["task"])))
-    axes = where.subplots(1, len(tasks), squeeze=False).ravel().tolist()
-    for ax, task in zip(axes, tasks, strict=True):
-        sub = g[g["task"] == task]
-        _panel(ax, sub, pal, f"frontier:{model}:{length}:{task}")
-        marked = bool(sub["below_half"].iloc[0])
-        ax.set_title(task + (" (full < 0.5: not ranked)" if marked else ""), fontsize="medium")
-    if isinstance(where, SubFigure):  # a figure of its own says it in its title
-        where.suptitle(_name(g), fontsize="medium")
-    return axes
+def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) -> list[Panel]:
+    """Per model (:func:`_model_key`'s order), at its shortest length with a cell at ``at``: its methods' pooled scores
+    at ``at`` over the ranked tasks (``rank``: :func:`harness.analysis.frontier.ranking` of ``pts`` at ``at``), then
+    those run on fewer tasks, ranked on those tasks."""
+    ok = pts[pts["status"] == "ok"]
+    rank = FR.ranking(pts, at=at) if rank is None else rank
+    panels = []
+    for model in sorted(set(ok["model"]), key=_model_key):
+        mine = ok[ok["model"] == model]
+        lengths = sorted(set(mine[mine["budget"] == at]["eval_len"]))
+        if not lengths:
+            continue
+        L = int(lengths[0])
+        g = mine[mine["eval_len"] == L]
+        ref = g[g["kind"] == "reference"]
+        tasks = tuple(sorted(ref[ref["ranked"]]["task"], key=_task_key))
+        if not tasks:
+            continue
+        cells = g[g["task"].isin(tasks) & ~g["kind"].isin(["reference", "oracle"])
+                  & ((g["budget"] == at) | (g["kind"] == "quantized"))]
+        have: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        for (method, kind), c in cells.groupby(["method", "kind"], sort=True):
+            have.setdefault(tuple(sorted(set(c["task"]), key=_task_key)), []).append((method, kind))
+        blocks, left_out = [], []
+        for subset in sorted(have, key=lambda s: (s != tasks, -len(s), [_task_key(t) for t in s])):
+            here = pts[(pts["model"] == model) & (pts["eval_len"] == L)]
+            rk = rank[(rank["model"] == model) & (rank["eval_len"] == L)] if subset == tasks else \
+                FR.ranking(here[here["task"].isin(subset)], at=at)
+            b = _block(g, rk, have[subset], subset, subset == tasks, at, left_out)
+            blocks += [b] if b is not None else []
+        if blocks:
+            press = g[(g["kind"] == "press") & (g["budget"] == at) & g["task"].isin(tasks)]["kv_fraction"]
+            panels.append(Panel(model, L, tasks, blocks, float(press.mean()) if len(press) else float("nan"), left_out))
+    return panels
 
 
-def _name(g: pd.DataFrame) -> str:
-    return f"{Path(str(g['model'].iloc[0])).name} at {int(g['eval_len'].iloc[0])} tokens"
+# -- the forest --------------------------------------------------------------------------------------
+
+def _rows(panel: Panel) -> float:
+    return sum(len(b.rows) for b in panel.blocks) + 1.2 * (len(panel.blocks) - 1)
 
 
-def _caption(pts: pd.DataFrame) -> str:
-    n = ", ".join(str(int(v)) for v in sorted(set(pts["n"])))
-    return (f"examples per point: {n} (passkey: its depths pooled); bands and bars: 95 % intervals (Wilson for 0/1 "
-            "outcomes, else bootstrap); black: the oracle, per head the budget's keys of highest true attention weight; "
-            "squares: variants sized to 1/8, spread a little along x; dotted: retrieval, which reads the question")
+def _title(panel: Panel, at: str) -> str:
+    title = f"{model_name(panel.model)} at {panel.eval_len} tokens · ranked tasks: {', '.join(panel.tasks)}"
+    if panel.press_bytes == panel.press_bytes and panel.press_bytes > 1.5 * float(Fraction(at)):
+        title += (f"\n{at} of the context's keys is {panel.press_bytes:.2f} of full's KV bytes here: "
+                  "its sliding layers keep their window")
+    return title
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", Path(text).name).strip("-").lower() or "model"
+def _draw_panel(ax: Axes, panel: Panel) -> None:
+    gid = f"frontier:{model_name(panel.model)}"
+    ax.set_gid(gid)
+    y, ticks, labels, numbers = 0.0, [], [], []
+    for block in panel.blocks:
+        if not block.complete:  # a divider naming the tasks, then the block
+            ax.axhline(y - 0.1, color="0.55", lw=0.8, gid=f"divider:{gid}")
+            ax.text(0.01, y + 0.35, f"run on {', '.join(block.tasks)} only (hollow); full and the oracle there:",
+                    transform=ax.get_yaxis_transform(), fontsize=7, style="italic", color="0.3", va="center")
+            y += 1.2
+        top, bottom = y - 0.5, y + len(block.rows) - 0.5
+        for kind, (score, lo, hi) in block.lines.items():
+            _, colour, dash = LINES[kind]
+            ax.fill_betweenx([top, bottom], lo, hi, color=colour, alpha=0.10, lw=0, zorder=1, gid=f"band:{gid}:{kind}")
+            ax.vlines(score, top, bottom, colors=colour, linestyles=[dash], lw=1.4, gid=f"{gid}:{kind}",
+                      zorder=2.6 if kind == "reference" else 2.4)  # full's dashes over the oracle where they agree
+        for r in block.rows.itertuples():
+            colour = FAMILY[r.kind][1]
+            ax.hlines(y, r.lo, r.hi, colors=colour, lw=1.6, zorder=3, gid=f"ci:{gid}:{r.method}")
+            marker = {"ceiling": ">", "floor": "<"}.get(r.edge, "o")
+            ax.plot([r.score], [y], marker=marker, markersize=6.5 if r.edge else 5.5, ls="none", zorder=4,
+                    color=colour, markerfacecolor=colour if block.complete else "white", markeredgewidth=1.3,
+                    gid=f"{gid}:{r.method}")
+            ticks.append(y)
+            labels.append(r.label)
+            numbers.append(f"{r.score:.2f} [{r.lo:.2f}, {r.hi:.2f}]")
+            y += 1
+    ax.set_ylim(y - 0.4, -0.6)  # best on top
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.set_yticklabels(labels, fontsize=7.5)
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.tick_params(axis="y", length=0, pad=3)
+    right = ax.twinx()  # the numbers, a forest plot's right-hand column
+    right.set_gid(f"numbers:{gid}")
+    right.set_ylim(ax.get_ylim())
+    right.yaxis.set_major_locator(FixedLocator(ticks))
+    right.set_yticklabels(numbers, fontsize=6.5, color="0.3")
+    right.tick_params(axis="y", length=0, pad=2)
+    right.grid(False)
+    for s in right.spines.values():
+        s.set_visible(False)
+    ax.set_xlim(-0.04, 1.04)
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.tick_params(axis="x", labelsize=7.5, labelbottom=True)
 
 
-@register_figure("frontier", "accuracy", description="Memory-quality frontier: score against the KV bytes kept, per "
-                 "press over its budgets, the oracle on top, full, quantized caches and the variants sized to 1/8.")
-def plot_frontier(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
-                  formats: Sequence[str] = ("png",)) -> Figure:
-    pts = frontier_points(acc)
-    groups = [g for _, g in pts.groupby(["model", "eval_len"], sort=True)]
-    pal = make_palette(sorted(set(pts["method"])))
-    ncols = max(len(set(g["task"])) for g in groups)
-    title, caption = "Memory-quality frontier: score against the KV memory kept", _caption(pts)
-    one_title = "Memory-quality frontier: {}"
+def _legend(panels: list[Panel]) -> list[tuple[Any, str]]:
+    kinds = {k for p in panels for b in p.blocks for k in b.rows["kind"]}
+    out: list[tuple[Any, str]] = [(Line2D([], [], color=c, marker="o", ls="-", lw=1.6, markersize=5.5), name)
+                                  for k, (name, c) in FAMILY.items() if k in kinds]
+    lines = {k for p in panels for b in p.blocks for k in b.lines}
+    out += [(Line2D([], [], color=LINES[k][1], ls=LINES[k][2], lw=1.4), LINES[k][0]) for k in LINES if k in lines]
+    if any(not b.complete for p in panels for b in p.blocks):
+        out.append((Line2D([], [], color="0.3", marker="o", markerfacecolor="white", ls="none"),
+                    "hollow: run on some ranked tasks only"))
+    edges = [(e, m) for e, m in (("ceiling", ">"), ("floor", "<")) if e in {e for p in panels for b in p.blocks
+                                                                      for e in b.rows["edge"]}]
+    if edges:  # one entry: a triangle at the edge, each way it points
+        out.append((tuple(Line2D([], [], color="0.3", marker=m, ls="none", markersize=6.5) for _, m in edges),
+                    " / ".join({"ceiling": "every cell 1.0 (ceiling)", "floor": "every cell 0 (floor)"}[e]
+                               for e, _ in edges)))
+    return out
+
+
+def _left_out(panels: list[Panel]) -> str:
+    """The methods left out, grouped by model and why: "SmolLM2-135M: a, b (query-aware) (16 of full's 20 ...)"."""
+    parts = []
+    for p in panels:
+        groups: dict[str, list[str]] = {}
+        for method, why in p.left_out:
+            groups.setdefault(why, []).append(method)
+        for why, methods in groups.items():
+            suffix = re.search(r" \([^()]*\)$", methods[0])
+            common = suffix[0] if suffix and len(methods) > 1 and all(m.endswith(suffix[0]) for m in methods) else ""
+            names = ", ".join(m[:len(m) - len(common)] for m in methods)
+            parts.append(f"{model_name(p.model)}'s {names}{common} ({why})")
+    return "; ".join(parts)
+
+
+def _caption(panels: list[Panel], at: str) -> str:
+    n = sorted({int(v) for p in panels for b in p.blocks for v in b.rows["n"]})
+    text = (f"Each row: a method's score with {at} of the KV cache, pooled over the model's ranked tasks at that length "
+            f"(full >= 0.5 there), and its 95 % interval, as `attn-bench frontier` tables it (right: the numbers); "
+            f"{'/'.join(map(str, n))} examples a task (passkey: 5 haystacks of 4 keys). Lines: full and the oracle "
+            f"on the same tasks, shaded: their intervals. A quantized cache has no "
+            f"budget: every token at fewer bits. A sparse prefill computes {at} of the prompt's attention pairs and "
+            f"keeps the whole cache.")
+    left = _left_out(panels)
+    return text + (f" Left out: {left}." if left else "")
+
+
+TITLE_IN, LEGEND_ROW_IN, CAPTION_LINE_IN = 0.32, 0.17, 0.115  # inches of the margins drawn outside the layout
+CAPTION_CHARS = 118  # a caption line at 6.5 pt across WIDTH
+
+
+def _save_forest(panels: list[Panel], out: str | Path | None, formats: Sequence[str], at: str) -> Figure:
+    """Title and legend above, the caption below, in margins of known inches; the panels in between, laid out."""
+    titles = [_title(p, at) for p in panels]
+    rows = [_rows(p) + 0.2 for p in panels]  # the y range each panel's axes spans, in rows
+    legend = _legend(panels)
+    caption = "\n".join(textwrap.wrap(_caption(panels, at), CAPTION_CHARS))
+    top = TITLE_IN + LEGEND_ROW_IN * np.ceil(len(legend) / 2) + 0.08
+    bottom = CAPTION_LINE_IN * (caption.count("\n") + 1) + 0.12
+    decorations = sum(0.42 + 0.14 * t.count("\n") for t in titles) + 0.2  # title, x ticks; the x label
+    height = ROW * sum(rows) + decorations + top + bottom
     with figure_style():
-        fig = Figure(figsize=(WIDTH * ncols + 2.5, (HEIGHT + 0.4) * len(groups) + 0.6), layout="constrained")
-        subs = [fig] if len(groups) == 1 else list(fig.subfigures(len(groups), 1, squeeze=False).ravel())
-        axes = [ax for sub, g in zip(subs, groups, strict=True) for ax in _draw(sub, g, pal)]
-        finish_figure(fig, title if len(groups) > 1 else one_title.format(_name(groups[0])), caption,
-                      legend_entries(axes))
-        if len(groups) > 1 and out is not None:
-            for g in groups:
-                one = Figure(figsize=(WIDTH * len(set(g["task"])) + 2.5, HEIGHT + 1.0), layout="constrained")
-                finish_figure(one, one_title.format(_name(g)), caption, legend_entries(_draw(one, g, pal)))
-                save(one, out, f"frontier-{_slug(str(g['model'].iloc[0]))}-{int(g['eval_len'].iloc[0])}", formats)
+        fig = Figure(figsize=(WIDTH, height), layout="constrained")
+        fig.get_layout_engine().set(rect=(0, bottom / height, 1, 1 - (top + bottom) / height))
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=rows).ravel().tolist()
+        for ax, panel, title in zip(axes, panels, titles, strict=True):
+            _draw_panel(ax, panel)
+            where = offset_copy(blended_transform_factory(fig.transFigure, ax.transAxes), fig=fig, y=5, units="points")
+            ax.text(0.012, 1.0, title, transform=where, fontsize=8.5, ha="left", va="bottom", gid=f"title:{ax.get_gid()}")
+        axes[-1].set_xlabel(X_LABEL, fontsize=8.5)
+        fig.text(0.5, 1 - 0.06 / height, f"What keeps the most with {at} of the KV cache, per model", fontsize=11,
+                 ha="center", va="top", gid="title")
+        handles, labels = zip(*legend, strict=True)
+        fig.legend(handles, labels, handler_map={tuple: HandlerTuple(ndivide=None, pad=0.6)}, loc="upper center",
+                   bbox_to_anchor=(0.5, 1 - TITLE_IN / height), ncols=2, fontsize=7, frameon=False, columnspacing=1.2,
+                   handlelength=1.8, borderaxespad=0, borderpad=0.2)
+        fig.text(0.012, 0.06 / height, caption, fontsize=6.5, color="0.35", ha="left", va="bottom", gid="caption")
     save(fig, out, "frontier", formats)
     return fig
 
 
-__all__ = ["frontier_points", "plot_frontier"]
+# -- the curves --------------------------------------------------------------------------------------
+
+CURVE_STYLE = {  # role -> (colour, dash, marker)
+    "full": ("0.45", (0, (4, 2)), ""),
+    "oracle": ("black", "-", "o"),
+    "press 1": (FAMILY["press"][1], "-", "o"),
+    "press 2": ("#7fb1d9", "-", "s"),  # the press hue, lighter
+    "retrieval": (FAMILY["retrieval"][1], ":", "v"),
+    "quantized": (FAMILY["quantized"][1], "none", "D"),
+}
+
+
+def curve_methods(panel: Panel) -> dict[str, str]:
+    """role -> method drawn in the curves: full, the oracle, the two best presses at the budget over every ranked
+    task, the best retrieval, the 4-bit cache (those present)."""
+    complete = next((b.rows for b in panel.blocks if b.complete), pd.DataFrame(columns=["method", "kind"]))
+    presses = list(complete[complete["kind"] == "press"]["method"])
+    retrieval = list(complete[complete["kind"] == "retrieval"]["method"])
+    quant = [m for m in complete[complete["kind"] == "quantized"]["method"] if "4-bit" in m]
+    out = {"full": "full", "oracle": "oracle"}
+    out |= {f"press {i + 1}": m for i, m in enumerate(presses[:2])}
+    out |= {"retrieval": retrieval[0]} if retrieval else {}
+    return out | ({"quantized": quant[0]} if quant else {})
+
+
+def curves(pts: pd.DataFrame, panel: Panel) -> pd.DataFrame:
+    """The chosen methods' pooled score over the panel's ranked tasks at each budget run there, with the share of
+    full's KV bytes it keeps: role, method, budget, kv_fraction, score (:func:`harness.analysis.frontier.ranking`)."""
+    here = pts[(pts["model"] == panel.model) & (pts["eval_len"] == panel.eval_len) & pts["task"].isin(panel.tasks)]
+    roles = curve_methods(panel)
+    budgets = sorted({b for b in here[(here["status"] == "ok")]["budget"] if b}, key=lambda b: float(Fraction(b)))
+    out = []
+    for b in budgets:
+        rk = FR.ranking(here, at=b).set_index("method")
+        for role, method in roles.items():
+            if method not in rk.index:
+                continue
+            r = rk.loc[method]
+            col = "score" if role == "quantized" else "at"
+            if role in ("full", "quantized") and out and any(o["role"] == role for o in out):
+                continue  # no budget: one point
+            if pd.notna(r[col]):
+                out.append({"role": role, "method": method, "budget": "" if role in ("full", "quantized") else b,
+                            "kv_fraction": 1.0 if role == "full" else float(r["kv_fraction"]), "score": float(r[col])})
+    return pd.DataFrame(out, columns=["role", "method", "budget", "kv_fraction", "score"])
+
+
+def _save_curves(pts: pd.DataFrame, panels: list[Panel], out: str | Path | None, formats: Sequence[str],
+                 at: str) -> Figure:
+    """One panel per model: the methods of :func:`curve_methods`, each panel's legend below it (at most six)."""
+    data = [curves(pts, p) for p in panels]
+    low = min([float(c["kv_fraction"].min()) for c in data if len(c)] + [1 / 16])
+    with figure_style():
+        fig = Figure(figsize=(WIDTH, 3.5), layout="constrained")
+        axes = fig.subplots(1, len(panels), sharey=True, squeeze=False).ravel().tolist()
+        for ax, panel, c in zip(axes, panels, data, strict=True):
+            gid = f"curves:{model_name(panel.model)}"
+            ax.set_gid(gid)
+            for role, g in c.groupby("role", sort=False):
+                colour, dash, marker = CURVE_STYLE[role]
+                g = g.sort_values("kv_fraction")
+                label = str(g["method"].iloc[0])
+                if role == "full":
+                    ax.axhline(float(g["score"].iloc[0]), color=colour, ls=dash, lw=1.2, label=label, gid=f"{gid}:full",
+                               zorder=1)
+                    continue
+                ax.plot(g["kv_fraction"], g["score"], color=colour, ls=dash, marker=marker, markersize=3.5,
+                        lw=2.4 if role == "oracle" else 1.3, zorder=2 if role == "oracle" else 3, label=label,
+                        gid=f"{gid}:{label}")  # the oracle under the others: a method on it stays seen
+                ring = g[g["budget"] == at]
+                ax.plot(ring["kv_fraction"], ring["score"], ls="none", marker="o", markersize=7, markerfacecolor="none",
+                        markeredgecolor=colour, markeredgewidth=1.0, zorder=4, gid=f"ring:{gid}:{label}")
+            ax.set_xscale("log", base=2)
+            ax.set_xlim(low / 1.35, 1.35)
+            ticks = [t for t in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1) if t >= low / 1.35]
+            ax.set_xticks(ticks, [str(Fraction(t).limit_denominator()) for t in ticks])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.tick_params(labelsize=7)
+            ax.set_ylim(-0.03, 1.05)
+            ax.set_title(f"{model_name(panel.model)}\n{panel.eval_len} tokens", fontsize=8)
+            ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False, handlelength=2.0,
+                      borderaxespad=0, labelspacing=0.2)
+        axes[0].set_ylabel("score (mean over ranked tasks)", fontsize=7.5)
+        fig.suptitle(f"Score against the KV bytes kept (share of full's, log); ringed: the {at} budget", fontsize=9)
+    save(fig, out, "frontier-curves", formats)
+    return fig
+
+
+@register_figure("frontier", "accuracy", description=f"Memory-quality frontier: per model, each method's score at {AT} "
+                 "of the KV cache with its interval, sorted, coloured by family; full and the oracle as lines "
+                 "(frontier-curves.png beside it: score against the bytes kept for a few methods).")
+def plot_frontier(acc: pd.DataFrame, out: str | Path | None = None, *, palette: dict | None = None,
+                  formats: Sequence[str] = ("png",)) -> Figure:
+    """The forest (returned, ``frontier.<fmt>``) and the curves (``frontier-curves.<fmt>``). ``palette`` is not
+    used: the families have fixed colours."""
+    pts = frontier_points(acc)
+    panels = forest(pts, AT)
+    if not panels:
+        raise Skip(f"no model has a ranked task (full >= 0.5) with a method run at {AT}")
+    fig = _save_forest(panels, out, formats, AT)
+    _save_curves(pts, panels, out, formats, AT)
+    return fig
+
+
+def plot_frontier_curves(acc: pd.DataFrame, out: str | Path | None = None, *,
+                         formats: Sequence[str] = ("png",)) -> Figure:
+    """The curves alone (``frontier-curves.<fmt>``)."""
+    pts = frontier_points(acc)
+    panels = forest(pts, AT)
+    if not panels:
+        raise Skip(f"no model has a ranked task (full >= 0.5) with a method run at {AT}")
+    return _save_curves(pts, panels, out, formats, AT)
+
+
+__all__ = ["AT", "FAMILY", "LINES", "Block", "Panel", "curve_methods", "curves", "forest", "frontier_points",
+           "model_name", "plot_frontier", "plot_frontier_curves"]
