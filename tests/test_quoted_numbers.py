@@ -348,35 +348,6 @@ FG, QWEN = "frontier-gemma3-cpu.jsonl", "qwen2.5-coder-0.5b"
 FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",)}
 
 
-@cache
-def frontier_ranking(file: str) -> Any:
-    from harness.analysis import frontier as FR
-
-    return FR.ranking(FR.points(list(rows(file))))
-
-
-def rank(file: str, L: int, method: str, col: str) -> Calc:
-    def number() -> float:
-        rk = frontier_ranking(file)
-        hit = rk[(rk["eval_len"] == L) & (rk["method"] == method)]
-        assert len(hit) == 1, (file, L, method)
-        return float(hit[col].iloc[0])
-    return Calc(number, ".2f")
-
-
-def best_press_at(file: str, L: int) -> list[str]:
-    """The presses by their score at 1/8, best first (the oracle and full apart)."""
-    rk = frontier_ranking(file)
-    rk = rk[(rk["eval_len"] == L) & (rk["kind"] == "press")].sort_values("at", ascending=False)
-    return list(rk["method"])
-
-
-def decode_ms(press: str, model: str = "smollm2-135m") -> V:
-    return V(FC, {"press_spec": press, "mode": "decode", "hf_config": model}, "latency_ms", "one", ".1f")
-
-
-
-
 # -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
 
 # the CPU kernel table at 16K, in cpu-speed.jsonl and in its quiet re-run (cpu-speed-roofline-cpu.jsonl)
@@ -1307,16 +1278,6 @@ def ran(file: str, **where: Any) -> bool:
     return any(all(r.get(k) == v for k, v in where.items()) for r in rows(file)) if file in committed() else False
 
 
-def block_sparse_share() -> float:
-    """The 512-key block_sparse's pairs at 8K / the causal pairs, as the dynamic rows count density."""
-    import attn
-
-    m = attn.build_attention("block_sparse", block_size=64, local_blocks=7, global_blocks=1)
-    return m.pairs(8192, 8192, True) / (8192 * 8193 / 2)
-
-
-
-
 # -- issue 51: retrieval beside the frontier's arms (results/README.md, retrieval-*-cpu.jsonl) ------------------------
 RS, RQ, RT = "retrieval-smollm2-cpu.jsonl", "retrieval-qwen-cpu.jsonl", "retrieval-time-cpu.jsonl"
 RETRIEVED = ("bm25", "dense", "keys")
@@ -1382,40 +1343,6 @@ def recall(file: str, L: int, retriever: str, task: str, budget: str = "1/8") ->
 
 METRIC_OF = {"passkey": "exact_match", "niah_single_1": "string_match", "niah_multikey_1": "string_match",
              "fwe": "string_match"}
-FRONTIER_RULER = ("niah_single_1", "niah_multikey_1")
-
-
-def retrieval_table(file: str, L: int, tasks: tuple[str, ...], variants: bool = True) -> None:
-    """At 1/8 of the context: full, the oracle, the best press and sized variant per task, each retriever with the
-    share of the needles its chunks kept (where the task knows them)."""
-    cols = " | ".join("{}" for _ in tasks)
-    quote(RESULTS, f"| `full` (every key) | {cols} | |", *(cell(file, L, t, "full") for t in tasks))
-    quote(RESULTS, f"| oracle | {cols} | |", *(cell(file, L, t, "oracle") for t in tasks))
-    quote(RESULTS, f"| best press | {cols} | |", *(best(file, L, t, "press") for t in tasks))
-    if variants:  # the frontier file sized some
-        quote(RESULTS, f"| best sized variant | {cols} | |", *(best(file, L, t, "variant") for t in tasks))
-    needles = [t for t in tasks if t != AGGREGATION_TASK]
-    src = [f for f in FRONTIER_WITH[file] if f in committed() and any(row["eval_len"] == L for row in rows(f))][-1]
-    for r in RETRIEVED:
-        if not any(row.get("press_spec", "").startswith(f"retrieval:retriever={r},") for row in rows(src)):
-            continue
-        quote(RESULTS, f"| `retrieval:retriever={r}` | {cols} | " + " / ".join("{}" for _ in needles) + " |",
-              *(cell(file, L, t, f"retrieval ({r})") for t in tasks), *(recall(src, L, r, t) for t in needles))
-
-
-AGGREGATION_TASK = "fwe"
-
-
-def gap(file: str, L: int, task: str, a: str, b: str, budget: str = "1/8") -> Text:
-    """``+0.30 [0.10, 0.50]``: method ``a``'s score minus ``b``'s on the same prompts, with the paired bootstrap's 95 %
-    interval (passkey resampled by depth), as the frontier computes its gaps."""
-    def fn() -> str:
-        from harness.analysis.paired import paired_difference
-
-        one = {m: retrieval_point(file, L, task, m, budget).iloc[0] for m in (a, b)}
-        d, lo, hi = paired_difference(one[a]["per_example"], one[b]["per_example"], clusters=[one[a]["clusters"]])
-        return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-    return Text(fn)
 
 
 def score(file: str, L: int, task: str, method: str, budget: str = "1/8", col: str = "score") -> Calc:
@@ -1424,16 +1351,6 @@ def score(file: str, L: int, task: str, method: str, budget: str = "1/8", col: s
         assert len(hit) == 1, (file, L, task, method)
         return float(hit[col].iloc[0])
     return Calc(fn, ".2f")
-
-
-def best_of(file: str, L: int, task: str, kind: str, budget: str = "1/8") -> Calc:
-    def fn() -> float:
-        p = retrieval_points(file)
-        return float(p[(p["eval_len"] == L) & (p["task"] == task) & (p["kind"] == kind) & (p["budget"] == budget)
-                       & ~p["method"].str.contains("query-aware")]["score"].max())
-    return Calc(fn, ".2f")
-
-
 
 
 TIMED = (("`none` (every key)", "none"), ("SnapKV at 1/8", "snapkv:compression_ratio=0.875"),
