@@ -36,6 +36,8 @@ def existing(tmp_path):
         (["--task", "lm", "--corpus", "EMPTY"], "no non-empty text files"),
         (["--task", "lm", "--corpus", "SMALL", "--train-len", "16", "--eval-lens", "4096"], "fewer than one evaluation window"),
         (["--task", "mqar", "--depths", "0.5"], "--depths applies to passkey only"),
+        (["--task", "passkey", "--keys-per-haystack", "2"], "keys_per_haystack applies to a checkpoint (--hf-model)"),
+        (["--task", "passkey", "--chat-template"], "--chat-template applies to --hf-model"),
         (["--task", "fidelity", "--variant", "full"], "at least one other --variant"),
         (["--task", "mqar", "--seeds", "a,b"], "--seeds must be comma-separated integers"),
         (["--task", "mqar", "--model", "huge"], "unknown model preset 'huge'"),

@@ -89,6 +89,9 @@ def test_rows_for_every_variant_position_length_and_metric(rows, checkpoint):
         assert r["tokenizer"] == "bytes" and "bytes" in r["note"]
         if r["metric"] != "exact_match":
             assert r["ci_low"] <= r["value"] <= r["ci_high"] and r["n"] == math.ceil(r["scored_tokens"] / r["eval_len"])
+        else:  # passkey: two examples, each in a haystack of its own
+            assert r["draws"] == r["n"] == 2
+        assert r["chat_template"] is False and not r["run_id"].endswith("|chat")
     yarn = [r for r in got if r["position_spec"] == "rope_yarn:factor=4"]
     assert {r["position"] for r in yarn} == {"rope_yarn"}
     assert {r["position_params"]["factor"] for r in yarn} == {4.0}
@@ -129,6 +132,9 @@ def test_resume_skips_finished_cells_and_a_full_file_needs_resume(rows, checkpoi
     (["--hf-model", "CKPT", "--task", "passkey", "--eval-lens", "64"], "eval length 64 is too short"),
     (["--hf-model", "CKPT", "--position", "rope_yarn:factor=0.5"], "factor"),
     (["--hf-model", "CKPT", "--variant", "nope"], "unknown attention variant 'nope'"),
+    (["--hf-model", "CKPT", "--task", "passkey", "--chat-template"], "has no tokenizer, so no chat template"),
+    (["--hf-model", "CKPT", "--task", "lm", "--chat-template"], "--chat-template puts a prompt in the model's chat turns"),
+    (["--hf-model", "CKPT", "--task", "passkey", "--keys-per-haystack", "3"], "keys_per_haystack must divide"),
 ])
 def test_bad_input_exits_2_with_one_line_and_no_file(args, message, checkpoint, tmp_path, capsys):
     out = tmp_path / "sub" / "acc.jsonl"
@@ -152,3 +158,46 @@ def test_a_passkey_answer_settled_early_scores_as_the_whole_answer(text, cut):
     head = text[:cut]
     if key_said(head):
         assert said_key(head) == said_key(text)
+
+
+def test_each_passkey_example_of_a_cell_sits_in_a_haystack_of_its_own():
+    """One key per haystack: two examples of one cell never share their filler (the needle removed, the prompts differ),
+    so a cell of n examples is n independent draws; ``keys_per_haystack=k`` is k keys in one drawn haystack."""
+    from harness.accuracy.checkpoint import byte_tokens
+    from harness.accuracy.tasks.passkey import KEY_SENTENCE, OnCheckpoint, PasskeyConfig, passkey_examples
+
+    tokens = byte_tokens()
+
+    def haystacks(config, depth):
+        prompts, keys = passkey_examples(tokens, config, 600, depth)
+        assert all(len(p) == 600 for p in prompts) and len(set(keys)) == len(keys)
+        out = []
+        for p, key in zip(prompts, keys, strict=True):
+            needle = tokens.encode(KEY_SENTENCE.format(key=key))
+            at = next(i for i in range(len(p)) if p[i : i + len(needle)] == needle)
+            out.append(tuple(p[:at] + p[at + len(needle):]))
+        return out
+
+    for depth in (0.0, 0.5, 1.0):
+        assert len(set(haystacks(PasskeyConfig(eval_examples=6), depth))) == 6
+        shared = haystacks(PasskeyConfig(eval_examples=6, keys_per_haystack=3), depth)
+        assert shared[0] == shared[1] == shared[2] != shared[3] == shared[4] == shared[5]
+    assert passkey_examples(tokens, PasskeyConfig(eval_examples=6), 600, 0.5) == passkey_examples(
+        tokens, PasskeyConfig(eval_examples=6), 600, 0.5)  # drawn from the seed
+    (cell, _), = OnCheckpoint.cells(PasskeyConfig(eval_examples=6, keys_per_haystack=3, depths=(0.5,)), [600], None)
+    assert cell == {"eval_len": 600, "depth": 0.5, "draws": 2}
+
+
+def test_a_chat_template_wraps_the_user_message_and_opens_the_answer():
+    """Without a template a prompt is the boundary token and one text; with one, the template's ids around the user's
+    message, the answer's prefix after the assistant's turn opens."""
+    import dataclasses
+
+    from harness.accuracy.checkpoint import byte_tokens
+
+    plain = byte_tokens()
+    assert plain.opening == [plain.boundary]
+    assert plain.ask("Q?", " A is") == list(b"Q? A is")
+    chat = dataclasses.replace(plain, chat=(tuple(b"<u>"), tuple(b"</u><a>")))
+    assert chat.opening == list(b"<u>")
+    assert chat.ask("Q?", " A is") == list(b"Q?</u><a>A is")

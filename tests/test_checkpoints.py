@@ -8,6 +8,7 @@ import copy
 import json
 import os
 
+import numpy as np
 import pytest
 
 pytest.importorskip("transformers")
@@ -21,6 +22,7 @@ from harness.accuracy.checkpoint import load_checkpoint  # noqa: E402
 from harness.accuracy.prefill import SharedPrefill, shared_order  # noqa: E402
 from harness.accuracy.tasks import ruler  # noqa: E402
 from harness.cli import main  # noqa: E402
+from harness.results import read_rows  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -89,6 +91,38 @@ def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2)
         used = 1 + len(ckpt.tokens.encode(ex.prompt)) + ruler.RULER_ROOM["niah" if task != "vt" else "vt"]
         assert 1024 - 40 < used <= 1024  # the largest haystack that fits: one more sentence would not
         assert all(r in ex.prompt for r in ex.references) or task == "vt"
+
+
+def test_chat_template_prompts_are_what_apply_chat_template_gives_on_real_smollm2(smollm2, tmp_path):
+    """--chat-template: the GGUF file's own template around the user's message, as transformers renders it; passkey and
+    RULER prompts keep their lengths in it; rows say chat_template and never resume the plain run's."""
+    from harness.accuracy.checkpoint import _tokenizer
+    from harness.accuracy.tasks.passkey import ANSWER_PREFIX, INSTRUCTION, PasskeyConfig, passkey_examples
+
+    plain = smollm2[0]
+    ckpt = load_checkpoint("smollm2-135m", chat_template=True)
+    tok = _tokenizer(str(ckpt.path.parent), ckpt.path.name, hf.models.file_version(ckpt.path))
+    user = INSTRUCTION + "The grass is green. What is the pass key?"
+    theirs = tok.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True,
+                                     return_dict=True)["input_ids"]
+    assert [*ckpt.tokens.opening, *ckpt.tokens.encode(user), *ckpt.tokens.chat[1]] == list(theirs)
+    prompts, _ = passkey_examples(ckpt.tokens, PasskeyConfig(eval_examples=2), 300, 0.5)
+    answer = [*ckpt.tokens.chat[1], *ckpt.tokens.encode(ANSWER_PREFIX.lstrip())]
+    for p in prompts:
+        assert len(p) == 300 and p[: len(ckpt.tokens.chat[0])] == list(ckpt.tokens.chat[0]) and p[-len(answer):] == answer
+    count = ruler.ruler_count(ckpt.tokens, "niah_single_1")
+    ex = ruler.generate("niah_single_1", 1, 1024, "test", 0, ruler.RulerConfig(), count)[0]
+    ids, asked = ruler.ruler_prompt(ckpt.tokens, ex, split=True)
+    answer = [*ckpt.tokens.chat[1], *ckpt.tokens.encode(ex.prefix.lstrip())]
+    assert 1024 - 40 < len(ids) + ruler.RULER_ROOM["niah"] <= 1024 and ids[-len(answer):] == answer
+    assert ckpt.tokens.decode(ids[-asked:]).startswith("What is the special magic number")
+    assert ruler.ruler_prompt(plain.tokens, ex)[0] == [plain.tokens.boundary, *plain.tokens.encode(ex.prompt)]
+    out = tmp_path / "chat.jsonl"
+    args = ["accuracy", "--hf-model", "smollm2-135m", "--task", "passkey", "--eval-lens", "200", "--eval-examples",
+            "1", "--depths", "0.5", "--threads", "1", "--out", str(out), "--resume"]
+    assert main([*args, "--chat-template"]) == 0
+    (row,) = read_rows(out)
+    assert row["chat_template"] is True and row["run_id"].endswith("|chat") and row["draws"] == 1
 
 
 def test_named_checkpoints_resolve_list_and_refuse_clearly(smollm2, monkeypatch, tmp_path, capsys):
@@ -221,17 +255,17 @@ def test_the_shared_prefill_answers_what_generate_answers_on_real_smollm2(smollm
     from transformers import GenerationConfig
 
     from attn.hf.presses import parse_press
-    from harness.accuracy.tasks.passkey import ANSWER_SLACK, QUESTION, filler_ids, passkey_prompt
+    from harness.accuracy.tasks.passkey import ANSWER_PREFIX, ANSWER_SLACK, ASK, haystack_ids, passkey_prompt
 
     ckpt, weights = smollm2
     model = hf.load_model("smollm2-135m", "full", weights=weights)
-    filler = filler_ids(ckpt.tokens, 400)
+    filler = haystack_ids(ckpt.tokens, 400, np.random.default_rng(0))  # one haystack: the prompts share its prefixes
     prompts = [passkey_prompt(ckpt.tokens, 400, d, "40213", filler) for d in (1.0, 0.5, 0.0)]
     n = 5 + ANSWER_SLACK
     gen = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1,
                            pad_token_id=ckpt.tokens.boundary)
     plain, arm = SharedPrefill(), SharedPrefill([parse_press("none")])
-    asked = len(ckpt.tokens.encode(QUESTION.rstrip()))
+    asked = len(ckpt.tokens.ask(ASK, ANSWER_PREFIX))
     for p in prompts:
         fresh = greedy(model, torch.tensor([p]), n=n)
         assert plain.answers(model, p, len(p), gen)[None] == fresh

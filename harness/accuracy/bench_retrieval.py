@@ -29,11 +29,12 @@ def prompts(tokens: Any, length: int, n: int) -> list[tuple[list[int], int]]:
     """``n`` passkey prompts of ``length`` tokens (keys at depth 0.5) and where each question starts."""
     import numpy as np
 
-    from harness.accuracy.tasks.passkey import QUESTION, draw_key, filler_ids, passkey_prompt
+    from harness.accuracy.tasks.passkey import ANSWER_PREFIX, ASK, draw_key, haystack_ids, passkey_prompt
 
     rng = np.random.default_rng(length)
-    filler, asked = filler_ids(tokens, length), len(tokens.encode(QUESTION.rstrip()))
-    out = [passkey_prompt(tokens, length, 0.5, draw_key(rng, 5, "test"), filler) for _ in range(n)]
+    keys = [draw_key(rng, 5, "test") for _ in range(n)]
+    out = [passkey_prompt(tokens, length, 0.5, key, haystack_ids(tokens, length, rng)) for key in keys]
+    asked = len(tokens.ask(ASK, ANSWER_PREFIX))
     return [(p, len(p) - asked) for p in out]
 
 

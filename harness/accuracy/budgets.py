@@ -146,7 +146,7 @@ def kv_bytes_per_token(config: Any, dtype: str) -> int:
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
          eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
          query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32", budgets: Sequence[str] = (),
-         families: Sequence[str] = ()) -> HFPlan:
+         families: Sequence[str] = (), chat_template: bool = False) -> HFPlan:
     """:func:`harness.accuracy.pretrained.plan`, or with ``budgets`` (``1/8``, ``512``) :func:`budget_plan`: each press
     that takes a compression ratio and is given none runs at each budget, each ``families`` variant (:data:`SIZED`)
     at each budget and length."""
@@ -156,16 +156,17 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
         if equal_memory:
             raise ValueError("--equal-memory sizes variants to press ratios; with --budget use --sized")
         return budget_plan(path, tasks, variants, positions, eval_lens, configs, presses, query_aware, dtype, budgets,
-                           families)
+                           families, chat_template)
     if families:
         raise ValueError("--sized needs --budget (the budget sizes each variant)")
     return pretrained.plan(path, tasks, variants, positions, eval_lens, configs, presses, query_aware, equal_memory,
-                           dtype)
+                           dtype, chat_template)
 
 
 def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
                 eval_lens: Sequence[int] | None, configs: dict[str, Any] | None, presses: Sequence[str],
-                query_aware: bool, dtype: str, budgets: Sequence[str], families: Sequence[str]) -> HFPlan:
+                query_aware: bool, dtype: str, budgets: Sequence[str], families: Sequence[str],
+                chat_template: bool = False) -> HFPlan:
     """``pretrained.plan`` with budgets: per length, one setting (full attention, or the one variant given: a layer-typed
     model's own pattern) whose press arms are the presses sized to each budget (and those without one as given), then
     each sized variant at each budget."""
@@ -190,7 +191,7 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     if not sizable and not families:
         raise ValueError("--budget sizes presses that take a compression_ratio (given none) or --sized variants")
     base = plain(path, tasks, list(variants) or ["full"], positions, eval_lens, configs,
-                 [p for p in presses if not takes_budget(p)], False, False, dtype)
+                 [p for p in presses if not takes_budget(p)], False, False, dtype, chat_template)
     if sizable and (refused := press_refusals(base.ckpt, base.settings)):
         raise ValueError(f"--press cannot run on --variant {variants[0]}: {refused[0]}")
     per_token = kv_bytes_per_token(base.ckpt.config, dtype)

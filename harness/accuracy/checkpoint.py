@@ -23,13 +23,28 @@ BYTES_NOTE = "no tokenizer in the checkpoint: UTF-8 bytes fed as token ids 0-255
 
 @dataclass(frozen=True)
 class Tokens:
-    """How text becomes token ids for this checkpoint."""
+    """How text becomes token ids for this checkpoint, and how a prompt opens and asks (in its chat template's turns
+    with ``--chat-template``)."""
 
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
     boundary: int  # document-boundary token: starts every sequence, separates documents
     name: str  # "checkpoint" (its tokenizer) or "bytes"
     note: str | None = None
+    chat: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the template's ids before and after a user message
+
+    @property
+    def opening(self) -> list[int]:
+        """What a prompt starts with: the boundary token, or the chat template up to the user's message (its system
+        turn, if the template adds one, and its own start-of-text token)."""
+        return list(self.chat[0]) if self.chat else [self.boundary]
+
+    def ask(self, question: str, prefix: str) -> list[int]:
+        """The end of a prompt: the question, then the answer's prefix -- one text, or with a chat template the user's
+        message ended and the assistant's turn started between them."""
+        if self.chat is None:
+            return self.encode(question + prefix)
+        return [*self.encode(question), *self.chat[1], *self.encode(prefix.lstrip())]
 
 
 def byte_tokens() -> Tokens:
@@ -37,10 +52,12 @@ def byte_tokens() -> Tokens:
                   SEPARATOR[0], "bytes", BYTES_NOTE)
 
 
-def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
+def load_tokens(path: Path, vocab_size: int, gguf: str | None = None, chat_template: bool = False) -> Tokens:
     """The checkpoint's tokenizer (a GGUF file carries its own), or bytes when the directory has none (ValueError if
-    its vocab < 256)."""
+    its vocab < 256). ``chat_template``: prompts in its chat template's turns (ValueError if it has none)."""
     if gguf is None and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if chat_template:
+            raise ValueError(f"--chat-template: checkpoint {path} has no tokenizer, so no chat template")
         if vocab_size < 256:
             raise ValueError(f"checkpoint {path} has no tokenizer and a vocabulary of {vocab_size} < 256 tokens: "
                              "UTF-8 bytes cannot be fed as token ids")
@@ -55,7 +72,23 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None) -> Tokens:
     if boundary is None:
         raise ValueError(f"checkpoint {path}: its tokenizer has neither a BOS nor an EOS token to start sequences with")
     return Tokens(lambda s: tok.encode(s, add_special_tokens=False), lambda ids: tok.decode(ids, skip_special_tokens=True),
-                  int(boundary), CHECKPOINT)
+                  int(boundary), CHECKPOINT, chat=chat_turns(tok, path) if chat_template else None)
+
+
+USER = "\x00user message\x00"  # a user message no template alters: where the template's two parts meet
+
+
+def chat_turns(tok: Any, path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids of the tokenizer's chat template before and after one user message, the assistant's turn opened
+    (``add_generation_prompt``), as ``apply_chat_template`` renders them; ValueError if it has no template."""
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"--chat-template: checkpoint {path} has no chat template (its tokenizer's chat_template is "
+                         "empty)")
+    text = tok.apply_chat_template([{"role": "user", "content": USER}], tokenize=False, add_generation_prompt=True)
+    before, found, after = text.partition(USER)
+    if not found:
+        raise ValueError(f"--chat-template: checkpoint {path}'s chat template does not keep the user's message as given")
+    return (tuple(tok.encode(before, add_special_tokens=False)), tuple(tok.encode(after, add_special_tokens=False)))
 
 
 @functools.lru_cache(maxsize=4)
@@ -82,8 +115,9 @@ class Checkpoint:
         return short_hash({"path": str(self.path.resolve()), "config": self.config.to_dict()})
 
 
-def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
-    """Config and tokens of a local checkpoint (ValueError, one line, if it is not one); no weights read."""
+def load_checkpoint(name_or_path: str | Path, chat_template: bool = False) -> Checkpoint:
+    """Config and tokens of a local checkpoint (ValueError, one line, if it is not one); no weights read.
+    ``chat_template``: its prompts go in its chat template's turns (:attr:`Tokens.chat`)."""
     from attn.hf.models import pretrained_config, source
 
     folder, gguf = source(name_or_path)  # ValueError: not installed (how to install), not a checkpoint
@@ -96,8 +130,9 @@ def load_checkpoint(name_or_path: str | Path) -> Checkpoint:
         rope = {}
     train_len = int(rope.get("original_max_position_embeddings") or config.max_position_embeddings)
     path = folder / gguf if gguf else folder
-    return Checkpoint(path, str(name_or_path), config, load_tokens(folder, config.vocab_size, gguf), train_len)
+    return Checkpoint(path, str(name_or_path), config, load_tokens(folder, config.vocab_size, gguf, chat_template),
+                      train_len)
 
 
-__all__ = ["BYTES_NOTE", "CHECKPOINT", "Checkpoint", "TOKENIZER_FILES", "Tokens", "byte_tokens", "load_checkpoint",
-           "load_tokens"]
+__all__ = ["BYTES_NOTE", "CHECKPOINT", "Checkpoint", "TOKENIZER_FILES", "Tokens", "byte_tokens", "chat_turns",
+           "load_checkpoint", "load_tokens"]

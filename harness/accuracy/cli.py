@@ -144,7 +144,7 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
     configs = {t: get_checkpoint_task(t).config(p) for t, p in params.items()}
     return budgets.plan(path, tasks, opts["variants"], opts["positions"], _ints(opts["eval_lens"], "--eval-lens"), configs,
                         opts["presses"], opts["query_aware"], opts["equal_memory"], opts["dtype"] or "float32",
-                        opts["budgets"], opts["sized"])
+                        opts["budgets"], opts["sized"], opts["chat_template"])
 
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
@@ -230,6 +230,10 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--dtype", type=click.Choice(DTYPES),
               help="With --hf-model or a checkpoint preset: what the model runs in (default float32; auto: the faster "
                    "of the two on this machine, measured once and cached). Rows record it.")
+@click.option("--chat-template", is_flag=True,
+              help="With --hf-model: each prompt in the checkpoint's chat template (its tokenizer's), the context and "
+                   "question as the user's message, the answer's prefix after the assistant's turn opens (passkey, "
+                   "ruler). Rows record chat_template.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/accuracy.jsonl"),
               show_default=True)
 @click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -258,6 +262,8 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         raise click.UsageError(f"{flag} applies to --hf-model (a pretrained checkpoint's KV cache)")
     if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and opts["dtype"]:
         raise click.UsageError("--dtype applies to --hf-model and the checkpoint presets (trained models run in float32)")
+    if hf_model is None and opts["chat_template"]:
+        raise click.UsageError("--chat-template applies to --hf-model (a pretrained checkpoint's chat template)")
     if hf_model is not None and ckpt_dir is not None:
         raise click.UsageError("--ckpt-dir does not apply to --hf-model (nothing is trained)")
     hf_plans = hf_preset_plans(hf_model, opts) if opts["preset"] in CHECKPOINT_PRESETS else (

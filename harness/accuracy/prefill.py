@@ -9,10 +9,11 @@ then decodes the question and its answer greedily against its own cache, the pos
 (kvpress's protocol), and its cache is freed. Arms whose press cannot be replayed prefill the context themselves; a
 retrieval arm (:mod:`attn.hf.retrieval`) prefills only the chunks it keeps, and decodes the question right after them.
 
-Consecutive prompts share prefixes (passkey's depths share the haystack before the key, RULER's examples the template
-and the noise before the first needle): the shared prefill runs only past the longest common prefix with the last
-prompt's context (crop, never recompute; causal attention makes the cached keys those a fresh prefill computes) --
-except under a dynamic sparse prefill, whose choice of keys reads the whole prompt (:func:`whole_prompts`).
+Consecutive prompts share prefixes (the task's instruction; RULER's examples the noise before the first needle,
+passkey's keys of one haystack, ``keys_per_haystack``, the haystack before the key): the shared prefill runs only past
+the longest common prefix with the last prompt's context (crop, never recompute; causal attention makes the cached
+keys those a fresh prefill computes) -- except under a dynamic sparse prefill, whose choice of keys reads the whole
+prompt (:func:`whole_prompts`).
 
 A run without presses has one plain arm (label ``None``: rows without press columns). It shares nothing with another
 arm, so its context is the whole prompt: the prefill's last logits give the first answer token, exactly as

@@ -169,8 +169,8 @@ class CheckpointPreset:
 
 def _smollm2() -> CheckpointPreset:
     v = tuple(SMOLLM2_VARIANTS)
-    # ~2 h of one core here: a 16K prompt takes 3-7 min on one thread, 8K ~1.5 min; passkey at depth 0 shares no
-    # prefix (the key comes first), so it costs a full prefill per example
+    # ~2 h of one core here (measured when passkey's keys shared a haystack): a 16K prompt takes 3-7 min on one thread,
+    # 8K ~1.5 min; each passkey example has a haystack of its own, so it costs a full prefill
     return CheckpointPreset("smollm2-135m", (
         Group(("passkey", "ruler", "lm"), v, (2048, 4096)),
         Group(("ruler",), v, (2048,), ruler_tasks=("niah_multikey_1", "vt")),

@@ -158,7 +158,8 @@ class HFPlan:
 
     def describe(self) -> str:
         c = self.ckpt
-        return (f"{c.name} ({c.config.model_type}, trained at {c.train_len}, tokens: {c.tokens.name}): "
+        return (f"{c.name} ({c.config.model_type}, trained at {c.train_len}, tokens: {c.tokens.name}"
+                f"{', in its chat template' if c.tokens.chat else ''}): "
                 f"{', '.join(self.tasks)} x {len(self.settings)} (variant, position) x eval {self.eval_lens}, {self.dtype}")
 
     def cells(self, only_len: int | None = None) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
@@ -197,11 +198,14 @@ def check_dtype(dtype: str) -> str:
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
          eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
-         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32") -> HFPlan:
+         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32",
+         chat_template: bool = False) -> HFPlan:
     """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus,
     presses. ``configs``: task -> config (a task left out gets its checkpoint defaults). ``presses``: KV press specs,
     arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length;
-    ``dtype``: float32, bfloat16 or auto (KV budgets: :func:`harness.accuracy.budgets.budget_plan`)."""
+    ``dtype``: float32, bfloat16 or auto; ``chat_template``: every prompt in the checkpoint's chat template, the
+    context and question as the user's message, the answer's prefix after the assistant's turn opens (KV budgets:
+    :func:`harness.accuracy.budgets.budget_plan`)."""
     from harness.presses import parse_presses
 
     check_tasks(tasks)
@@ -209,10 +213,12 @@ def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positi
     specs = parse_presses(presses)
     if (query_aware or equal_memory) and not specs:
         raise ValueError(f"--{'query-aware' if query_aware else 'equal-memory'} needs --press")
-    if specs and (plain := [t for t in tasks if not get_checkpoint_task(t).prompts]):
-        raise ValueError(f"--press compresses the context a question is asked about: --task {plain[0]} scores every "
-                         f"position (use {' or '.join(t for t in checkpoint_task_names() if get_checkpoint_task(t).prompts)})")
-    ckpt = load_checkpoint(path)
+    for given, what in ((specs, "--press compresses the context a question is asked about"),
+                        (chat_template, "--chat-template puts a prompt in the model's chat turns")):
+        if given and (plain := [t for t in tasks if not get_checkpoint_task(t).prompts]):
+            raise ValueError(f"{what}: --task {plain[0]} scores every position (use "
+                             f"{' or '.join(t for t in checkpoint_task_names() if get_checkpoint_task(t).prompts)})")
+    ckpt = load_checkpoint(path, chat_template)
     settings = [dataclasses.replace(make_setting(ckpt, v, p), presses=tuple(specs), query_aware=query_aware)
                 for v in (variants or [None]) for p in (positions or [CHECKPOINT])]
     refused = press_refusals(ckpt, settings) if specs else []
@@ -248,9 +254,10 @@ def base_row(p: HFPlan, s: Setting) -> dict[str, Any]:
     c = p.ckpt
     return {
         **environment(device=device_for(), seed=0),
-        # float32 runs keep the run id they had before --dtype existed, so their files resume
-        "run_id": f"hf|{s.variant_spec}|{s.position_spec}|{c.ident}" + ("" if p.dtype == "float32" else f"|{p.dtype}"),
-        "dtype": p.dtype, "variant": s.variant,
+        # float32 runs without a chat template keep the run id they had before --dtype existed, so their files resume
+        "run_id": f"hf|{s.variant_spec}|{s.position_spec}|{c.ident}" + ("" if p.dtype == "float32" else f"|{p.dtype}")
+                  + ("|chat" if c.tokens.chat else ""),
+        "dtype": p.dtype, "chat_template": c.tokens.chat is not None, "variant": s.variant,
         "variant_params": s.variant_params, "backend_requested": s.backend, "layer_specs": s.layer_specs,
         "layer_pattern": s.layer_pattern,
         "position": s.position, "position_params": s.position_params, "variant_spec": s.variant_spec,
@@ -267,8 +274,9 @@ def device_for() -> str:
 
 def evaluate_cell(model: torch.nn.Module, p: HFPlan, cell: dict[str, Any], device: str,
                   cache: SharedPrefill | None = None) -> dict[str | None, dict[str, Measure]]:
-    """One cell's measures per arm; ``cache``: the setting's shared prefill, shared by its cells (passkey's depths share the
-    haystack before the key, RULER's examples the template and the noise before the first needle)."""
+    """One cell's measures per arm; ``cache``: the setting's shared prefill, shared by its cells (prompts share their
+    instruction; RULER's examples the noise before the first needle, passkey's keys of one haystack the haystack before
+    the key)."""
     t = cell["task"]
     return get_checkpoint_task(t).evaluate(model, p.ckpt, p.configs[t], p.data[t], cell, device, cache)
 

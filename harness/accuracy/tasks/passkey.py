@@ -46,10 +46,16 @@ class PasskeyConfig:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # evaluation depths
     eval_examples: int = 64  # per (length, depth) cell
     data_seed: int = 1234
+    # on a checkpoint: keys asked in one haystack. 1: every example an independent draw (its own haystack); k > 1: the
+    # shared-prefix design, k keys in one haystack answered together (a model finds all of them or none)
+    keys_per_haystack: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.digits <= 18:
             raise ValueError(f"passkey digits must be in [1, 18], got {self.digits}")
+        if self.keys_per_haystack < 1 or self.eval_examples % self.keys_per_haystack:
+            raise ValueError(f"passkey keys_per_haystack must divide eval_examples ({self.eval_examples}), got "
+                             f"{self.keys_per_haystack}")
         for d in self.depths:
             if not 0.0 <= d <= 1.0:
                 raise ValueError(f"passkey depth must be in [0, 1], got {d}")
@@ -129,23 +135,28 @@ def generate(n: int, length: int, depth: float | None, split: str, seed: int, di
 # Landmark attention's / YaRN's passkey instruction, kept: the model is a pretrained LM, not trained on the task.
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there. ")
+ASK, ANSWER_PREFIX = "What is the pass key?", " The pass key is"  # QUESTION, cut where a chat template's answer starts
+SENTENCES = tuple(re.findall(r"[^.]+\. ", FILLER))  # the filler paragraph's five sentences
 ANSWER_SLACK = 10  # tokens generated beyond the key's digits (an instruct model may say "the pass key is" first)
 
 
-def filler_ids(tokens: Tokens, n: int) -> list[int]:
-    """``n`` tokens of the repeated filler paragraph (tokenized whole: a subword tokenizer packs several characters
-    into a token, so the paragraph is repeated until it holds ``n`` tokens)."""
-    reps = n // len(FILLER) + 1
-    while len(ids := tokens.encode(FILLER * reps)) < n:
+def haystack_ids(tokens: Tokens, n: int, rng: np.random.Generator) -> list[int]:
+    """``n`` tokens of one haystack drawn from ``rng``: the filler paragraph's sentences, each repetition of the
+    paragraph in an order of its own, tokenized whole (a subword tokenizer packs several characters into a token, so
+    repetitions are added until the text holds ``n`` tokens)."""
+    reps, text = n // len(FILLER) + 1, ""
+    while len(ids := tokens.encode(text)) < n:
+        text += "".join(SENTENCES[i] for _ in range(reps) for i in rng.permutation(len(SENTENCES)))
         reps *= 2
     return ids[:n]
 
 
 def passkey_prompt(tokens: Tokens, length: int, depth: float, key: str, filler: list[int]) -> list[int]:
-    """Exactly ``length`` tokens: boundary, instruction, filler with the key sentence after ``depth`` of it, question."""
-    head = [tokens.boundary, *tokens.encode(INSTRUCTION)]
+    """Exactly ``length`` tokens: the opening (boundary, or a chat template's turns up to the user's message),
+    instruction, the ``filler`` haystack with the key sentence after ``depth`` of it, question (and answer prefix)."""
+    head = [*tokens.opening, *tokens.encode(INSTRUCTION)]
     needle = tokens.encode(KEY_SENTENCE.format(key=key))
-    question = tokens.encode(QUESTION.rstrip())
+    question = tokens.ask(ASK, ANSWER_PREFIX)
     n = length - len(head) - len(needle) - len(question)
     if n < 0 or n > len(filler):
         raise ValueError(f"passkey: length {length} is too short for the prompt (needs >= {length - n} tokens)")
@@ -153,11 +164,25 @@ def passkey_prompt(tokens: Tokens, length: int, depth: float, key: str, filler: 
     return head + filler[:before] + needle + filler[before:n] + question
 
 
+def passkey_examples(tokens: Tokens, config: PasskeyConfig, length: int, depth: float) -> tuple[list[list[int]], list[str]]:
+    """A cell's prompts and keys: ``eval_examples`` test keys (the same for every variant and position), every
+    ``keys_per_haystack`` of them in one haystack of their own, drawn from the seed after the keys.
+
+    The haystacks differ in their noise, not their depth: the depth is the cell's (Kamradt's needle-in-a-haystack grid,
+    the passkey figure's axis), so each example draws the order of the filler's sentences instead -- RULER and the
+    passkey papers vary the insertion point per example in one fixed noise, which a cell of one depth cannot."""
+    rng = rng_for(config.data_seed, length, 1 + round(depth * 1e6), config.digits, 1)
+    keys = [draw_key(rng, config.digits, "test") for _ in range(config.eval_examples)]
+    k = config.keys_per_haystack
+    hays = [haystack_ids(tokens, length, rng) for _ in range(len(keys) // k)]
+    return [passkey_prompt(tokens, length, depth, key, hays[i // k]) for i, key in enumerate(keys)], keys
+
+
 def min_passkey_len(tokens: Tokens, digits: int) -> int:
     """The shortest prompt, with slack for keys that take more tokens than the sample key."""
     key = "9" * digits
-    fixed = 1 + len(tokens.encode(INSTRUCTION)) + len(tokens.encode(KEY_SENTENCE.format(key=key)))
-    return fixed + len(tokens.encode(QUESTION.rstrip())) + digits
+    fixed = len(tokens.opening) + len(tokens.encode(INSTRUCTION)) + len(tokens.encode(KEY_SENTENCE.format(key=key)))
+    return fixed + len(tokens.ask(ASK, ANSWER_PREFIX)) + digits
 
 
 def key_said(text: str) -> bool:
@@ -173,13 +198,10 @@ def said_key(text: str) -> str:
 
 def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfig, length: int, depth: float,
                     cache: Any = None) -> dict[str | None, Measure]:
-    """Exact match over ``eval_examples`` test keys (the same keys for every variant and position), per arm of the
-    cache (see :func:`generate_answers`); the question is the prompt's last sentence."""
-    rng = rng_for(config.data_seed, length, 1 + round(depth * 1e6), config.digits, 1)
-    keys = [draw_key(rng, config.digits, "test") for _ in range(config.eval_examples)]
-    filler = filler_ids(tokens, length)
-    prompts = [passkey_prompt(tokens, length, depth, k, filler) for k in keys]
-    asked = len(tokens.encode(QUESTION.rstrip()))
+    """Exact match over the cell's examples (:func:`passkey_examples`), per arm of the cache (see
+    :func:`generate_answers`); the question is what follows the haystack."""
+    prompts, keys = passkey_examples(tokens, config, length, depth)
+    asked = len(tokens.ask(ASK, ANSWER_PREFIX))
     said = generate_answers(model, prompts, config.digits + ANSWER_SLACK, tokens.decode, tokens.boundary, cache,
                             [len(p) - asked for p in prompts], settled=key_said, needles=[[k] for k in keys])
     hits = {arm: [said_key(s) == k for s, k in zip(out, keys, strict=True)] for arm, out in said.items()}
@@ -188,7 +210,8 @@ def passkey_measure(model: torch.nn.Module, tokens: Tokens, config: PasskeyConfi
 
 class OnCheckpoint(CheckpointTask):
     """Passkey on a pretrained checkpoint: the key at each depth of a filler haystack, exactly ``eval_len`` tokens of
-    its tokenizer; exact match of the generated digits."""
+    its tokenizer; exact match of the generated digits. Each row says how many independent haystacks its examples sit
+    in (``draws``: its examples, unless ``keys_per_haystack`` > 1), the clusters its interval counts."""
 
     default = True
     prompts = True
@@ -200,7 +223,8 @@ class OnCheckpoint(CheckpointTask):
 
     @classmethod
     def cells(cls, config: PasskeyConfig, lens: Sequence[int], data: Any) -> list[tuple[dict[str, Any], tuple[str, ...]]]:
-        return [({"eval_len": L, "depth": d}, ("exact_match",)) for L in lens for d in config.depths]
+        draws = config.eval_examples // config.keys_per_haystack
+        return [({"eval_len": L, "depth": d, "draws": draws}, ("exact_match",)) for L in lens for d in config.depths]
 
     @classmethod
     def eval_id(cls, ckpt: Checkpoint, config: PasskeyConfig, data: Any) -> str:
@@ -222,7 +246,10 @@ class Passkey(TrainedTask):
     main_metric = "exact_match"
     columns = ("depth",)
     options = (TaskOption("depths", "depths", "comma-separated depths in [0, 1].", parse=comma_floats("--depths")),
-               TaskOption("digits", "digits", "digits of the key.", click.IntRange(min=1)), EVAL_EXAMPLES)
+               TaskOption("digits", "digits", "digits of the key.", click.IntRange(min=1)),
+               TaskOption("keys_per_haystack", "keys_per_haystack", "with --hf-model, keys asked in one haystack "
+                          "(default 1: each example its own; k > 1: k keys share one, answered together).",
+                          click.IntRange(min=1)), EVAL_EXAMPLES)
     figures = ("accuracy", "position_heatmap", "passkey", "tradeoff")
 
     @classmethod
@@ -235,6 +262,9 @@ class Passkey(TrainedTask):
         self.config = config or PasskeyConfig()
 
     def check(self, train_len: int, eval_lens: Sequence[int]) -> None:
+        if self.config.keys_per_haystack != 1:
+            raise ValueError("passkey: keys_per_haystack applies to a checkpoint (--hf-model): a trained model's test "
+                             "keys all sit in the one filler paragraph")
         need = overhead(self.config.digits) + 1
         for what, L in [("train", train_len)] + [("eval", e) for e in eval_lens]:
             if L < need:

@@ -91,6 +91,7 @@ class Example:
     prompt: str
     references: tuple[str, ...]
     answer: str  # continuation after the prompt, END included
+    prefix: str  # the answer prefix the prompt ends with (RULER's template's): a chat template's answer turn starts there
 
     @property
     def text(self) -> str:
@@ -189,8 +190,9 @@ def niah(task: str, rng: np.random.Generator, length: int, count: Count) -> Exam
                                                      value=random_value(distractor_rng, c["type_v"])))
             hay = distractors[:n]
         context = "\n".join(insert_at(hay, needles, fractions))
-        prompt = template.format(type_v=type_v, context=context, query=query) + prefix.format(type_v=type_v, query=query)
-        return Example(task, prompt, tuple(answers), " " + ", ".join(answers) + "." + END)
+        asked = prefix.format(type_v=type_v, query=query)
+        return Example(task, template.format(type_v=type_v, context=context, query=query) + asked, tuple(answers),
+                       " " + ", ".join(answers) + "." + END, asked)
 
     return fit(make, length, count)
 
@@ -208,8 +210,9 @@ def variable_tracking(rng: np.random.Generator, length: int, count: Count, num_h
 
     def make(n: int) -> Example:
         context = "\n".join(insert_at([NOISE] * n, chain, fractions)).replace(". \n", ".\n")
-        prompt = template.format(context=context, query=value) + prefix.format(num_v=num_hops + 1, query=value)
-        return Example("vt", prompt, tuple(names), " ".join(names) + END)
+        asked = prefix.format(num_v=num_hops + 1, query=value)
+        return Example("vt", template.format(context=context, query=value) + asked, tuple(names), " ".join(names) + END,
+                       asked)
 
     return fit(make, length, count)
 
@@ -230,7 +233,7 @@ def common_words(rng: np.random.Generator, length: int, count: Count, num_cw: in
         listed = [listed[i] for i in rng_for(seed, n).permutation(len(listed))]
         context = " ".join(f"{i + 1}. {word}" for i, word in enumerate(listed))
         answer = " " + " ".join(f"{i + 1}. {word}" for i, word in enumerate(common)) + END
-        return Example("cwe", template.format(context=context) + prefix, tuple(common), answer)
+        return Example("cwe", template.format(context=context) + prefix, tuple(common), answer, prefix)
 
     # RULER's repeats: 30 and 3 from 4096 tokens on, 6 and 1 below; bytes are ~4x shorter than RULER's tokens, so where
     # the long form's 300 common-word entries do not fit (4096 to ~4400 bytes) the short form is used
@@ -258,7 +261,7 @@ def frequent_words(rng: np.random.Generator, length: int, count: Count, alpha: f
         words = [wd for wd, c in zip(vocab, counts, strict=True) for _ in range(c)]
         words = [words[i] for i in rng_for(seed, n).permutation(len(words))]
         return Example("fwe", template.format(context=" ".join(words)) + prefix, tuple(vocab[1:4]),
-                       " " + " ".join(vocab[1:4]) + END)
+                       " " + " ".join(vocab[1:4]) + END, prefix)
 
     # The three answers must be strictly more frequent than the rest, or the question has no single answer.
     def unique(n: int) -> bool:
@@ -341,9 +344,23 @@ def ruler_room(task: str) -> int:
 
 
 def ruler_count(tokens: Tokens, task: str) -> Callable[[Any], int]:
-    """RULER's length rule in the checkpoint's tokens: boundary + prompt + the task's tokens_to_generate."""
+    """RULER's length rule in the checkpoint's tokens: the prompt (boundary or chat turns included) + the task's
+    tokens_to_generate."""
     room = ruler_room(task)
-    return lambda ex: 1 + len(tokens.encode(ex.prompt)) + room
+    return lambda ex: len(ruler_prompt(tokens, ex)[0]) + room
+
+
+def ruler_prompt(tokens: Tokens, ex: Example, split: bool = False) -> tuple[list[int], int]:
+    """The example's prompt in the checkpoint's tokens (:attr:`Tokens.opening`, then the context and question as the
+    user's message and the answer prefix: :meth:`Tokens.ask`) and how many of its last tokens ask: with ``split``, the
+    context up to its last line break and the question after it are tokenized apart, so that a press compresses the
+    context alone; without, the prompt is tokenized whole (0 asking)."""
+    user = ex.prompt[: len(ex.prompt) - len(ex.prefix)]
+    if not split:
+        return [*tokens.opening, *tokens.ask(user, ex.prefix)], 0
+    context, nl, question = user.rpartition("\n")
+    asked = tokens.ask(question, ex.prefix)
+    return [*tokens.opening, *tokens.encode(context + nl), *asked], len(asked)
 
 
 class AnswerEnded:
@@ -364,17 +381,12 @@ def ruler_measures(model: torch.nn.Module, tokens: Tokens, config: RulerConfig, 
     the same for every variant and position. Generation: greedy, at most the reference answer's tokens + 16 (RULER's
     room counts in the length rule; a right answer needs no more), cut at the first line break once it starts.
     Per arm of ``cache`` (:class:`harness.accuracy.prefill.SharedPrefill`). With press arms the prompt is tokenized in
-    two parts, the context up to its last line break and the question after it, so that a press compresses the
-    context alone; the plain arm tokenizes it whole."""
+    two parts (:func:`ruler_prompt`); the plain arm tokenizes it whole."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
     exs = generate(task, config.eval_examples, length, "test", config.data_seed, config, ruler_count(tokens, task))
     cache = cache or SharedPrefill()
-    split = cache.arms != (None,)
-    parts = [ex.prompt.rpartition("\n") for ex in exs]
-    prompts = ([[tokens.boundary, *tokens.encode(c + nl), *tokens.encode(q)] for c, nl, q in parts] if split
-               else [[tokens.boundary, *tokens.encode(ex.prompt)] for ex in exs])
-    asked = [len(tokens.encode(q)) if split else 0 for _, _, q in parts]
+    prompts, asked = zip(*(ruler_prompt(tokens, ex, cache.arms != (None,)) for ex in exs), strict=True)
     said: dict[str | None, list[str]] = {a: [""] * len(exs) for a in cache.arms}
     for i in shared_order(prompts):
         room = min(ruler_room(task), len(tokens.encode(exs[i].answer)) + ANSWER_ROOM)
@@ -485,4 +497,4 @@ class Ruler(TrainedTask):
 
 
 __all__ = ["END", "NIAH", "TASK_NAMES", "TEMPLATES", "Example", "Ruler", "RulerConfig", "byte_count", "encode", "example",
-           "fit", "generate", "greedy", "string_match_all"]
+           "fit", "generate", "greedy", "ruler_prompt", "string_match_all"]
