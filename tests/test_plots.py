@@ -311,6 +311,21 @@ def test_block_sparse_layout_drawn_from_row_params(out):
     np.testing.assert_array_equal(np.asarray(image.get_array()), FakeLayout(64).layout(1024))
 
 
+def test_block_sparse_layout_too_large_to_draw_is_a_skip_and_never_built():
+    # 1M tokens in 64-token blocks: a 16384² grid (a GiB to build, 18 GB to draw) that a panel shows blank
+    df = pd.DataFrame({"variant": ["block_sparse"], "variant_params": [{"block_size": 64}], "seq_len": [1 << 20]})
+    asked = []
+
+    class Layout(FakeLayout):
+        def layout(self, q_len: int, k_len: int | None = None, causal: bool = True) -> np.ndarray:
+            asked.append(q_len)
+            return super().layout(q_len, k_len, causal)
+
+    with pytest.raises(P.Skip, match="16384×16384 blocks"):
+        P.plot_block_sparse_layout(df, build=lambda name, **params: Layout(**params))
+    assert asked == []
+
+
 def test_block_sparse_layout_absent_variant_is_a_skip():
     df = pd.DataFrame({"variant": ["block_sparse"], "variant_params": [{}], "seq_len": [1024]})
 

@@ -28,7 +28,7 @@ def _image(fig) -> tuple[str, int, int]:
     of the RGBA PNG (a fifth smaller than the same pixels as a palette PNG), so ~150 figures load as one page."""
     buf = io.BytesIO()
     with figure_style():
-        fig.savefig(buf, format="png", dpi=REPORT_DPI)
+        fig.savefig(buf, format="png", dpi=REPORT_DPI, pil_kwargs={"compress_level": 0})  # read back at once: no deflate
     buf.seek(0)
     img = Image.open(buf).convert("RGB").quantize(PALETTE_COLOURS, method=Image.Quantize.FASTOCTREE,
                                                   dither=Image.Dither.NONE).convert("RGB")

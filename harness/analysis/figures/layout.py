@@ -13,7 +13,20 @@ from matplotlib.figure import Figure
 from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, figure_style, finish_figure, new_figure, save
-from harness.analysis.identity import params_dict
+from harness.analysis.identity import params_dict, registered_defaults
+
+# A panel is a few hundred pixels across: a layout with many more blocks a side is resampled to blank (a 16384-block
+# one lost its band entirely), and its dense grid alone takes GiBs to draw (18 GB for 16384²).
+MAX_DRAWN_BLOCKS = 512
+
+
+def drawn_length(lengths: Sequence[float], block_size: int, max_blocks: int) -> tuple[float, int]:
+    """(length, blocks a side) of the layout to draw: the longest of ``lengths`` whose layout fits ``max_blocks``
+    blocks a side, else the shortest. A layout has ceil(length / block_size) blocks a side, so none is built to choose."""
+    side = {float(n): -(-int(n) // block_size) for n in lengths}
+    fits = [n for n, s in side.items() if s <= max_blocks]
+    length = max(fits) if fits else min(side)
+    return length, side[length]
 
 
 def _default_build(name: str, **params: Any) -> Any:
@@ -30,7 +43,8 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
     """The block-sparse layouts that were measured, drawn: which (query block, key block) pairs are computed.
 
     Built from each row's params with ``build("block_sparse", **params).layout(seq_len)``, at the
-    longest measured length whose layout fits ``max_blocks`` blocks a side (else the shortest).
+    longest measured length whose layout fits ``max_blocks`` blocks a side (else the shortest; a configuration whose
+    layout would then be over ``MAX_DRAWN_BLOCKS`` a side is left out, and said in the Skip if none is left).
     """
     rows = df[df["variant"] == "block_sparse"] if len(df) and "variant" in df else df.iloc[0:0]
     if len(rows) == 0:
@@ -43,21 +57,21 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
         entry = configs.setdefault(F.spec_label("block_sparse", p), (p, []))
         if pd.notna(length):
             entry[1].append(float(length))
-    layouts = []
+    layouts, too_large = [], []
     for label, (params, lengths) in sorted(configs.items())[:4]:
         try:
             module = build("block_sparse", **params)
             layout_fn = module.layout
         except Exception as e:  # the variant may be absent or older: say so, draw the rest
             raise Skip(f"cannot build the block_sparse layout ({type(e).__name__}: {e})") from e
-        candidates = sorted(set(lengths), reverse=True) or [1024.0]
-        chosen = None
-        for length in candidates:
-            grid = np.asarray(layout_fn(int(length)), dtype=bool)
-            chosen = (length, grid)
-            if max(grid.shape) <= max_blocks:
-                break
-        layouts.append((label, *chosen))
+        block = params.get("block_size") or (registered_defaults("attention", "block_sparse") or {}).get("block_size", 64)
+        length, side = drawn_length(lengths or [1024.0], int(block), max_blocks)
+        if side > MAX_DRAWN_BLOCKS:
+            too_large.append(f"{label} at {F.fmt_len(length)}: {side}×{side} blocks")
+            continue
+        layouts.append((label, length, np.asarray(layout_fn(int(length)), dtype=bool)))
+    if not layouts:
+        raise Skip(f"layouts larger than a figure shows ({MAX_DRAWN_BLOCKS} blocks a side): {'; '.join(too_large)}")
     with figure_style():
         fig, axes = new_figure(len(layouts), width=4.2, height=4.4)
         for ax, (label, length, grid) in zip(axes, layouts, strict=True):
@@ -73,4 +87,4 @@ def plot_block_sparse_layout(df: pd.DataFrame, out: str | Path | None = None, *,
 
 
 
-__all__ = ["plot_block_sparse_layout"]
+__all__ = ["MAX_DRAWN_BLOCKS", "drawn_length", "plot_block_sparse_layout"]

@@ -6,6 +6,7 @@ torch version, shape: :func:`provenance`) drawn by :func:`finish_figure`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 import zlib
@@ -164,10 +165,24 @@ def new_figure(n: int, width: float = 5.2, height: float = 4.0, ncols: int | Non
 
 
 @contextlib.contextmanager
+def one_renderer(fig: Figure) -> Iterator[None]:
+    """Text measured inside shares one renderer. A figure without an Agg canvas makes a new full-size one for each
+    text measured before it is saved (seaborn's heatmap measures each tick label for overlap), and each label keeps
+    its own: ~26 MB apiece, over 6 GB for the tallest passkey figure. Measuring draws nothing, so one serves them all."""
+    fig._get_renderer = functools.cache(fig._get_renderer)  # made at the first measurement, if any
+    try:
+        yield
+    finally:
+        del fig._get_renderer
+
+
+@contextlib.contextmanager
 def drawing(n: int, width: float = 5.2, height: float = 4.0, ncols: int | None = None) -> Iterator[tuple[Figure, list[Axes]]]:
     """A figure of ``n`` panels (:func:`new_figure`) drawn in the figure style: the one way every figure starts."""
     with figure_style():
-        yield new_figure(n, width, height, ncols)
+        fig, axes = new_figure(n, width, height, ncols)
+        with one_renderer(fig):
+            yield fig, axes
 
 
 def length_axis(ax: Axes, lengths: Iterable[float], label: str = "sequence length (tokens)") -> None:
