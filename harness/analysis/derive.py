@@ -214,14 +214,16 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
         acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(dim_text)
     base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
     acc = best_lr_rows(acc, [*base, *averaged])
+    value = acc["value"].to_numpy(dtype=float)
+    ci_low, ci_high = (acc[c].to_numpy(dtype=float) if c in acc else np.full(len(acc), np.nan) for c in ("ci_low", "ci_high"))
     rows = []
-    for key, g in acc.groupby([*base, *averaged], sort=True, dropna=False):
-        vals = g["value"].to_numpy(dtype=float)
+    # each group's row positions, in the groups' sorted order: a frame per group cost more than all the rest
+    for key, at in acc.groupby([*base, *averaged], sort=True, dropna=False).indices.items():
+        vals = value[at]
         if len(vals) > 1:
             lo, hi = _seed_ci(vals, bounds=(0.0, 1.0) if key[1] in PROPORTIONS else None)
         else:
-            lo = float(g["ci_low"].iloc[0]) if "ci_low" in g and pd.notna(g["ci_low"].iloc[0]) else np.nan
-            hi = float(g["ci_high"].iloc[0]) if "ci_high" in g and pd.notna(g["ci_high"].iloc[0]) else np.nan
+            lo, hi = float(ci_low[at[0]]), float(ci_high[at[0]])
         rows.append((*key, float(vals.mean()), len(vals), lo, hi))
     pts = pd.DataFrame(rows, columns=[*base, *averaged, "value", "rows", "ci_low", "ci_high"])
     if averaged and len(pts):
