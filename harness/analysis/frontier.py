@@ -363,6 +363,8 @@ def _effective_lines(model: str, e: pd.DataFrame, keep: float, head: str) -> lis
     cols = sorted({b for b in e["budget"] if b}, key=lambda b: -float(Fraction(b)) if "/" in b else int(b) - 1e9)
     cols += ["all tokens"] if any(not b for b in e["budget"]) else []
     out = ["", f"{head} {model}: effective length (mean score over the tasks ranked at every length >= {keep:.2f} x full's)", "",
+           "Point estimates, not tested claims: a length here is where the means cross the line, whatever their "
+           "intervals (the claims above test what is resolved).", "",
            "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for method, g in e.groupby("method", sort=False):
         cell = {r["budget"] or "all tokens": str(int(r["effective_len"])) if pd.notna(r["effective_len"])

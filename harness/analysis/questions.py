@@ -93,7 +93,7 @@ def _freshness_lines(folder: Path, files: Sequence[str], commands: dict[str, str
     for f in files:
         fr = freshness(folder / f)
         state = {"fresh": "its code unchanged since", "unknown": "freshness unknown (no git history)"}.get(
-            fr.status, f"stale: its code changed in {len(fr.changed)} later commit{'s' if len(fr.changed) > 1 else ''}")
+            fr.status, f"stale: its code changed since, first in {fr.changed[-1].split()[0]}" if fr.changed else "stale")
         at = f"at {fr.commit[:7]}" if fr.commit else "at an unknown commit"
         out.append(f"- `{f}` ({at}, {state}){': `' + commands[f] + '`' if f in commands else ''}")
     return out
