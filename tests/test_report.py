@@ -425,6 +425,11 @@ def test_the_committed_report_shows_each_runs_command_from_results_readme(commit
             f"{name}: its command in results/report.html is not results/README.md's: rebuild it with `{REBUILD}`"
 
 
+def test_figures_drawn_by_worker_processes_make_the_same_page(tmp_path):
+    results = F.load_results([write_jsonl(tmp_path / "c.jsonl", cost_rows()), write_jsonl(tmp_path / "a.jsonl", acc_rows())])
+    assert R.build_report(results, jobs=2) == R.build_report(results, jobs=1)
+
+
 def test_the_page_leaves_diagnostic_figures_to_plot_unless_asked(html, tmp_path):
     assert 'id="fig-latency"' in html and "fig-throughput" not in html and "fig-flops_fraction" not in html
     out = tmp_path / "all.html"

@@ -49,21 +49,33 @@ class PageIds:
         return base if n == 1 else f"{base}-{n}"
 
 
-def figures_html(data: F.Results, only: Sequence[str], ids: PageIds) -> tuple[str, list[dict[str, str]]]:
+# One figure as a page embeds it: (name, (data URI, width, height)), or (name, why it was not drawn).
+Drawn = tuple[str, tuple[str, int, int] | str]
+
+
+def draw_figures(data: F.Results, only: Sequence[str]) -> list[Drawn]:
+    """The figures of ``data`` named in ``only`` (none if it is empty), drawn and encoded: plain strings, so a worker
+    process can draw them."""
+    if not only:
+        return []
+    return [(name, str(fig) if isinstance(fig, P.Skip) else _image(fig)) for name, fig, _ in P.figures(data, None, only=only)]
+
+
+def figures_html(drawn: Sequence[Drawn], ids: PageIds) -> tuple[str, list[dict[str, str]]]:
     figs, skipped = [], []
     described = {f.name: f.description for f in P.FIGURES}
-    for name, fig, _ in P.figures(data, None, only=only):
-        if isinstance(fig, P.Skip):
-            skipped.append({"figure": name, "reason": str(fig)})
+    for name, image in drawn:
+        if isinstance(image, str):
+            skipped.append({"figure": name, "reason": image})
             continue
         base = name.split(" [")[0]
         title = base.replace("_", " ").capitalize()
         text = described[base]
-        uri, width, height = _image(fig)  # the size given: a folded or lazily loaded figure keeps its place
+        uri, width, height = image  # the size given: a folded or lazily loaded figure keeps its place
         figs.append(f'<figure id="{ids("fig-" + re.sub(r"[^A-Za-z0-9_-]+", "-", name))}"><figcaption><b>{html.escape(title)}'
                     f"</b>{html.escape(name[len(base):])} — {html.escape(text)}</figcaption>"
                     f'<img alt="{html.escape(name)}" width="{width}" height="{height}" loading="lazy" src="{uri}"></figure>')
     return "".join(figs), skipped
 
 
-__all__ = ["PALETTE_COLOURS", "REPORT_DPI", "RUN_FIGURES", "PageIds", "figures_html"]
+__all__ = ["PALETTE_COLOURS", "REPORT_DPI", "RUN_FIGURES", "Drawn", "PageIds", "draw_figures", "figures_html"]

@@ -9,10 +9,12 @@ that a committed report no longer matches the results it claims to show.
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import re
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import click
@@ -217,24 +219,29 @@ def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _figure_sections(data: F.Results, kind: str, ids: E.PageIds, all_figures: bool = False) -> list[str]:
+def _figure_names(data: F.Results, kind: str, all_figures: bool = False) -> Sequence[str]:
+    """The figures a run shows (``all_figures``: every one ``plot`` draws for its kind)."""
     needs = ("cost", "variants") if kind == "cost" else ("accuracy",)
-    only = [f.name for f in P.FIGURES if f.needs in needs] if all_figures else E.RUN_FIGURES[kind]
-    if not all_figures and kind == "accuracy" and data.accuracy.get("budget", pd.Series()).notna().any():  # frontier
-        only = ("frontier",)
-    if not all_figures and kind == "cost" and data.cost.get("seq_len", pd.Series()).nunique() == 1:
-        only = ()  # a run at one length: its tables say it; its figures (mostly curves over length) stay off the page
-    figs, skipped = E.figures_html(data, only, ids) if only else ("", [])
+    if all_figures:
+        return [f.name for f in P.FIGURES if f.needs in needs]
+    if kind == "accuracy" and data.accuracy.get("budget", pd.Series()).notna().any():  # frontier
+        return ("frontier",)
+    if kind == "cost" and data.cost.get("seq_len", pd.Series()).nunique() == 1:
+        return ()  # a run at one length: its tables say it; its figures (mostly curves over length) stay off the page
+    return E.RUN_FIGURES[kind]
+
+
+def _figure_sections(drawn: Sequence[E.Drawn], ids: E.PageIds) -> list[str]:
+    figs, skipped = E.figures_html(drawn, ids)
     return [_section(ids("figures"), "Figures", figs or '<p class="muted">no figures</p>', 3),
             _section(ids("skipped"), "Figures not drawn",
                      _folded(f"{len(skipped)} figure(s), each with why", _table(pd.DataFrame(skipped), ids("skipped-table")))
                      if skipped else '<p class="muted">none</p>', 3)]
 
 
-def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], ids: E.PageIds,
-              all_figures: bool = False) -> list[str]:
-    """One run's sections: environment, suspect cells, findings, tables, figures."""
-    data = F.Results(cost=cost, accuracy=acc_empty, sources=sources)
+def _cost_run(data: F.Results, ids: E.PageIds, drawn: Sequence[E.Drawn]) -> list[str]:
+    """One run's sections: environment, suspect cells, findings, tables, figures (``drawn``)."""
+    cost, acc_empty = data.cost, data.accuracy
     parts = [_section(ids("environment"), "Environment",
                       _folded("device, versions, timestamps", _table(environment_table(data), ids("environment-table"))), 3)]
     parts.append(_section(ids("suspect"), "Suspect and noisy cells", suspect_section(cost), 3))
@@ -258,14 +265,13 @@ def _cost_run(cost: pd.DataFrame, acc_empty: pd.DataFrame, sources: list[str], i
             for facet, table in pivot_cost(cost, column, scale).items():
                 tables.append(_folded(f"{name} · {facet}", _compact(table.to_html(border=0, escape=True))))
     parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
-    return parts + _figure_sections(data, "cost", ids, all_figures)
+    return parts + _figure_sections(drawn, ids)
 
 
-def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str], ids: E.PageIds,
-                  all_figures: bool = False) -> list[str]:
-    """One accuracy file's sections: findings, best positions, tables, figures (never pooled with another file's
-    rows: runs of different protocols would stand in one table as if comparable)."""
-    data = F.Results(cost=cost_empty, accuracy=acc, sources=sources)
+def _accuracy_run(data: F.Results, ids: E.PageIds, drawn: Sequence[E.Drawn]) -> list[str]:
+    """One accuracy file's sections: findings, best positions, tables, figures (``drawn``; never pooled with another
+    file's rows: runs of different protocols would stand in one table as if comparable)."""
+    acc, cost_empty = data.accuracy, data.cost
     items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(cost_empty, acc))
     sub = _section(ids("positions"), "Best position method per evaluation length",
                    _table(positions_table(acc), ids("positions-table")), 4)
@@ -274,7 +280,7 @@ def _accuracy_run(acc: pd.DataFrame, cost_empty: pd.DataFrame, sources: list[str
     tables = [] if frontier else [_folded(name, _compact(table.to_html(border=0, escape=True)))
                                   for name, table in pivot_accuracy(acc).items()]
     parts.append(_section(ids("tables"), "Summary tables", "".join(tables) or '<p class="muted">no tables</p>', 3))
-    return parts + _figure_sections(data, "accuracy", ids, all_figures)
+    return parts + _figure_sections(drawn, ids)
 
 
 def _sources_table(runs: list[tuple[str, str, str, pd.DataFrame]]) -> pd.DataFrame:
@@ -288,41 +294,52 @@ def _sources_table(runs: list[tuple[str, str, str, pd.DataFrame]]) -> pd.DataFra
 
 def build_report(results: F.Results, device: str | None = None, title: str = "attn-bench report",
                  commands: Mapping[str, str] | None = None, commands_source: str | None = None,
-                 all_figures: bool = False) -> str:
+                 all_figures: bool = False, jobs: int = 1) -> str:
     """The whole report as one HTML string: a contents list, the sources (each file's rows and SHA-256), then each
     results file as one folded run -- its command (from ``commands``, file name -> HTML), environment, findings,
-    tables and figures -- grouped by kind of run. ``all_figures``: every figure ``plot`` draws, not the page's set."""
+    tables and figures -- grouped by kind of run. ``all_figures``: every figure ``plot`` draws, not the page's set.
+
+    Drawing the figures is most of the time (matplotlib, a third of a second each): with ``jobs`` > 1, worker
+    processes draw them, a run at a time, while this one writes the tables; the page is the same."""
     P.check_plottable(results)
     commands = commands or {}
     cost = F.select_device(results.cost, device)
     acc = results.accuracy
     ids = E.PageIds()
     runs = R.runs(cost, acc, commands)
-    articles: dict[str, list[str]] = {}
-    contents: dict[str, list[str]] = {}
-    for i, (kind, group, src, rows) in enumerate(runs):
-        name = Path(src).name
-        anchor = ids("run")
-        if name in commands:
-            command = f'<p class="command">{commands[name]}</p>'
-        else:
-            where = f" in {commands_source}" if commands_source else " (attn-bench report --commands gives it)"
-            command = f'<p class="command muted">no command recorded{html.escape(where)}</p>'
+    for kind, _, _, rows in runs:
         if kind == "cost":
             F.check_single_device(rows)
-            caption = provenance(rows)
-            sections = _cost_run(rows, acc.iloc[0:0], [src], ids, all_figures)
-        else:
-            caption = provenance(None, rows)
-            sections = _accuracy_run(rows, cost.iloc[0:0], [src], ids, all_figures)
-        size = f"{len(rows)} {kind} row{'s' if len(rows) != 1 else ''}"
-        # each run folds (the first is open): the page is a contents list and the run you are reading
-        articles.setdefault(group, []).append(
-            f'<article class="run" id="{anchor}" data-file="{html.escape(name)}"><details{" open" if i == 0 else ""}>'
-            f'<summary><h3 class="run-title">{html.escape(name)}</h3> <span class="muted">{html.escape(size)}</span>'
-            f"</summary>\n{command}"
-            f'<p class="muted">{html.escape(src)} · {html.escape(caption)}</p>' + "".join(sections) + "</details></article>")
-        contents.setdefault(group, []).append(f'<li><a href="#{anchor}">{html.escape(name)}</a></li>')
+    data = [F.Results(cost=rows, accuracy=acc.iloc[0:0], sources=[src]) if kind == "cost" else
+            F.Results(cost=cost.iloc[0:0], accuracy=rows, sources=[src]) for kind, _, src, rows in runs]
+    figures = [_figure_names(d, kind, all_figures) for d, (kind, *_) in zip(data, runs, strict=True)]
+    articles: dict[str, list[str]] = {}
+    contents: dict[str, list[str]] = {}
+    with ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        drawing = [pool.submit(E.draw_figures, d, only) for d, only in zip(data, figures, strict=True)] if pool else []
+        for i, (kind, group, src, rows) in enumerate(runs):
+            drawn = drawing[i].result() if pool else E.draw_figures(data[i], figures[i])
+            name = Path(src).name
+            anchor = ids("run")
+            if name in commands:
+                command = f'<p class="command">{commands[name]}</p>'
+            else:
+                where = f" in {commands_source}" if commands_source else " (attn-bench report --commands gives it)"
+                command = f'<p class="command muted">no command recorded{html.escape(where)}</p>'
+            if kind == "cost":
+                caption = provenance(rows)
+                sections = _cost_run(data[i], ids, drawn)
+            else:
+                caption = provenance(None, rows)
+                sections = _accuracy_run(data[i], ids, drawn)
+            size = f"{len(rows)} {kind} row{'s' if len(rows) != 1 else ''}"
+            # each run folds (the first is open): the page is a contents list and the run you are reading
+            articles.setdefault(group, []).append(
+                f'<article class="run" id="{anchor}" data-file="{html.escape(name)}"><details{" open" if i == 0 else ""}>'
+                f'<summary><h3 class="run-title">{html.escape(name)}</h3> <span class="muted">{html.escape(size)}</span>'
+                f"</summary>\n{command}"
+                f'<p class="muted">{html.escape(src)} · {html.escape(caption)}</p>' + "".join(sections) + "</details></article>")
+            contents.setdefault(group, []).append(f'<li><a href="#{anchor}">{html.escape(name)}</a></li>')
     nav = "".join(f'<li><a href="#kind-{g}">{html.escape(R.KINDS[g])}</a><ol>{"".join(contents[g])}</ol></li>'
                   for g in R.KINDS if g in contents)
     n_files = len({src for _, _, src, _ in runs})
@@ -343,11 +360,11 @@ def build_report(results: F.Results, device: str | None = None, title: str = "at
 
 
 def write_report(paths: Sequence[str], out: str | Path, device: str | None = None,
-                 commands: str | Path | None = None, all_figures: bool = False) -> Path:
+                 commands: str | Path | None = None, all_figures: bool = False, jobs: int = 1) -> Path:
     """Build the report of ``paths`` (each file's command from the ``commands`` document, if given) into ``out``."""
     table = R.run_commands(Path(commands).read_text(encoding="utf-8")) if commands else None
     text = build_report(F.load_results(paths), device, commands=table, commands_source=str(commands) if commands else None,
-                        all_figures=all_figures)
+                        all_figures=all_figures, jobs=jobs)
     return write_atomic(out, text)  # never a half-written report
 
 
@@ -360,13 +377,15 @@ def write_report(paths: Sequence[str], out: str | Path, device: str | None = Non
                    "(results/README.md): shown with each run.")
 @click.option("--all-figures", is_flag=True,
               help="Every figure `plot` draws (throughput, FLOP/s fraction, roofline too): for a report of a run or two.")
+@click.option("--jobs", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Processes drawing the figures (most of the time); each holds its own matplotlib, ~0.2 GB.")
 def report_command(results: tuple[str, ...], out: str, device: str | None, commands: str | None,
-                   all_figures: bool) -> None:
+                   all_figures: bool, jobs: int) -> None:
     """Write one self-contained HTML report (figures embedded) of the RESULTS files, one run per file."""
     from harness.results import check_writable
 
     check_writable(out, what="report")  # before the figures are drawn
-    path = write_report(results, out, device, commands, all_figures)
+    path = write_report(results, out, device, commands, all_figures, jobs)
     click.echo(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
