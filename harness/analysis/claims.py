@@ -110,7 +110,7 @@ def family(model: str, eval_len: int, at: str, tasks: tuple[str, ...], cells: di
     pairs = [(a, b) for a, b in pairs if a in cells and b in cells]
     raw = [paired_test(cells[a]["ex"], cells[b]["ex"], cells[a]["clusters"], seed) for a, b in pairs]
     adj = holm([float(t["p"]) for t in raw])
-    return [_claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t)
+    return [claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t)
             for (a, b), t, q in zip(pairs, raw, adj, strict=True)]
 
 
@@ -118,10 +118,10 @@ def compare(pts: pd.DataFrame, model: str, eval_len: int, a: str, b: str, at: st
             family: int = 1, p_adj: float | None = None) -> Claim:
     """One claim, ``a`` against ``b``: KeyError when either has no score at ``at`` on every ranked task."""
     tasks, cells = cells_at(pts, model, eval_len, at)
-    return _claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, family, p_adj)
+    return claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, family, p_adj)
 
 
-def _claim(model: str, eval_len: int, at: str, tasks: tuple[str, ...], a: str, b: str, ca: dict, cb: dict, seed: int,
+def claim(model: str, eval_len: int, at: str, tasks: tuple[str, ...], a: str, b: str, ca: dict, cb: dict, seed: int,
            family: int, p_adj: float | None, t: dict[str, Any] | None = None) -> Claim:
     t = t or paired_test(ca["ex"], cb["ex"], ca["clusters"], seed)
     p_adj = float(t["p"]) if p_adj is None else p_adj
@@ -147,7 +147,7 @@ def pairwise(pts: pd.DataFrame, at: str = "1/8", seed: int = 0) -> list[Claim]:
                 a, b = b, a
                 t = {**t, "a": t["b"], "b": t["a"], "diff": -t["diff"], "lo": -t["hi"], "hi": -t["lo"],
                      "a_ahead": t["b_ahead"], "b_ahead": t["a_ahead"]}
-            out.append(_claim(model, L, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t))
+            out.append(claim(model, L, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t))
     return out
 
 
@@ -155,4 +155,4 @@ def frame(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([c.__dict__ for c in claims])
 
 
-__all__ = ["Claim", "cells_at", "compare", "family", "frame", "pairwise", "task_cells"]
+__all__ = ["Claim", "cells_at", "claim", "compare", "family", "frame", "pairwise", "task_cells"]

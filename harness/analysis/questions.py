@@ -288,6 +288,33 @@ def _prefill(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+# -- what the chat template changes ----------------------------------------------------------------------------------
+
+CHAT_FILES = ("chat-template-smollm2-cpu.jsonl",)
+
+
+def _chat(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Full attention with and without the checkpoint's chat template on the same examples: a paired claim a task."""
+    from harness.analysis.paired import paired_test, wilson
+
+    cells: dict[tuple, dict[bool, dict[str, Any]]] = {}
+    for r in _all(rows):
+        if r.get("status") == "ok" and isinstance(r.get("per_example"), list) and r.get("metric") in FR.METRIC.values():
+            cells.setdefault((r["model"], int(r["eval_len"]), _task_of(r)), {})[bool(r.get("chat_template"))] = r
+    lines = ["| model | length | task | without the template | with it | claim |", "|---|---|---|---|---|---|"]
+    for (model, L, task), by in sorted(cells.items()):
+        if set(by) != {False, True}:
+            continue
+        a, b = (np.asarray(by[k]["per_example"], dtype=float) for k in (True, False))
+        t = paired_test(a, b)
+        c = C.claim(model, L, "", (task,), "with the template", "without", {"ex": [a], "clusters": [(1,) * len(a)]},
+                    {"ex": [b], "clusters": [(1,) * len(b)]}, 0, 1, None, t)
+        cell = [f"{x.mean():.2f} [{wilson(x.sum(), len(x))[0]:.2f}, {wilson(x.sum(), len(x))[1]:.2f}] (n {len(x)})"
+                for x in (b, a)]
+        lines.append(f"| {model} | {L} | {task} | {cell[0]} | {cell[1]} | {c.sentence()} |")
+    return lines
+
+
 # -- what each attention costs -------------------------------------------------------------------------------------------
 
 CHECKPOINT_FILES = ("accuracy-headline-smollm2-cpu.jsonl", "accuracy-headline-gemma3-cpu.jsonl")
@@ -331,6 +358,7 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question("keep", "What does each method keep at a budget, per model?", KEEP_FILES, _keep),
     Question("prefill", "What does the prefill sparsity buy?", PREFILL_FILES, _prefill),
     Question("retrieval", "What does retrieval do?", KEEP_FILES[:6], _retrieval),
+    Question("chat", "Does the chat template change what full attention finds?", CHAT_FILES, _chat),
     Question("summary", "What does each method keep at 1/8, in one line a model?", KEEP_FILES + CHECKPOINT_FILES, _summary,
              short=True),
 )}
@@ -366,7 +394,7 @@ def fill(doc: str, folder: Path) -> str:
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a block differs from its rendering.")
 def answers_command(docs: tuple[str, ...], folder: str, check: bool) -> None:
     """Render the answer blocks (<!-- answer: NAME --> ... <!-- end answer: NAME -->) of DOCS from the results files
-    under --results: cost, keep, prefill, retrieval, summary."""
+    under --results: cost, keep, prefill, retrieval, chat, summary."""
     stale = []
     for path in docs:
         old = Path(path).read_text()
