@@ -436,3 +436,15 @@ def test_retrieval_is_its_own_kind_ranked_over_the_budgets_and_drawn_in_its_colo
     dots = {ln.get_gid(): ln for ax in fig.get_axes() for ln in ax.get_lines() if ln.get_gid()}
     assert dots["frontier:m:retrieval (bm25)"].get_color() == FAMILY["retrieval"][1]
     assert dots["frontier:m:snapkv"].get_color() == FAMILY["press"][1]
+
+
+def test_a_row_says_its_draws_as_a_list_or_a_frame():
+    """A passkey row with ``draws`` counts them, read from a list of rows or from a frame where rows without the column
+    made it float; a row without it is one haystack."""
+    rows = [press_row("none", ones(4), depth=d) | {"draws": 4} for d in DEPTHS]
+    rows += [press_row("none", ones(20), task="ruler", subtask="niah_single_1", depth=None)]
+    for given in (rows, pd.DataFrame(rows)):
+        pts = FR.points(given).set_index("task")
+        assert pts.loc["passkey", "draws"] == 20 and pts.loc["niah_single_1", "draws"] == 20
+    old = FR.points(passkey_rows("none", ones(20))).iloc[0]
+    assert old["draws"] == 5

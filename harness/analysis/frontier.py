@@ -92,9 +92,9 @@ def _clusters(row: dict[str, Any]) -> tuple[int, ...]:
     passkey row is one haystack (the keys of one depth shared it before rows said so) and a RULER row's examples are
     one draw each."""
     n = len(row["per_example"])
-    k = row.get("draws")
-    if isinstance(k, int) and not isinstance(k, bool) and k > 0 and n % k == 0:
-        return (n // k,) * k
+    k = _num(row.get("draws"))  # a float where a frame mixed rows with and without it
+    if k > 0 and k.is_integer() and n % int(k) == 0:
+        return (n // int(k),) * int(k)
     return (n,) if row.get("task") == "passkey" else (1,) * n
 
 
