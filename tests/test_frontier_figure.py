@@ -13,6 +13,7 @@ from test_frontier_analysis import BUDGETS, grid, ones, passkey_rows, retrieval_
 from harness.analysis import frames as F
 from harness.analysis import frontier as FR
 from harness.analysis.figures import frontier as FF
+from harness.analysis.figures import frontier_curves as FC
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("frontier-smollm2-cpu", "frontier-qwen-cpu", "frontier-gemma3-cpu", "retrieval-smollm2-cpu",
@@ -25,6 +26,7 @@ def drawn(tmp_path_factory):
     acc = F.load_results([str(ROOT / "results" / f"{f}.jsonl") for f in FILES]).accuracy
     out = tmp_path_factory.mktemp("frontier")
     fig = FF.plot_frontier(acc, out, formats=("png",))
+    FC.plot_frontier_curves(acc, out, formats=("png",))
     pts = FR.points(acc)
     return acc, pts, FF.forest(pts), fig, out
 
@@ -114,11 +116,11 @@ def test_full_and_the_oracle_are_lines_with_bands_in_every_block(drawn):
 
 def test_curves_draw_a_few_methods_per_model(drawn):
     _, pts, panels, _, out = drawn
-    roles = [FF.curve_methods(p) for p in panels]
+    roles = [FC.curve_methods(p) for p in panels]
     assert roles[0] == {"full": "full", "oracle": "oracle", "press 1": "keydiff", "press 2": "tova",
                         "retrieval": "retrieval (bm25)", "quantized": "quantized 4-bit"}
     assert all(len(r) <= 6 for r in roles)
-    c = FF.curves(pts, panels[0])
+    c = FC.curves(pts, panels[0])
     kd = c[c["method"] == "keydiff"].set_index("budget")
     assert list(kd.index) == ["1/16", "1/8", "1/4", "1/2"] and (kd["kv_fraction"].diff().dropna() > 0).all()
     assert (out / "frontier-curves.png").stat().st_size > 0
@@ -129,7 +131,7 @@ def test_curves_legend_is_at_most_six_entries():
                  "tova": {b: ones(10) for b in BUDGETS}, "knorm": {b: ones(8) for b in BUDGETS}}, ones(19))
     rows += passkey_rows("quantized", ones(19), nbits=4) + passkey_rows("quantized", ones(3), nbits=2)
     rows += retrieval_rows("bm25", {b: ones(16) for b in BUDGETS}) + retrieval_rows("dense", {"1/8": ones(4)})
-    fig = FF.plot_frontier_curves(pd.DataFrame(rows))
+    fig = FC.plot_frontier_curves(pd.DataFrame(rows))
     (ax,) = fig.get_axes()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["full", "oracle", "snapkv", "tova", "retrieval (bm25)", "quantized 4-bit"]
@@ -147,6 +149,7 @@ def test_synthetic_rows_a_variant_on_passkey_only_and_an_unranked_task(tmp_path)
                  for d in (0.0, 0.25, 0.5, 0.75, 1.0)]
     rows += grid({"snapkv": {"1/2": ones(10)}}, ones(20), model="other")  # no 1/8: no panel
     fig = FF.plot_frontier(pd.DataFrame(rows), tmp_path)
+    FC.plot_frontier_curves(pd.DataFrame(rows), tmp_path)
     (panel,) = FF.forest(FR.points(rows))
     assert (panel.model, panel.eval_len, panel.tasks) == ("m", 4096, ("passkey",))
     assert len(panel.blocks) == 1 and list(panel.blocks[0].rows["method"]) == ["snapkv", "sliding_window"]

@@ -33,7 +33,8 @@ def prompts(tokens: Any, length: int, n: int) -> list[tuple[list[int], int]]:
 
     rng = np.random.default_rng(length)
     keys = [draw_key(rng, 5, "test") for _ in range(n)]
-    out = [passkey_prompt(tokens, length, 0.5, key, haystack_ids(tokens, length, rng)) for key in keys]
+    hay = haystack_ids(tokens, length, rng)  # one haystack for every prompt: a reused prefix would show in the times
+    out = [passkey_prompt(tokens, length, 0.5, key, hay) for key in keys]
     asked = len(tokens.ask(ASK, ANSWER_PREFIX))
     return [(p, len(p) - asked) for p in out]
 

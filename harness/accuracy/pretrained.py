@@ -198,8 +198,7 @@ def check_dtype(dtype: str) -> str:
 
 def plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str], positions: Sequence[str],
          eval_lens: Sequence[int] | None, configs: dict[str, Any] | None = None, presses: Sequence[str] = (),
-         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32",
-         chat_template: bool = False) -> HFPlan:
+         query_aware: bool = False, equal_memory: bool = False, dtype: str = "float32", chat_template: bool = False) -> HFPlan:
     """Validate everything (ValueError, one line) before a weight is read: checkpoint, tokens, specs, lengths, corpus,
     presses. ``configs``: task -> config (a task left out gets its checkpoint defaults). ``presses``: KV press specs,
     arms of every setting; ``equal_memory``: also the variants with each press ratio's budget at each length;

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from harness.analysis.paired import ALPHA, holm, paired_test
@@ -151,8 +152,53 @@ def pairwise(pts: pd.DataFrame, at: str = "1/8", seed: int = 0) -> list[Claim]:
     return out
 
 
+def against_oracle(pts: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Every cell of an arm with a budget (press, variant, retrieval, prefill) against the oracle at that budget on
+    the same examples: the difference, its interval and the paired test, Holm over each (model, eval_len)'s cells."""
+    ok = pts[pts["status"] == "ok"]
+    oracle = ok[ok["kind"] == "oracle"].set_index(["model", "eval_len", "task", "budget"])
+    found = []
+    for _, r in ok[ok["kind"].isin(["press", "variant", "retrieval", "prefill"])].iterrows():
+        key = (r["model"], r["eval_len"], r["task"], r["budget"])
+        if key not in oracle.index or oracle.loc[key, "examples"] != r["examples"]:
+            continue
+        t = paired_test(r["per_example"], oracle.loc[key, "per_example"], [r["clusters"]], seed)
+        found.append({"model": key[0], "eval_len": key[1], "task": key[2], "budget": key[3], "method": r["method"],
+                      **{k: t[k] for k in ("a", "b", "diff", "lo", "hi", "a_ahead", "b_ahead", "draws", "p", "test")}})
+    cols = ["model", "eval_len", "task", "budget", "method", "a", "b", "diff", "lo", "hi", "a_ahead", "b_ahead", "draws",
+            "p", "test", "p_adj"]
+    df = pd.DataFrame(found, columns=cols[:-1])
+    df["p_adj"] = np.nan
+    for _, g in df.groupby(["model", "eval_len"]):
+        df.loc[g.index, "p_adj"] = holm(list(g["p"]))
+    return df[cols]
+
+
+def claim_lines(pts: pd.DataFrame, rk: pd.DataFrame, model: str, L: int, at: str, seed: int = 0) -> list[str]:
+    """The comparisons a reader of the ranking makes at ``at``, each with its test: every method against the one ranked
+    just below it, and against full and the oracle; Holm over every pair of the length's methods; then the count."""
+    got = {frozenset((c.a, c.b)): c for c in pairwise(pts[(pts["model"] == model) & (pts["eval_len"] == L)], at, seed)}
+    if not got:
+        return []
+    order = [m for m in rk.assign(s=rk["at"].fillna(rk["score"])).sort_values("s", ascending=False)["method"]
+             if any(m in k for k in got)]
+    shown: list[frozenset] = []
+    for i, m in enumerate(order):
+        for other in ([order[i + 1]] if i + 1 < len(order) else []) + ["full", "oracle"]:
+            k = frozenset((m, other))
+            if k in got and k not in shown:
+                shown.append(k)
+    resolved = sum(c.verdict in ("above", "below") for c in got.values())
+    ties = sum(c.verdict.startswith("tie") for c in got.values())
+    fam = next(iter(got.values())).family
+    return ["", f"Claims at {at} (paired on the same draws; Holm over the {fam} pairs of these {len(order)} methods): "
+            f"{resolved} resolved, {ties} tied at a ceiling or floor, {fam - resolved - ties} not resolved.", ""] + [
+        f"- {got[k].sentence()}." for k in shown]
+
+
 def frame(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([c.__dict__ for c in claims])
 
 
-__all__ = ["Claim", "cells_at", "claim", "compare", "family", "frame", "pairwise", "task_cells"]
+__all__ = ["Claim", "against_oracle", "cells_at", "claim", "claim_lines", "compare", "family", "frame", "pairwise",
+           "task_cells"]

@@ -11,22 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
-import pandas as pd
 
-from harness.analysis import claims as C
-from harness.analysis import frontier as FR
+from harness.analysis import answers as A
 from harness.analysis.freshness import freshness
 from harness.results import scan_rows, write_atomic
-
-AT = "1/8"
-FAMILY = {"reference": "full", "oracle": "oracle", "press": "press", "variant": "variant", "quantized": "quantized",
-          "retrieval": "retrieval", "prefill": "prefill-sparse"}
 
 
 @dataclass(frozen=True)
@@ -44,46 +36,6 @@ def _rows(folder: Path, files: Sequence[str]) -> dict[str, list[dict[str, Any]]]
     return {f: scan_rows(folder / f)[0] for f in files}
 
 
-def _all(rows: dict[str, list[dict[str, Any]]], files: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    return [r for f in (files or rows) for r in rows[f]]
-
-
-def _p(p: float) -> str:
-    return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
-
-
-def _iv(score: float, lo: float, hi: float) -> str:
-    return f"{score:.2f} [{lo:.2f}, {hi:.2f}]"
-
-
-def _short(c: C.Claim | None, me: str) -> str:
-    """``me`` against the other method of claim ``c``, in a table cell."""
-    if c is None:
-        return "-"
-    if c.verdict.startswith("tie"):
-        return c.verdict
-    if c.verdict == "not resolved":
-        return f"not resolved ({_p(c.p_adj)})"
-    higher = c.a if c.verdict == "above" else c.b
-    return f"{'above' if higher == me else 'below'} ({_p(c.p_adj)})"
-
-
-def subject(rows: list[dict[str, Any]], model: str) -> str:
-    """What the checkpoint is, from its rows: the file's name says the weights and their quantisation."""
-    r = next(r for r in rows if r.get("model") == model and r.get("model_file"))
-    name = Path(str(r["model_file"])).name
-    quant = re.search(r"[.-](q\d\w*)\.gguf$", name, flags=re.I)
-    what = name[: quant.start()] if quant else name
-    chat = any(x.get("chat_template") is True for x in rows if x.get("model") == model)
-    return (f"{what}, a 4-bit GGUF file ({quant[1].upper()}) dequantised on load" if quant else what) + (
-        ", prompted with its chat template" if chat else ", prompted without a chat template")
-
-
-def _order(rows: list[dict[str, Any]], models: Sequence[str]) -> list[str]:
-    size = {r.get("model"): r.get("params") or 0 for r in rows}
-    return sorted(models, key=lambda m: (size.get(m, 0), m))
-
-
 def _freshness_lines(folder: Path, files: Sequence[str], commands: dict[str, str], short: bool = False) -> list[str]:
     if short:
         fr = [freshness(folder / f) for f in files]
@@ -99,267 +51,13 @@ def _freshness_lines(folder: Path, files: Sequence[str], commands: dict[str, str
     return out
 
 
-# -- what each method keeps --------------------------------------------------------------------------------------------
-
-KEEP_FILES = ("frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-gemma3-cpu.jsonl",
-              "retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl", "retrieval-qwen-cpu.jsonl",
-              "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl")
-
-
-def keep_at(rows: list[dict[str, Any]], model: str, at: str = AT) -> tuple[int, pd.DataFrame, list[C.Claim]]:
-    """A model's shortest length with a score at ``at``: the methods pooled over its ranked tasks there, best first
-    (method, kind, score, lo, hi, draws, n_eff), and every pair's claim."""
-    pts = FR.points([r for r in rows if r.get("model") == model])
-    rk = FR.ranking(pts, at)
-    rk = rk.assign(s=rk["at"].fillna(rk["score"]), s_lo=rk["at_lo"].fillna(rk["score_lo"]),
-                   s_hi=rk["at_hi"].fillna(rk["score_hi"]))
-    L = int(min(rk[rk["s"].notna() & (rk["kind"] != "reference")]["eval_len"]))
-    here = rk[(rk["eval_len"] == L) & rk["s"].notna()].sort_values(["s", "method"], ascending=[False, True])
-    claims = C.pairwise(pts[pts["eval_len"] == L], at)
-    return L, here, claims
-
-
-def _keep_model(rows: list[dict[str, Any]], model: str) -> list[str]:
-    L, here, claims = keep_at(rows, model)
-    pts = FR.points([r for r in rows if r.get("model") == model])
-    got = {frozenset((c.a, c.b)): c for c in claims}
-    tasks, cells = C.cells_at(pts, model, L, AT)
-    r0 = here.iloc[0]
-    at1 = pts[(pts["eval_len"] == L) & (pts["status"] == "ok") & pts["task"].isin(tasks)
-              & pts["method"].isin(set(cells)) & ((pts["budget"] == AT) | (pts["budget"] == ""))]
-    top, floor = int((at1["score"] == 1.0).sum()), int((at1["score"] == 0.0).sum())
-    lines = ["", f"#### {model} at {L} tokens, {AT} of the KV cache", "",
-             f"{subject(rows, model)}. Ranked tasks (full scores at least 0.5): {', '.join(tasks)}; each method pooled "
-             f"over them with equal weight: {r0['n']} examples, {r0['draws']} independent draws, n_eff "
-             f"{r0['n_eff']:.1f}. Of its {len(at1)} task cells, {top} sit at 1.00 and {floor} at 0.00: pairs among those "
-             "are ties, not rankings.", "",
-             "| method | family | score at 1/8 [95% CI] | against full | against the oracle |", "|---|---|---|---|---|"]
-    for r in here.itertuples():
-        vs = [_short(got.get(frozenset((r.method, o))), r.method) if r.method != o else "" for o in ("full", "oracle")]
-        lines.append(f"| {r.method} | {FAMILY[r.kind]} | {_iv(r.s, r.s_lo, r.s_hi)} | {vs[0]} | {vs[1]} |")
-    order = list(here["method"])
-    adjacent = [got[k] for k in (frozenset(p) for p in zip(order, order[1:], strict=False)) if k in got]
-    resolved = [c for c in claims if c.verdict in ("above", "below")]
-    ties = [c for c in claims if c.verdict.startswith("tie")]
-    lines += ["", f"Of the {len(claims)} pairs, {len(resolved)} are resolved, {len(ties)} tie at a ceiling or floor and "
-              f"{len(claims) - len(resolved) - len(ties)} are not resolved (Holm over the {len(claims)}). Each method "
-              "against the next one down:", ""] + [f"- {c.sentence()}." for c in adjacent]
-    missing = pts[(pts["eval_len"] == L) & (pts["status"] == "ok") & (pts["budget"] == AT)
-                  & ~pts["method"].isin(set(cells)) & pts["task"].isin(tasks)]
-    if len(missing):
-        lines += ["", "Not pooled (no score at 1/8 on every ranked task): " + "; ".join(
-            f"{m} ({', '.join(f'{t.task} {_iv(t.score, t.ci_low, t.ci_high)}, {t.draws} draws' for t in g.itertuples())})"
-            for m, g in missing.groupby("method", sort=True)) + "."]
-    return lines
-
-
-def _keep(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    flat = _all(rows)
-    lines = ["![What each method keeps at 1/8 of the KV cache, per model: score and 95 % interval, by family]"
-             "(figures/frontier/frontier.png)", "",
-             "Scores are pooled over the tasks full attention half-solves at that length; intervals are Wilson's at the "
-             "effective number of independent draws; against full and the oracle: the paired test on the same draws "
-             "(exact sign test on 0/1 draws, else the exact sign-flip test), Holm-adjusted over every pair of the "
-             "model's table; a claim is stated only when resolved at 0.05."]
-    for model in _order(flat, sorted({r["model"] for r in flat if r.get("model")})):
-        lines += _keep_model(flat, model)
-    return lines
-
-
-def _summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """One sentence a model: what its table resolves against full at 1/8, and what it cannot tell apart."""
-    flat = _all(rows, KEEP_FILES)
-    lines = []
-    for model in _order(flat, sorted({r["model"] for r in flat if r.get("model")})):
-        L, here, claims = keep_at(flat, model)
-        got = {frozenset((c.a, c.b)): c for c in claims}
-        score = dict(zip(here["method"], here["s"], strict=True))
-        vs = {m: _short(got.get(frozenset((m, "full"))), m).split(" (")[0] for m in here["method"] if m != "full"}
-        tie = [m for m, v in vs.items() if v == "tie at ceiling"]
-        below = [m for m, v in vs.items() if v == "below"]
-        unsure = [m for m, v in vs.items() if v == "not resolved"]
-        above = [m for m, v in vs.items() if v == "above"]
-        r0 = here.iloc[0]
-        parts = [f"full {score['full']:.2f}"]
-        parts += [f"at the ceiling with full (1.00 on every draw, untestable): {', '.join(f'`{m}`' for m in tie)}"] if tie else []
-        parts += [f"above full: {', '.join(f'`{m}` {score[m]:.2f}' for m in above)}"] if above else []
-        parts += [f"not resolved from full: {', '.join(f'`{m}` {score[m]:.2f}' for m in unsure)}"] if unsure else []
-        parts += [f"{len(below)} below full (Holm p < 0.05), best of them `{below[0]}` {score[below[0]]:.2f}"] if below else []
-        lines.append(f"- {subject(flat, model)}, at {L} tokens with 1/8 of its KV cache ({r0['draws']} independent "
-                     f"draws over {r0['tasks']} task{'s' if r0['tasks'] > 1 else ''}): " + "; ".join(parts) + ".")
-    return lines
-
-
-# -- what retrieval does -------------------------------------------------------------------------------------------------
-
-def _retrieval(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    flat = _all(rows)
-    pts = FR.points(flat)
-    ok = pts[(pts["status"] == "ok")]
-    where = ok[(ok["kind"] == "retrieval") & (ok["budget"] == AT)][["model", "eval_len", "task"]].drop_duplicates()
-    lines = ["Retrieval keeps the context's chunks a retriever ranks best for the question, up to the budget's tokens, "
-             "and the model reads only those: query-aware by nature. At 1/8 of the context, on the same prompts as "
-             "full, the oracle and the best press there (each row's comparisons Holm-adjusted together):", "",
-             "| model | length | task | full | oracle | best press | BM25 | dense |", "|---|---|---|---|---|---|---|---|"]
-    sentences: list[str] = []
-    for m, L, task in where.sort_values(["model", "eval_len", "task"]).itertuples(index=False):
-        cells = C.task_cells(pts, m, L, task, AT)
-        if "full" not in cells:
-            continue  # nothing to pair with
-        g = ok[(ok["model"] == m) & (ok["eval_len"] == L) & (ok["task"] == task)]
-        score = {r.method: r for r in g[(g["budget"] == AT) | (g["budget"] == "")].itertuples()}
-        presses = g[(g["kind"] == "press") & (g["budget"] == AT)].sort_values(["score", "method"], ascending=[False, True])
-        best = presses["method"].iloc[0] if len(presses) else None
-        mine = [x for x in ("retrieval (bm25)", "retrieval (dense)") if x in cells]
-        fam = C.family(m, L, AT, (task,), cells, [(x, o) for x in mine for o in ("full", "oracle", best) if o])
-
-        def cell(name: str | None, score: dict = score) -> str:
-            r = score.get(name) if name else None
-            return "-" if r is None else f"{_iv(r.score, r.ci_low, r.ci_high)}"
-        lines.append(f"| {m} | {L} | {task} ({score['full'].draws} draws) | {cell('full')} | {cell('oracle')} | "
-                     f"{best or '-'} {cell(best) if best else ''} | {cell('retrieval (bm25)')} | {cell('retrieval (dense)')} |")
-        sentences += [f"- {m} at {L} on {task}: {c.sentence()}." for c in fam if c.verdict in ("above", "below")]
-        for tie in ("tie at ceiling", "tie at floor"):
-            pairs = [f"`{c.a}` = `{c.b}`" for c in fam if c.verdict == tie]
-            if pairs:
-                sentences.append(f"- {m} at {L} on {task}, {tie} (every draw {'1.00' if 'ceiling' in tie else '0.00'}: "
-                                 f"untestable): {'; '.join(pairs)}.")
-        unresolved = [c for c in fam if c.verdict == "not resolved"]
-        if unresolved:
-            sentences.append(f"- {m} at {L} on {task}, not resolved: " + "; ".join(
-                f"`{c.a}` vs `{c.b}` ({c.a_score:.2f} vs {c.b_score:.2f}, {c.a_ahead + c.b_ahead} discordant, "
-                f"{_p(c.p_adj)})" for c in unresolved) + ".")
-    return lines + ["", "Each comparison with its test:", ""] + sentences
-
-
-# -- what the prefill sparsity buys ------------------------------------------------------------------------------------
-
-PREFILL_FILES = ("prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl", "frontier-smollm2-cpu.jsonl")
-
-
-def _task_of(r: dict[str, Any]) -> str | None:
-    return "passkey" if r.get("task") == "passkey" else r.get("subtask") if r.get("task") == "ruler" else None
-
-
-def _prefill(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    flat = _all(rows)
-    pts = FR.points(flat)
-    dyn = [r for r in _all(rows, PREFILL_FILES[:2]) if r.get("status") == "ok" and _task_of(r) and r.get("budget")
-           and r.get("metric") in FR.METRIC.values()]
-    meta: dict[tuple, dict[str, list[float]]] = {}
-    for r in dyn:
-        key = (int(r["eval_len"]), _task_of(r), str(r["variant_spec"]).split(":")[0] if r.get("decode_keys") == "all"
-               else ("sinks" if "sinks=" in str(r["variant_spec"]) else str(r["variant_spec"]).split(":")[0]), r["budget"])
-        d = meta.setdefault(key, {"density": [], "lo": [], "hi": [], "choose": [], "spec": []})
-        for col, name in (("density", "density"), ("density_head_min", "lo"), ("density_head_max", "hi"),
-                          ("choose_share", "choose")):
-            if isinstance(r.get(col), (int, float)):
-                d[name].append(float(r[col]))
-        d["spec"].append(str(r["variant_spec"]))
-    lines = ["A dynamic sparse prefill chooses, per head and prompt, the (query, key) pairs its prefill computes, then "
-             "decodes against the whole cache. Density is the share of the prompt's causal pairs computed (mean over the "
-             "rows of a cell, the per-head range beside it), from the rows; scores against full on the same prompts, "
-             "each cell's comparisons Holm-adjusted together:", "",
-             "| length | task | method | setting | density (per-head range) | score [95% CI] | against full |",
-             "|---|---|---|---|---|---|---|"]
-    choose: dict[int, list[float]] = {}
-    for (L, task, method, budget), d in sorted(meta.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                                -float(Fraction(kv[0][3])))):
-        cells = C.task_cells(pts, "smollm2-135m", L, task, budget)
-        pt = pts[(pts["eval_len"] == L) & (pts["task"] == task) & (pts["method"] == method) & (pts["budget"] == budget)
-                 & (pts["status"] == "ok")]
-        if len(pt) == 0 or "full" not in cells or method not in cells:
-            continue
-        (c,) = C.family("smollm2-135m", L, budget, (task,), cells, [(method, "full")])
-        r = pt.iloc[0]
-        dens = (f"{np.mean(d['density']):.3f} ({min(d['lo']):.3f}–{max(d['hi']):.3f})" if d["density"] and d["lo"]
-                else f"{np.mean(d['density']):.3f}" if d["density"] else "-")
-        spec = sorted(set(d["spec"]))[0]
-        lines.append(f"| {L} | {task} ({r['draws']} draws) | `{spec}` | {budget} | {dens} | "
-                     f"{_iv(r['score'], r['ci_low'], r['ci_high'])} | {_short(c, method)} |")
-        choose.setdefault(L, []).extend(d["choose"])
-    full = pts[(pts["kind"] == "reference") & (pts["status"] == "ok") & pts["eval_len"].isin({k[0] for k in meta})
-               & pts["task"].isin({k[1] for k in meta})]
-    lines += ["", "Full on those prompts: " + "; ".join(
-        f"{r.task} at {r.eval_len} {_iv(r.score, r.ci_low, r.ci_high)}" for r in full.sort_values(
-            ["eval_len", "task"]).itertuples()) + "."]
-    lines += ["", "Time spent choosing, as a share of the attention time of a prompt's prefill (`choose_share`): " + "; ".join(
-        f"{min(v):.2f}–{max(v):.2f} at {L}" for L, v in sorted(choose.items()) if v) + "."]
-    return lines
-
-
-# -- what the chat template changes ----------------------------------------------------------------------------------
-
-CHAT_FILES = ("chat-template-smollm2-cpu.jsonl",)
-
-
-def _chat(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Full attention with and without the checkpoint's chat template on the same examples: a paired claim a task."""
-    from harness.analysis.paired import paired_test, wilson
-
-    cells: dict[tuple, dict[bool, dict[str, Any]]] = {}
-    for r in _all(rows):
-        if r.get("status") == "ok" and isinstance(r.get("per_example"), list) and r.get("metric") in FR.METRIC.values():
-            cells.setdefault((r["model"], int(r["eval_len"]), _task_of(r)), {})[bool(r.get("chat_template"))] = r
-    lines = ["| model | length | task | without the template | with it | claim |", "|---|---|---|---|---|---|"]
-    for (model, L, task), by in sorted(cells.items()):
-        if set(by) != {False, True}:
-            continue
-        a, b = (np.asarray(by[k]["per_example"], dtype=float) for k in (True, False))
-        t = paired_test(a, b)
-        c = C.claim(model, L, "", (task,), "with the template", "without", {"ex": [a], "clusters": [(1,) * len(a)]},
-                    {"ex": [b], "clusters": [(1,) * len(b)]}, 0, 1, None, t)
-        cell = [f"{x.mean():.2f} [{wilson(x.sum(), len(x))[0]:.2f}, {wilson(x.sum(), len(x))[1]:.2f}] (n {len(x)})"
-                for x in (b, a)]
-        lines.append(f"| {model} | {L} | {task} | {cell[0]} | {cell[1]} | {c.sentence()} |")
-    return lines
-
-
-# -- what each attention costs -------------------------------------------------------------------------------------------
-
-CHECKPOINT_FILES = ("accuracy-headline-smollm2-cpu.jsonl", "accuracy-headline-gemma3-cpu.jsonl")
-COST_FILES = ("headline-cpu.jsonl", "long-headline-cpu.jsonl")
-CORE = ("full", "sliding_window", "block_sparse", "linear")
-
-
-def _len(n: int) -> str:
-    return f"{n // 2**20}M" if n >= 2**20 and n % 2**20 == 0 else f"{n // 1024}K" if n % 1024 == 0 else str(n)
-
-
-def _cost(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    df = pd.DataFrame([r for r in _all(rows) if r.get("status") == "ok" and r.get("scope", "op") == "op"
-                       and r.get("variant") in CORE and int(r.get("batch_size") or 1) == 1 and not r.get("docs")])
-    lines = ["The four core variants alone (op scope: B=1, H=8, D=64, fp32, causal), on one 2-core CPU in one run per "
-             "file: the fastest backend's median at each length (its backend named), and a decoding step's peak "
-             "memory; (n) marks a noisy cell.", "", "![latency and memory against length, forward and decode]"
-             "(figures/headline/headline.png)"]
-    for mode, what in (("forward", "one forward call"), ("decode", "one decoding step (KV cache or state)")):
-        m = df[df["mode"] == mode]
-        lengths = sorted(set(m["seq_len"].astype(int)))
-        lines += ["", f"{what}:", "", "| variant | " + " | ".join(_len(L) for L in lengths) + " |",
-                  "|---" * (len(lengths) + 1) + "|"]
-        for v in CORE:
-            cells = []
-            for L in lengths:
-                g = m[(m["variant"] == v) & (m["seq_len"] == L)].sort_values("latency_ms")
-                if len(g) == 0:
-                    cells.append("-")
-                    continue
-                r = g.iloc[0]
-                ms = f"{r['latency_ms']:.3g} ms" if r["latency_ms"] < 1000 else f"{r['latency_ms'] / 1000:.3g} s"
-                mem = f", {r['peak_mem_bytes'] / 2**20:.1f} MiB" if mode == "decode" and r.get("peak_mem_bytes") else ""
-                cells.append(f"{ms} ({r['backend']}{mem}){' (n)' if r.get('noisy') is True else ''}")
-            lines.append(f"| {v} | " + " | ".join(cells) + " |")
-    return lines
-
-
 QUESTIONS: dict[str, Question] = {q.name: q for q in (
-    Question("cost", "What does each attention cost at a length?", COST_FILES, _cost),
-    Question("keep", "What does each method keep at a budget, per model?", KEEP_FILES, _keep),
-    Question("prefill", "What does the prefill sparsity buy?", PREFILL_FILES, _prefill),
-    Question("retrieval", "What does retrieval do?", KEEP_FILES[:6], _retrieval),
-    Question("chat", "Does the chat template change what full attention finds?", CHAT_FILES, _chat),
-    Question("summary", "What does each method keep at 1/8, in one line a model?", KEEP_FILES + CHECKPOINT_FILES, _summary,
+    Question("cost", "What does each attention cost at a length?", A.COST_FILES, A.cost),
+    Question("keep", "What does each method keep at a budget, per model?", A.KEEP_FILES, A.keep),
+    Question("prefill", "What does the prefill sparsity buy?", A.PREFILL_FILES, A.prefill),
+    Question("retrieval", "What does retrieval do?", A.KEEP_FILES[:6], A.retrieval),
+    Question("chat", "Does the chat template change what full attention finds?", A.CHAT_FILES, A.chat),
+    Question("summary", "What does each method keep at 1/8, in one line a model?", A.KEEP_FILES + A.CHECKPOINT_FILES, A.summary,
              short=True),
 )}
 
@@ -411,4 +109,4 @@ def answers_command(docs: tuple[str, ...], folder: str, check: bool) -> None:
         raise SystemExit(1)
 
 
-__all__ = ["QUESTIONS", "Question", "answer", "answers_command", "fill", "keep_at", "subject"]
+__all__ = ["BLOCK", "QUESTIONS", "Question", "answer", "answers_command", "fill"]

@@ -32,6 +32,7 @@ import harness.analysis.figures.ruler
 import harness.analysis.figures.checkpoint
 import harness.analysis.figures.kvpress
 import harness.analysis.figures.frontier
+import harness.analysis.figures.frontier_curves
 import harness.analysis.figures.tradeoff
 import harness.analysis.figures.patterns
 import harness.analysis.figures.layout  # noqa: F401
