@@ -23,10 +23,6 @@ def _all(rows: dict[str, list[dict[str, Any]]], files: Sequence[str] | None = No
     return [r for f in (files or rows) for r in rows[f]]
 
 
-def _p(p: float) -> str:
-    return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
-
-
 def _iv(score: float, lo: float, hi: float) -> str:
     return f"{score:.2f} [{lo:.2f}, {hi:.2f}]"
 
@@ -38,9 +34,9 @@ def _short(c: C.Claim | None, me: str) -> str:
     if c.verdict.startswith("tie"):
         return c.verdict
     if c.verdict == "not resolved":
-        return f"not resolved ({_p(c.p_adj)})"
+        return f"not resolved ({C.p_text(c.p_adj)})"
     higher = c.a if c.verdict == "above" else c.b
-    return f"{'above' if higher == me else 'below'} ({_p(c.p_adj)})"
+    return f"{'above' if higher == me else 'below'} ({C.p_text(c.p_adj)})"
 
 
 def subject(rows: list[dict[str, Any]], model: str) -> str:
@@ -66,9 +62,10 @@ KEEP_FILES = ("frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier
               "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl")
 
 
-def keep_at(rows: list[dict[str, Any]], model: str, at: str = AT) -> tuple[int, pd.DataFrame, list[C.Claim]]:
+def keep_at(rows: list[dict[str, Any]], model: str,
+            at: str = AT) -> tuple[int, pd.DataFrame, list[C.Claim], pd.DataFrame]:
     """A model's shortest length with a score at ``at``: the methods pooled over its ranked tasks there, best first
-    (method, kind, score, lo, hi, draws, n_eff), and every pair's claim."""
+    (method, kind, score, lo, hi, draws, n_eff), every pair's claim, and the model's points."""
     pts = FR.points([r for r in rows if r.get("model") == model])
     rk = FR.ranking(pts, at)
     rk = rk.assign(s=rk["at"].fillna(rk["score"]), s_lo=rk["at_lo"].fillna(rk["score_lo"]),
@@ -76,12 +73,11 @@ def keep_at(rows: list[dict[str, Any]], model: str, at: str = AT) -> tuple[int, 
     L = int(min(rk[rk["s"].notna() & (rk["kind"] != "reference")]["eval_len"]))
     here = rk[(rk["eval_len"] == L) & rk["s"].notna()].sort_values(["s", "method"], ascending=[False, True])
     claims = C.pairwise(pts[pts["eval_len"] == L], at)
-    return L, here, claims
+    return L, here, claims, pts
 
 
 def _keep_model(rows: list[dict[str, Any]], model: str) -> list[str]:
-    L, here, claims = keep_at(rows, model)
-    pts = FR.points([r for r in rows if r.get("model") == model])
+    L, here, claims, pts = keep_at(rows, model)
     got = {frozenset((c.a, c.b)): c for c in claims}
     tasks, cells = C.cells_at(pts, model, L, AT)
     r0 = here.iloc[0]
@@ -131,7 +127,7 @@ def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     flat = _all(rows, KEEP_FILES)
     lines = []
     for model in _order(flat, sorted({r["model"] for r in flat if r.get("model")})):
-        L, here, claims = keep_at(flat, model)
+        L, here, claims, _ = keep_at(flat, model)
         got = {frozenset((c.a, c.b)): c for c in claims}
         score = dict(zip(here["method"], here["s"], strict=True))
         vs = {m: _short(got.get(frozenset((m, "full"))), m).split(" (")[0] for m in here["method"] if m != "full"}
@@ -188,7 +184,7 @@ def retrieval(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         if unresolved:
             sentences.append(f"- {m} at {L} on {task}, not resolved: " + "; ".join(
                 f"`{c.a}` vs `{c.b}` ({c.a_score:.2f} vs {c.b_score:.2f}, {c.a_ahead + c.b_ahead} discordant, "
-                f"{_p(c.p_adj)})" for c in unresolved) + ".")
+                f"{C.p_text(c.p_adj)})" for c in unresolved) + ".")
     return lines + ["", "Each comparison with its test:", ""] + sentences
 
 
@@ -197,19 +193,15 @@ def retrieval(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
 PREFILL_FILES = ("prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl", "frontier-smollm2-cpu.jsonl")
 
 
-def _task_of(r: dict[str, Any]) -> str | None:
-    return "passkey" if r.get("task") == "passkey" else r.get("subtask") if r.get("task") == "ruler" else None
-
-
 def prefill(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     flat = _all(rows)
     pts = FR.points(flat)
-    dyn = [r for r in _all(rows, PREFILL_FILES[:2]) if r.get("status") == "ok" and _task_of(r) and r.get("budget")
-           and r.get("metric") in FR.METRIC.values()]
+    dyn = [r for r in _all(rows, PREFILL_FILES[:2]) if r.get("status") == "ok" and FR.task_of(r) and r.get("budget")
+           and FR.arm(r)]
     meta: dict[tuple, dict[str, list[float]]] = {}
     for r in dyn:
-        key = (int(r["eval_len"]), _task_of(r), str(r["variant_spec"]).split(":")[0] if r.get("decode_keys") == "all"
-               else ("sinks" if "sinks=" in str(r["variant_spec"]) else str(r["variant_spec"]).split(":")[0]), r["budget"])
+        method, _, budget = FR.arm(r)
+        key = (int(r["eval_len"]), FR.task_of(r), method, budget)
         d = meta.setdefault(key, {"density": [], "lo": [], "hi": [], "choose": [], "spec": []})
         for col, name in (("density", "density"), ("density_head_min", "lo"), ("density_head_max", "hi"),
                           ("choose_share", "choose")):
@@ -259,8 +251,8 @@ def chat(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
 
     cells: dict[tuple, dict[bool, dict[str, Any]]] = {}
     for r in _all(rows):
-        if r.get("status") == "ok" and isinstance(r.get("per_example"), list) and r.get("metric") in FR.METRIC.values():
-            cells.setdefault((r["model"], int(r["eval_len"]), _task_of(r)), {})[bool(r.get("chat_template"))] = r
+        if r.get("status") == "ok" and isinstance(r.get("per_example"), list) and FR.task_of(r):
+            cells.setdefault((r["model"], int(r["eval_len"]), FR.task_of(r)), {})[bool(r.get("chat_template"))] = r
     lines = ["| model | length | task | without the template | with it | claim |", "|---|---|---|---|---|---|"]
     for (model, L, task), by in sorted(cells.items()):
         if set(by) != {False, True}:

@@ -1,6 +1,6 @@
 """Claims: every comparison the documents state, made from the frontier's points with its paired test.
 
-A claim is data. For two methods that answered the same prompts, :func:`compare` pools each one's draws over the
+A claim is data. For two methods that answered the same prompts, :func:`claim` pools each one's draws over the
 ranked tasks (:mod:`harness.analysis.paired`), tests the difference (the sign-flip test; on 0/1 draws the exact sign
 test on the discordant ones) and, where a table compares many methods, adjusts the p-values by Holm's step-down rule
 over every pair in that table. The verdict is one of: ``above`` (adjusted p < 0.05 and the difference's interval
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis.paired import ALPHA, holm, paired_test
+from harness.analysis.paired import ALPHA, holm, interval, paired_test
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class Claim:
             level = "1.00" if self.verdict.endswith("ceiling") else "0.00"
             return f"{a} and {b} tie at the {self.verdict.split()[-1]} (both {level} on all {self.draws} draws: untestable)"
         disc = self.a_ahead + self.b_ahead
-        adj = f", Holm over {self.family}: {_p(self.p_adj)}" if self.family > 1 else ""
-        test = f"{self.test} {_p(self.p)}{adj}"
+        adj = f", Holm over {self.family}: {p_text(self.p_adj)}" if self.family > 1 else ""
+        test = f"{self.test} {p_text(self.p)}{adj}"
         ahead = f"{max(self.a_ahead, self.b_ahead)} of {disc} discordant draws"
         iv = f"{self.diff:+.2f} [{self.lo:+.2f}, {self.hi:+.2f}]"
         if self.verdict in ("above", "below"):
@@ -64,7 +64,7 @@ class Claim:
         return f"{a} vs {b}: not resolved ({nums}, {iv}; {why}; {test})"
 
 
-def _p(p: float) -> str:
+def p_text(p: float) -> str:
     return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
 
 
@@ -80,21 +80,16 @@ def cells_at(pts: pd.DataFrame, model: str, eval_len: int, at: str) -> tuple[tup
     """The ranked tasks of (model, eval_len) and, per method with a score on every one of them at ``at`` (full and
     quantized caches: at every token), its per-task examples and clusters (paired on full's examples)."""
     g = pts[(pts["model"] == model) & (pts["eval_len"] == eval_len) & (pts["status"] == "ok")]
-    refs = g[(g["kind"] == "reference") & g["ranked"]]
-    tasks = tuple(sorted(refs["task"]))
-    ref = dict(zip(refs["task"], refs["examples"], strict=True))
-    out: dict[str, dict] = {}
-    for method, m in g[(g["budget"] == at) | (g["budget"] == "")].groupby("method"):
-        by = {r.task: r for r in m.itertuples() if ref.get(r.task) == r.examples}
-        if tasks and all(t in by for t in tasks):
-            out[method] = {"kind": by[tasks[0]].kind, "ex": [by[t].per_example for t in tasks],
-                           "clusters": [by[t].clusters for t in tasks]}
-    return tasks, out
+    tasks = tuple(sorted(g[(g["kind"] == "reference") & g["ranked"]]["task"]))
+    per = [task_cells(g, model, eval_len, t, at) for t in tasks]
+    common = set.intersection(*(set(c) for c in per)) if per else set()
+    return tasks, {m: {"kind": per[0][m]["kind"], "ex": [c[m]["ex"][0] for c in per],
+                       "clusters": [c[m]["clusters"][0] for c in per]} for m in sorted(common)}
 
 
 def task_cells(pts: pd.DataFrame, model: str, eval_len: int, task: str, at: str) -> dict[str, dict]:
     """Per method with a score on ``task`` at ``at`` (full and quantized caches: at every token), paired on full's
-    examples: its examples and clusters, as :func:`cells_at` gives them over the ranked tasks."""
+    examples: its examples and clusters (:func:`cells_at` joins them over the ranked tasks)."""
     g = pts[(pts["model"] == model) & (pts["eval_len"] == eval_len) & (pts["status"] == "ok") & (pts["task"] == task)]
     full = g[g["kind"] == "reference"]
     if len(full) == 0:
@@ -115,13 +110,6 @@ def family(model: str, eval_len: int, at: str, tasks: tuple[str, ...], cells: di
             for (a, b), t, q in zip(pairs, raw, adj, strict=True)]
 
 
-def compare(pts: pd.DataFrame, model: str, eval_len: int, a: str, b: str, at: str = "1/8", seed: int = 0,
-            family: int = 1, p_adj: float | None = None) -> Claim:
-    """One claim, ``a`` against ``b``: KeyError when either has no score at ``at`` on every ranked task."""
-    tasks, cells = cells_at(pts, model, eval_len, at)
-    return claim(model, eval_len, at, tasks, a, b, cells[a], cells[b], seed, family, p_adj)
-
-
 def claim(model: str, eval_len: int, at: str, tasks: tuple[str, ...], a: str, b: str, ca: dict, cb: dict, seed: int,
            family: int, p_adj: float | None, t: dict[str, Any] | None = None) -> Claim:
     t = t or paired_test(ca["ex"], cb["ex"], ca["clusters"], seed)
@@ -140,15 +128,9 @@ def pairwise(pts: pd.DataFrame, at: str = "1/8", seed: int = 0) -> list[Claim]:
     ok = pts[pts["status"] == "ok"]
     for (model, L), _ in ok.groupby(["model", "eval_len"], sort=True):
         tasks, cells = cells_at(pts, model, L, at)
-        pairs = list(combinations(sorted(cells), 2))
-        raw = [paired_test(cells[a]["ex"], cells[b]["ex"], cells[a]["clusters"], seed) for a, b in pairs]
-        adj = holm([float(t["p"]) for t in raw])
-        for (a, b), t, q in zip(pairs, raw, adj, strict=True):
-            if t["diff"] < 0:  # the higher-scoring first
-                a, b = b, a
-                t = {**t, "a": t["b"], "b": t["a"], "diff": -t["diff"], "lo": -t["hi"], "hi": -t["lo"],
-                     "a_ahead": t["b_ahead"], "b_ahead": t["a_ahead"]}
-            out.append(claim(model, L, at, tasks, a, b, cells[a], cells[b], seed, len(pairs), q, t))
+        score = {m: interval(c["ex"], c["clusters"])[0] for m, c in cells.items()}
+        order = sorted(cells, key=lambda m: (-score[m], m))
+        out += family(model, L, at, tasks, cells, list(combinations(order, 2)), seed)
     return out
 
 
@@ -196,9 +178,4 @@ def claim_lines(pts: pd.DataFrame, rk: pd.DataFrame, model: str, L: int, at: str
         f"- {got[k].sentence()}." for k in shown]
 
 
-def frame(claims: list[Claim]) -> pd.DataFrame:
-    return pd.DataFrame([c.__dict__ for c in claims])
-
-
-__all__ = ["Claim", "against_oracle", "cells_at", "claim", "claim_lines", "compare", "family", "frame", "pairwise",
-           "task_cells"]
+__all__ = ["Claim", "against_oracle", "cells_at", "claim", "claim_lines", "family", "p_text", "pairwise", "task_cells"]

@@ -69,7 +69,8 @@ def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
     return ("sinks" if "sinks=" in spec else spec.split(":")[0]), "variant", budget
 
 
-def _task(row: dict[str, Any]) -> str | None:
+def task_of(row: dict[str, Any]) -> str | None:
+    """The frontier's task of a row (passkey, or the RULER subtask) when it holds the family's score, else None."""
     family = row.get("task")
     if family not in METRIC or row.get("metric") != METRIC[family]:
         return None
@@ -125,7 +126,7 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
     kind, status (cells that did not run keep their error and no score), ranked / below_half (full's score)."""
     cells: dict[tuple, dict[float, dict[str, Any]]] = {}  # cell -> depth -> row
     for r in rows.to_dict("records") if isinstance(rows, pd.DataFrame) else rows:
-        task, a = _task(r), arm(r)
+        task, a = task_of(r), arm(r)
         if task is not None and a is not None:  # a resumed run's later row replaces the earlier one
             cells.setdefault((str(r.get("model")), int(_num(r.get("eval_len"))), task, *a), {})[_depth(r)] = r
     if not cells:
@@ -391,4 +392,4 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
 
 
 __all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "effective_length", "frontier_command", "markdown",
-           "points", "ranking", "read_files"]
+           "points", "ranking", "read_files", "task_of"]
