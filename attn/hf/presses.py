@@ -23,8 +23,9 @@ Replay (:func:`compress`): a prefill's hidden states do not depend on the press 
 context's keys, then the hook prunes what the *cache* keeps -- so one prefill, recorded (:class:`Recorder`: each
 attention layer's input and RoPE, and the keys it wrote), serves every press: each press gets a fresh cache filled
 layer by layer with the recorded keys, and its own ``forward_hook`` called exactly as during a prefill. This holds for
-presses that act through kvpress's standard hook (``BasePress.__call__``); the others (:func:`replayable` False) run
-their own prefill inside ``with press(model)`` (:func:`prefill_with`).
+presses that act through kvpress's standard hook (``BasePress.__call__``); the others run
+their own prefill inside ``with press(model)`` (:func:`prefill_with`). Which does what is each arm's to say
+(:mod:`attn.hf.arms`).
 """
 from __future__ import annotations
 
@@ -215,28 +216,6 @@ def _coerced(name: str, raw: dict[str, str], types: dict[str, Any]) -> tuple[tup
     return tuple((k, coerce(v, types[k], f"press {name}: {k}")) for k, v in raw.items())
 
 
-def replayable(press: Any) -> bool:
-    """Whether one recorded prefill can stand for this press's own (see module docstring): it hooks the attention
-    layers the standard way and compresses only during the prefill (the oracle prunes nothing there)."""
-    if press is None or isinstance(press, (Oracle, Retrieval)):  # retrieval: replay unused (it prefills its chunks)
-        return not isinstance(press, Retrieval)
-    from kvpress import BasePress, DecodingPress, PrefillDecodingPress
-
-    return (type(press).__call__ is BasePress.__call__
-                             and not isinstance(press, (DecodingPress, PrefillDecodingPress)))
-
-
-def decoding_press(press: Any) -> bool:
-    """Whether the press also compresses while the question and the answer are decoded (kvpress's pipeline)."""
-    if press is None or isinstance(press, Retrieval):
-        return False
-    if isinstance(press, Oracle):
-        return True
-    from kvpress import DecodingPress, DMSPress, PrefillDecodingPress
-
-    return isinstance(press, (DecodingPress, PrefillDecodingPress)) or (isinstance(press, DMSPress) and press.decoding)
-
-
 def language_model(model: Any) -> Any:
     return model.model.language_model if hasattr(model.model, "language_model") else model.model
 
@@ -289,9 +268,8 @@ class Recorder:
 def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], values: list[torch.Tensor],
              recorder: Recorder) -> Any:
     """A new cache holding the context as ``press`` leaves it: each layer's recorded keys written as the prefill wrote
-    them, then the press's hook called as after that layer's forward (``press`` None or the oracle: nothing pruned)."""
+    them, then the press's hook called as after that layer's forward (``press`` None: nothing pruned)."""
     cache = spec.new_cache(model.config)
-    press = None if isinstance(press, Oracle) else press
     if press is not None:
         press.post_init_from_model(model)
         lm = language_model(model)
@@ -396,5 +374,5 @@ def cache_columns(cache: Any) -> dict[str, Any]:
 
 
 __all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "cache_columns", "compress",
-           "decoding_press", "kept_tokens", "language_model", "layer_bytes", "parse_press", "press_catalog", "press_classes",
-           "press_name", "press_params", "press_unsupported", "prefill_with", "replayable"]
+           "kept_tokens", "language_model", "layer_bytes", "parse_press", "press_catalog", "press_classes",
+           "press_name", "press_params", "press_unsupported", "prefill_with"]

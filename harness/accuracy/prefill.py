@@ -23,27 +23,16 @@ models: each is its own setting, with a prefill of its own (:mod:`harness.accura
 """
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from attn.hf.oracle import Oracle
-from attn.hf.presses import (
-    NONE,
-    PressSpec,
-    Recorder,
-    cache_columns,
-    compress,
-    decoding_press,
-    kept_tokens,
-    language_model,
-    layer_bytes,
-    prefill_with,
-    replayable,
-)
-from attn.hf.retrieval import Retrieval
+from attn.hf import batched
+from attn.hf.arms import Arm, Branch, Prompt, Shared
+from attn.hf.arms import arm as make_arm
+from attn.hf.batched import batchable
+from attn.hf.presses import NONE, PressSpec, Recorder, language_model
 
 # per-prompt statistics an arm may give, averaged into its row: the oracle's true attention mass on the kept keys; a
 # retrieval arm's seconds retrieving and prefilling, its chunks, the tokens kept and the share of the needles kept
@@ -58,11 +47,13 @@ class SharedPrefill:
     an arm that cannot run is in :attr:`failed` with its exception, and the other arms go on."""
 
     def __init__(self, specs: Sequence[PressSpec] = (), query_aware: bool = False,
-                 decode: Callable[[list[int]], str] | None = None):
+                 decode: Callable[[list[int]], str] | None = None, batch: bool = True):
         self.decode = decode  # token ids -> text: what a retrieval arm's retriever reads
         self.plain = not specs
         self.specs = list(specs) or [PressSpec(NONE)]
-        self.presses = [s.build() for s in self.specs]
+        self.members = [make_arm(s) for s in self.specs]
+        self.presses = [a.press for a in self.members]
+        self.batch = batch
         self.query_aware = query_aware
         self.arms: tuple[str | None, ...] = (None,) if self.plain else tuple(s.label for s in self.specs)
         self.ids: list[int] = []  # the tokens whose keys the shared cache holds
@@ -111,68 +102,62 @@ class SharedPrefill:
         """Each arm's greedy continuation of ``prompt`` (``config``: a GenerationConfig: ``max_new_tokens``, and with
         ``min_new_tokens`` exactly that many, the end-of-sequence token suppressed until then, as ``generate`` does;
         without it, until ``stop`` or the end-of-sequence token). ``needles``: the answers the context hides, where the
-        task knows them (a retrieval arm records the share of them its chunks kept)."""
+        task knows them (a retrieval arm records the share of them its chunks kept). The arms that batch decode
+        together (:mod:`attn.hf.batched`), the others one at a time."""
         greedy = Greedy(model, prompt, config, stop)
         if self.plain:
             logits = self._prefill(model, prompt)
-            out = greedy.run(self.cache, [], len(prompt), None, logits)
+            out = greedy.run(self.cache, [], len(prompt), logits)
             self.ids = prompt + out[:-1]  # the last answer token was never fed: its key is not cached
             return {None: out}
         cut = len(prompt) - 1 if self.query_aware else min(question_at, len(prompt) - 1)  # a question of >= 1 token
-        context, question = prompt[:cut], prompt[cut:]
-        if any(replayable(p) for p in self.presses):
-            self._prefill(model, context)
-        said: dict[str | None, list[int]] = {}
-        for spec, press in zip(self.specs, self.presses, strict=True):
-            said[spec.label] = []
-            if spec.label in self.failed:
-                continue
+        seen = Prompt(prompt, question_at, cut, self.decode, needles)
+        shared = None
+        if any(a.replays for a in self.live()):
+            self._prefill(model, prompt[:cut])
+            shared = Shared([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
+                            self.recorder, prompt[:cut])
+        said: dict[str | None, list[int]] = {a.label: [] for a in self.members}
+        branches: dict[str, Branch] = {}
+        for arm in self.live():
             try:
-                if isinstance(press, Retrieval):  # a prompt of its own: the chunks it keeps, then the question
-                    said[spec.label] = self._retrieve(model, spec, press, prompt, question_at, greedy, needles)
-                    continue
-                cache = self._branch(model, spec, press, context)
-                cols = cache_columns(cache)
-                if isinstance(press, Oracle):  # it reads the budget's keys of the whole cache each step
-                    from attn.hf.layers import window_layers
-
-                    cols |= press.columns(layer_bytes(cache), kept_tokens(cache), len(context),
-                                          window_layers(model.config))
-                    press.mass = []
-                said[spec.label] = greedy.run(cache, question, len(context), press)
-                if isinstance(press, Oracle):
-                    cols["attention_mass_kept"] = sum(press.mass) / max(len(press.mass), 1)
-                self.stats[spec.label].append({**cols, "context_tokens": len(context), "kv_cache": type(cache).__name__})
+                branches[arm.label] = arm.branch(model, seen, shared)
             except Exception as e:  # this arm cannot run here: its rows say why, the other arms go on
-                from harness.presses import press_refusal
-
-                self.failed[spec.label] = press_refusal(spec.label, e)
-            finally:
-                cache = None  # each branch freed once answered
+                self.fail(arm, e)
+        together = [a for a in self.live() if a.label in branches and a.batches] if self.batch and not batchable(
+            model) else []
+        for group in _by_question(together, branches):
+            try:
+                got = batched.decode(model, [branches[a.label].cache for a in group], branches[group[0].label].question,
+                                     [branches[a.label].start for a in group], greedy.pick, greedy.ended,
+                                     greedy.new_tokens, len(language_model(model).layers))
+            except Exception as e:  # noqa: BLE001  (every arm of the batch says why)
+                for a in group:
+                    self.fail(a, e)
+                continue
+            said |= {a.label: ids for a, ids in zip(group, got, strict=True)}
+        for arm in self.live():
+            if arm.label not in branches or arm in together:
+                continue
+            b = branches[arm.label]
+            try:
+                with arm.decoding(model):
+                    said[arm.label] = greedy.run(b.cache, b.question, b.start)
+            except Exception as e:  # noqa: BLE001
+                self.fail(arm, e)
+        for arm in self.live():
+            if (b := branches.pop(arm.label, None)) is not None:
+                cols = arm.after({"context_tokens": cut, **b.columns})
+                self.stats[arm.label].append({**cols, "kv_cache": type(b.cache).__name__})
         return said
 
-    def _retrieve(self, model: Any, spec: PressSpec, press: Retrieval, prompt: list[int], question_at: int,
-                  greedy: Greedy, needles: Sequence[str] | None) -> list[int]:
-        """A retrieval arm's answer: the question (never cut) scores the context's chunks, the kept ones are prefilled
-        alone and the question decoded after them."""
-        if self.decode is None:
-            raise ValueError(f"press {spec.label} reads text: this evaluation gives no tokenizer")
-        at = min(question_at, len(prompt) - 1)
-        ids = press.choose(model, prompt[:at], prompt[at:], self.decode, needles)
-        cache = press.prefill(model, ids, lambda: spec.new_cache(model.config))
-        held = cache_columns(cache) if ids else dict.fromkeys(("kv_tokens_min", "kv_tokens_mean", "kv_tokens_max",
-                                                               "kv_cache_bytes"), 0)  # no chunk fit the budget
-        self.stats[spec.label].append({**held, **press.last, "context_tokens": at,
-                                       "kv_cache": type(cache).__name__})
-        return greedy.run(cache, prompt[at:], len(ids), None)
+    def live(self) -> list[Arm]:
+        return [a for a in self.members if a.label not in self.failed]
 
-    def _branch(self, model: Any, spec: PressSpec, press: Any, context: list[int]) -> Any:
-        """The arm's own cache of the context: the shared prefill replayed under its press, or its own prefill."""
-        if replayable(press):
-            keys = [layer.keys for layer in self.cache.layers]
-            values = [layer.values for layer in self.cache.layers]
-            return compress(model, spec, press, keys, values, self.recorder)  # type: ignore[arg-type]
-        return prefill_with(model, spec, press, torch.tensor([context], device=model.device))
+    def fail(self, arm: Arm, e: BaseException) -> None:
+        from harness.presses import press_refusal
+
+        self.failed[arm.label] = press_refusal(arm.label, e)
 
     def take_stats(self, arm: str | None) -> dict[str, Any]:
         """Row columns over the prompts answered since the last call: the cache class the arm decoded against
@@ -194,6 +179,14 @@ class SharedPrefill:
             if have := [g[key] for g in got if key in g]:
                 out[key] = sum(have) / len(have)
         return out
+
+
+def _by_question(arms: list[Arm], branches: dict[str, Branch]) -> list[list[Arm]]:
+    """The arms grouped by the question they decode next (one batch step feeds the same tokens to every row)."""
+    groups: dict[tuple[int, ...], list[Arm]] = {}
+    for a in arms:
+        groups.setdefault(tuple(branches[a.label].question), []).append(a)
+    return list(groups.values())
 
 
 def whole_prompts(model: Any) -> bool:
@@ -229,8 +222,7 @@ class Greedy:
         return self.stop is not None and bool(self.stop(torch.tensor([self.prompt + ids]), None).all())
 
     @torch.no_grad()
-    def run(self, cache: Any, question: list[int], start: int, press: Any,
-            logits: torch.Tensor | None = None) -> list[int]:
+    def run(self, cache: Any, question: list[int], start: int, logits: torch.Tensor | None = None) -> list[int]:
         """The question at positions ``start``.. (the context's length, not the cache's: a press's cache is shorter),
         then greedy tokens; ``logits``: the next-token logits the prefill already gave (no question). Returns the
         generated ids."""
@@ -242,14 +234,13 @@ class Greedy:
                              logits_to_keep=1, use_cache=True)
             return out.logits[0, -1]
 
-        with press(self.model) if decoding_press(press) else contextlib.nullcontext():
-            if question:
-                logits = step(question, start)
-            at = start + len(question)
-            ids = [self.pick(logits, 0)]  # type: ignore[arg-type]
-            while len(ids) < self.new_tokens and not self.ended(ids):
-                ids.append(self.pick(step(ids[-1:], at), len(ids)))
-                at += 1
+        if question:
+            logits = step(question, start)
+        at = start + len(question)
+        ids = [self.pick(logits, 0)]  # type: ignore[arg-type]
+        while len(ids) < self.new_tokens and not self.ended(ids):
+            ids.append(self.pick(step(ids[-1:], at), len(ids)))
+            at += 1
         return ids
 
 

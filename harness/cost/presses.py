@@ -43,15 +43,17 @@ def press_fields(text: str) -> dict[str, Any]:
     return parse_press(text).columns()
 
 
-def check_press(cell: Cell, config: Any, press: Any) -> None:
+def check_press(cell: Cell, config: Any, arm: Any) -> None:
     """Refuse (UnsupportedBackend) what a press cannot time here: a pruning press on a variant that picks keys by
-    position or on a model with several layer types, and in decode a press that compresses while decoding."""
-    from attn.hf.presses import decoding_press, press_unsupported
+    position or on a model with several layer types, and in decode a press that compresses while decoding (``arm``:
+    the spec's :class:`attn.hf.arms.Arm`)."""
+    from attn.hf.presses import press_unsupported
 
     types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
     layer_specs = {t: cell.variant_spec for t in types} if len(types) > 1 else None
-    why = press_unsupported(cell.variant, layer_specs) if press is not None else None  # none, quantized keep every key
-    if why is None and cell.mode == "decode" and decoding_press(press):
+    # none and quantized keep every key
+    why = press_unsupported(cell.variant, layer_specs) if arm.press is not None else None
+    if why is None and cell.mode == "decode" and arm.decodes:
         why = (f"press {cell.press_spec} compresses while decoding too, so a decode step's cost changes from step to "
                "step: time it in forward")
     if why is not None:
@@ -80,12 +82,14 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
                 flops: Callable[[list[int] | None], int]) -> Measured:
     """The measured callable of a press cell (forward or decode) on ``model`` with context ``idx`` (B, L).
     ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward)."""
+    from attn.hf.arms import arm
     from attn.hf.presses import cache_columns, kept_tokens, parse_press, prefill_with
     from harness.presses import press_refusal
 
     spec = parse_press(cell.press_spec or "")
-    press = spec.build()
-    check_press(cell, model.config, press)
+    measured = arm(spec)
+    press = measured.press
+    check_press(cell, model.config, measured)
     B, L = idx.shape
     if cell.mode == "forward":
         last: list[Any] = []

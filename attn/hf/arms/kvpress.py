@@ -1,0 +1,84 @@
+"""Any kvpress press by name (``snapkv:compression_ratio=0.5``), replayed from the shared prefill where it can be.
+
+Replay (:func:`attn.hf.presses.compress`) serves presses that act through kvpress's standard hook and compress only
+during the prefill (:func:`replayable`); the others prefill the context themselves, kvpress's way
+(:func:`attn.hf.presses.prefill_with`). A press that compresses while decoding (:func:`decoding_press`) keeps its
+hooks on then, so it decodes alone; the others decode in the shared batch.
+
+Scores shared across budgets: the presses of :data:`SHARED_SCORES` score a layer's keys from what the layer saw,
+never from the budget, then keep the top ``n``; arms of one such press at several ratios (its other parameters the
+same) score each layer once per prompt and each keeps its own top ``n`` of the same scores. The test compares every one
+of them with a press scoring alone.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from attn.hf.arms.base import Arm, Branch, Prompt, Shared
+from attn.hf.presses import cache_columns, compress, prefill_with
+
+# kvpress presses whose ``score`` reads nothing of the budget and draws nothing at random (checked against kvpress's
+# source; tests/test_arms.py compares each shared score with the press's own)
+SHARED_SCORES = frozenset({"knorm", "snapkv", "pyramidkv", "tova", "expected_attention", "keydiff"})
+
+
+def replayable(press: Any) -> bool:
+    """Whether one recorded prefill can stand for this press's own: it hooks the attention layers the standard way
+    (``BasePress.__call__``) and compresses only during the prefill."""
+    from kvpress import BasePress, DecodingPress, PrefillDecodingPress
+
+    return type(press).__call__ is BasePress.__call__ and not isinstance(press, (DecodingPress, PrefillDecodingPress))
+
+
+def decoding_press(press: Any) -> bool:
+    """Whether the press also compresses while the question and the answer are decoded (kvpress's pipeline)."""
+    from kvpress import DecodingPress, DMSPress, PrefillDecodingPress
+
+    return isinstance(press, (DecodingPress, PrefillDecodingPress)) or (isinstance(press, DMSPress) and press.decoding)
+
+
+class KVPress(Arm):
+    name = "kvpress"
+
+    def __init__(self, spec: Any):
+        super().__init__(spec)
+        self.replays = replayable(self.press)
+        self.decodes = decoding_press(self.press)
+        self.batches = not self.decodes
+
+    def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
+        import torch
+
+        if not self.replays:
+            ctx = torch.tensor([prompt.ids[:prompt.cut]], device=model.device)
+            cache = prefill_with(model, self.spec, self.press, ctx)
+        else:
+            assert shared is not None
+            with self._shared_scores(shared):
+                cache = compress(model, self.spec, self.press, shared.keys, shared.values, shared.recorder)
+        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache))
+
+    @contextlib.contextmanager
+    def _shared_scores(self, shared: Shared):
+        """The press scores each layer once per prompt for every ratio of it (module docstring)."""
+        if self.spec.name not in SHARED_SCORES:
+            yield
+            return
+        press, own = self.press, type(self.press).score
+        same = (self.spec.name, tuple(kv for kv in self.spec.all_params.items() if kv[0] != "compression_ratio"))
+
+        def score(module: Any, *args: Any) -> Any:
+            key = (same, module.layer_idx)
+            if key not in shared.scores:
+                shared.scores[key] = own(press, module, *args)
+            return shared.scores[key]
+
+        press.score = score
+        try:
+            yield
+        finally:
+            del press.score
+
+    def decoding(self, model: Any) -> contextlib.AbstractContextManager[Any]:
+        return self.press(model) if self.decodes else contextlib.nullcontext()

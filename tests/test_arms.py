@@ -1,0 +1,94 @@
+"""The arms (attn/hf/arms/) decoded together equal each arm decoding alone: every kind, on a tiny random Llama in
+float64 (padding and batching change a sum's order, never its terms: float64 keeps that below any argmax margin), with
+the scores one press shares across its ratios, PyramidKV's layers of different lengths, a retrieval arm at positions
+of its own, and the arms that decode alone (the quantized cache, the oracle) beside them."""
+import pytest
+
+pytest.importorskip("kvpress")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
+
+from attn import hf  # noqa: E402
+from attn.hf import arms, batched  # noqa: E402
+from attn.hf.presses import parse_press  # noqa: E402
+from harness.accuracy.prefill import SharedPrefill  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CONTEXT = 300
+SPECS = ["none", "quantized:nbits=4", "oracle:compression_ratio=0.75",
+         "retrieval:retriever=bm25,chunk=32,compression_ratio=0.5",
+         *(f"{p}:compression_ratio={r}" + (",n_future_positions=64" if p == "expected_attention" else "")
+           for p in sorted(arms.kvpress.SHARED_SCORES | {"streaming_llm"}) for r in (0.5, 0.75))]  # its score reads
+# the ratio: not shared
+
+
+def tiny(dtype: torch.dtype):
+    config = hf.tiny_config("llama", num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval().to(dtype)
+    hf.set_variant(model, "full")
+    return model
+
+
+def prompt(seed: int, n: int = CONTEXT + 6) -> list[int]:
+    return torch.randint(1, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def words(ids: list[int]) -> str:
+    return " ".join(f"w{i % 40}" for i in ids)  # a text for the retriever: 40 words, so chunks share some
+
+
+def test_arms_decoded_together_answer_as_each_arm_alone():
+    model = tiny(torch.float64)
+    specs = [parse_press(t) for t in SPECS]
+    gen = GenerationConfig(max_new_tokens=6, min_new_tokens=6)
+    together = SharedPrefill(specs, decode=words)
+    alone = {s.label: SharedPrefill([s], decode=words, batch=False) for s in specs}
+    seen = set()
+    for seed in (1, 2):
+        p = prompt(seed)
+        got = together.answers(model, p, CONTEXT, gen)
+        assert not together.failed
+        for label, arm in alone.items():
+            assert got[label] == arm.answers(model, p, CONTEXT, gen)[label], (seed, label)
+            ours, its = (untimed(a.take_stats(label)) for a in (together, arm))
+            assert ours == its and ours["kv_tokens_mean"] > 0, label
+        seen |= {tuple(v) for v in got.values()}
+    assert len(seen) > 3  # the arms answer differently: a batch that mixed up its rows would show
+
+
+def untimed(stats: dict) -> dict:
+    return {k: v for k, v in stats.items() if not k.endswith("_seconds")}
+
+
+def test_an_answer_that_ends_leaves_the_batch_and_the_others_go_on():
+    """Rows of different answer lengths (an end token for some): each row's answer is what it decodes alone."""
+    model = tiny(torch.float64)
+    specs = [parse_press(f"knorm:compression_ratio={r}") for r in (0.25, 0.5, 0.75, 0.9)]
+    first = SharedPrefill(specs[:1], batch=False).answers(model, prompt(3), CONTEXT,
+                                                          GenerationConfig(max_new_tokens=2, min_new_tokens=2))
+    model.generation_config.eos_token_id = first[specs[0].label][1]  # the first arm stops after two tokens
+    gen = GenerationConfig(max_new_tokens=8)
+    got = SharedPrefill(specs).answers(model, prompt(3), CONTEXT, gen)
+    for sp in specs:
+        assert got[sp.label] == SharedPrefill([sp], batch=False).answers(model, prompt(3), CONTEXT, gen)[sp.label]
+    assert len(got[specs[0].label]) == 2 and {len(v) for v in got.values()} != {2}
+
+
+def test_the_padding_mask_hides_exactly_the_padding():
+    """Stacked caches of 3, 0 and 5 keys: each row's mask is True on its own keys only, its keys where they were."""
+    from transformers import DynamicCache
+
+    caches = []
+    for n in (3, 0, 5):
+        c = DynamicCache()
+        c.update(torch.full((1, 2, n, 4), float(n)), torch.full((1, 2, n, 4), -float(n)), 0)
+        caches.append(c)
+    cache, valid = batched.stack(caches, 1)
+    assert valid[0].tolist() == [[True] * 3 + [False] * 2, [False] * 5, [True] * 5]
+    assert cache.layers[0].keys.shape == (3, 2, 5, 4)
+    assert (cache.layers[0].keys[0, :, :3] == 3).all() and (cache.layers[0].keys[0, :, 3:] == 0).all()
+    assert (cache.layers[0].values[2] == -5).all()
