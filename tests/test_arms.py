@@ -78,17 +78,40 @@ def test_an_answer_that_ends_leaves_the_batch_and_the_others_go_on():
     assert len(got[specs[0].label]) == 2 and {len(v) for v in got.values()} != {2}
 
 
-def test_the_padding_mask_hides_exactly_the_padding():
-    """Stacked caches of 3, 0 and 5 keys: each row's mask is True on its own keys only, its keys where they were."""
+def test_rows_hold_each_arms_keys_as_they_are():
+    """Stacked caches of 3, 0, 5 and 3 keys: rows of one length in one group, each row's keys as they were, and rows
+    that leave the batch leave their group."""
     from transformers import DynamicCache
 
     caches = []
     for n in (3, 0, 5):
         c = DynamicCache()
-        c.update(torch.full((1, 2, n, 4), float(n)), torch.full((1, 2, n, 4), -float(n)), 0)
+        if n:
+            c.update(torch.full((1, 2, n, 4), float(n)), torch.full((1, 2, n, 4), -float(n)), 0)
         caches.append(c)
-    cache, valid = batched.stack(caches, 1)
-    assert valid[0].tolist() == [[True] * 3 + [False] * 2, [False] * 5, [True] * 5]
-    assert cache.layers[0].keys.shape == (3, 2, 5, 4)
-    assert (cache.layers[0].keys[0, :, :3] == 3).all() and (cache.layers[0].keys[0, :, 3:] == 0).all()
-    assert (cache.layers[0].values[2] == -5).all()
+    caches.append(caches[0])
+    rows = batched.stack(caches, 1, room=4).layers[0]
+    assert [(r, k.shape) for r, k, _ in rows.groups] == [([0, 3], (2, 2, 3, 4)), ([1], (1, 2, 0, 4)),
+                                                         ([2], (1, 2, 5, 4))]
+    assert (rows.groups[2][2] == -5).all() and (rows.groups[0][1] == 3).all()
+    rows.update(torch.ones(4, 2, 2, 4), torch.ones(4, 2, 2, 4))
+    assert rows.t == 2 and rows.get_seq_length() == 7
+    rows.keep([3, 2])
+    assert [(r, k.shape[0]) for r, k, _ in rows.groups] == [([0], 1), ([1], 1)] and rows.new_k.shape[0] == 2
+
+
+def test_the_quantized_arm_in_the_batch_answers_as_its_quantized_cache():
+    """Within its residual, the quantized arm decodes from its context dequantized once: the answer its own
+    ``QuantizedCache`` decodes (which dequantizes at every step)."""
+    from attn.hf.presses import compress
+    from harness.accuracy.prefill import Greedy
+
+    model = tiny(torch.float64)
+    spec, gen, p = parse_press("quantized:nbits=4"), GenerationConfig(max_new_tokens=6, min_new_tokens=6), prompt(4)
+    got = SharedPrefill([spec, parse_press("none")]).answers(model, p, CONTEXT, gen)[spec.label]
+    ref = SharedPrefill([spec])
+    ref._prefill(model, p[:CONTEXT])
+    cache = compress(model, spec, None, [la.keys for la in ref.cache.layers], [la.values for la in ref.cache.layers],
+                     ref.recorder)
+    assert type(cache).__name__ == "QuantizedCache"
+    assert got == Greedy(model, p, gen, None).run(cache, p[CONTEXT:], CONTEXT)

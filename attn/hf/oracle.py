@@ -84,7 +84,7 @@ def oracle_weights(scores: torch.Tensor, context_len: int, keep: int) -> tuple[t
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               softcap: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: (B, H, Lq, D) queries against (B, Hkv, Lk, D) keys, causal from the bottom
     right (the queries are the last Lq positions), under the active oracle; ``sliding_window``: a window layer."""

@@ -111,7 +111,7 @@ class SharedPrefill:
             self.ids = prompt + out[:-1]  # the last answer token was never fed: its key is not cached
             return {None: out}
         cut = len(prompt) - 1 if self.query_aware else min(question_at, len(prompt) - 1)  # a question of >= 1 token
-        seen = Prompt(prompt, question_at, cut, self.decode, needles)
+        seen = Prompt(prompt, question_at, cut, greedy.new_tokens, self.decode, needles)
         shared = None
         if any(a.replays for a in self.live()):
             self._prefill(model, prompt[:cut])
@@ -124,8 +124,8 @@ class SharedPrefill:
                 branches[arm.label] = arm.branch(model, seen, shared)
             except Exception as e:  # this arm cannot run here: its rows say why, the other arms go on
                 self.fail(arm, e)
-        together = [a for a in self.live() if a.label in branches and a.batches] if self.batch and not batchable(
-            model) else []
+        together = [a for a in self.live() if a.label in branches and branches[a.label].batches] if (
+            self.batch and not batchable(model)) else []
         for group in _by_question(together, branches):
             try:
                 got = batched.decode(model, [branches[a.label].cache for a in group], branches[group[0].label].question,
@@ -147,8 +147,8 @@ class SharedPrefill:
                 self.fail(arm, e)
         for arm in self.live():
             if (b := branches.pop(arm.label, None)) is not None:
-                cols = arm.after({"context_tokens": cut, **b.columns})
-                self.stats[arm.label].append({**cols, "kv_cache": type(b.cache).__name__})
+                cols = arm.after({"context_tokens": cut, "kv_cache": type(b.cache).__name__, **b.columns})
+                self.stats[arm.label].append(cols)
         return said
 
     def live(self) -> list[Arm]:

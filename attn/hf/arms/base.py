@@ -4,7 +4,7 @@ An arm of a checkpoint evaluation is what happens to the model's KV cache once a
 kvpress press, a quantized cache, the oracle, retrieval). The evaluation (:mod:`harness.accuracy.prefill`) prefills a
 prompt's context once when some arm :attr:`~Arm.replays` it, asks each arm for its :class:`Branch` -- the cache it
 decodes against, the question it decodes next and at which position -- and decodes the answers: the arms that
-:attr:`~Arm.batches` in one batch (:mod:`attn.hf.batched`), the others one at a time inside :meth:`Arm.decoding`. No
+:attr:`~Branch.batches` in one batch (:mod:`attn.hf.batched`), the others one at a time inside :meth:`Arm.decoding`. No
 code outside this folder asks which kind an arm is.
 """
 from __future__ import annotations
@@ -34,35 +34,37 @@ class Shared:
 @dataclass
 class Branch:
     """An arm's cache for one prompt: decode ``question`` from position ``start`` against ``cache``; ``columns``: the
-    row statistics the cache gives (tokens and bytes kept, the arm's own)."""
+    row statistics the cache gives (tokens and bytes kept, the arm's own); ``batches``: whether it may decode in the
+    shared batch (a plain cache whose keys stay as they are while decoding, nothing hooked on the model)."""
 
     cache: Any
     question: list[int]
     start: int
     columns: dict[str, Any]
+    batches: bool = True
 
 
 @dataclass
 class Prompt:
     """One prompt as an arm sees it: the ids, where the question starts (``question_at``) and where the context is cut
     for the arms that compress it (``cut``: the question's start, or its last token when the press reads the
-    question); ``decode`` (ids -> text) and ``needles`` (the answers the context hides) for arms that read text."""
+    question); ``new_tokens``: the most an answer decodes; ``decode`` (ids -> text) and ``needles`` (the answers the
+    context hides) for arms that read text."""
 
     ids: list[int]
     question_at: int
     cut: int
+    new_tokens: int
     decode: Callable[[list[int]], str] | None = None
     needles: Sequence[str] | None = None
 
 
 class Arm:
-    """One arm. Subclasses say whether they read the shared prefill (:attr:`replays`), whether their answers may be
-    decoded in the shared batch (:attr:`batches`: a plain ``DynamicCache``, nothing hooked while decoding), and build
-    their :class:`Branch`."""
+    """One arm. Subclasses say whether they read the shared prefill (:attr:`replays`) and build their
+    :class:`Branch`, which says whether it decodes in the shared batch."""
 
     name: ClassVar[str]
     replays: ClassVar[bool] = True
-    batches: ClassVar[bool] = True
     decodes: ClassVar[bool] = False  # it changes the cache while decoding (a step's cost changes step to step)
 
     def __init__(self, spec: PressSpec):

@@ -6,13 +6,15 @@ during the prefill (:func:`replayable`); the others prefill the context themselv
 hooks on then, so it decodes alone; the others decode in the shared batch.
 
 Scores shared across budgets: the presses of :data:`SHARED_SCORES` score a layer's keys from what the layer saw,
-never from the budget, then keep the top ``n``; arms of one such press at several ratios (its other parameters the
-same) score each layer once per prompt and each keeps its own top ``n`` of the same scores. The test compares every one
-of them with a press scoring alone.
+never from the budget, then keep the top ``n``; arms whose presses score with one function and the same parameters of
+the class that defines it (one press at several ratios; PyramidKV beside SnapKV, whose scores it inherits) score each
+layer once per prompt and each keeps its own top ``n`` of the same scores. The test compares every one of them with a
+press scoring alone.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
@@ -45,7 +47,6 @@ class KVPress(Arm):
         super().__init__(spec)
         self.replays = replayable(self.press)
         self.decodes = decoding_press(self.press)
-        self.batches = not self.decodes
 
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
         import torch
@@ -57,7 +58,7 @@ class KVPress(Arm):
             assert shared is not None
             with self._shared_scores(shared):
                 cache = compress(model, self.spec, self.press, shared.keys, shared.values, shared.recorder)
-        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache))
+        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache), batches=not self.decodes)
 
     @contextlib.contextmanager
     def _shared_scores(self, shared: Shared):
@@ -66,7 +67,9 @@ class KVPress(Arm):
             yield
             return
         press, own = self.press, type(self.press).score
-        same = (self.spec.name, tuple(kv for kv in self.spec.all_params.items() if kv[0] != "compression_ratio"))
+        owner = next(c for c in type(press).__mro__ if "score" in vars(c))  # PyramidKV scores as SnapKV does
+        fields = {f.name for f in dataclasses.fields(owner)} - {"compression_ratio"}
+        same = (owner, tuple(kv for kv in self.spec.all_params.items() if kv[0] in fields))
 
         def score(module: Any, *args: Any) -> Any:
             key = (same, module.layer_idx)

@@ -14,7 +14,6 @@ from attn.hf.presses import cache_columns, compress, kept_tokens, layer_bytes
 
 class OracleArm(Arm):
     name = ORACLE
-    batches = False
     decodes = True
 
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
@@ -23,7 +22,7 @@ class OracleArm(Arm):
         cols = cache_columns(cache) | self.press.columns(layer_bytes(cache), kept_tokens(cache), prompt.cut,
                                                          window_layers(model.config))
         self.press.mass = []
-        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cols)
+        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cols, batches=False)
 
     def decoding(self, model: Any) -> contextlib.AbstractContextManager[Any]:
         return self.press(model)

@@ -1,7 +1,9 @@
 """``quantized``: transformers' ``QuantizedCache`` (quanto), every context token kept at fewer bits.
 
-Decoded one arm at a time: a quantized cache dequantizes its own layers at each step and quantizes its residual when
-it fills, which a batch of plain caches would not do."""
+While fewer tokens are decoded after the context than its full-precision residual holds (``residual_length``), each
+step attends over the dequantized context and the decoded tokens at full precision (``QuantizedLayer.update``): the arm
+then decodes in the shared batch from the context dequantized once, the same keys. Past that it would re-quantize, and
+the arm decodes alone against its own ``QuantizedCache``."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,9 +14,17 @@ from attn.hf.presses import QUANTIZED, cache_columns, compress
 
 class Quantized(Arm):
     name = QUANTIZED
-    batches = False
 
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
+        from transformers import DynamicCache
+
         assert shared is not None
         cache = compress(model, self.spec, None, shared.keys, shared.values, shared.recorder)
-        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache))
+        question = prompt.ids[prompt.cut:]
+        cols = cache_columns(cache)
+        if len(question) + prompt.new_tokens + 1 >= min(layer.residual_length for layer in cache.layers):
+            return Branch(cache, question, prompt.cut, cols, batches=False)
+        plain = DynamicCache()
+        for i, layer in enumerate(cache.layers):
+            plain.update(layer._dequantize(layer._quantized_keys), layer._dequantize(layer._quantized_values), i)
+        return Branch(plain, question, prompt.cut, cols | {"kv_cache": type(cache).__name__})
