@@ -160,7 +160,7 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     preset = CHECKPOINT_PRESETS[opts["preset"]]
     return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
-                         query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "float32",
+                         query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "auto",
                          budgets=g.budgets, families=g.sized) for g in preset.groups]
 
 
@@ -228,8 +228,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
               help="With --budget: an attention variant sized to each budget at each length (repeatable); a dynamic "
                    "sparse prefill at the budget's share of the prefill's pairs (1/4, 1/8).")
 @click.option("--dtype", type=click.Choice(DTYPES),
-              help="With --hf-model or a checkpoint preset: what the model runs in (default float32; auto: the faster "
-                   "of the two on this machine, measured once and cached). Rows record it.")
+              help="With --hf-model or a checkpoint preset: what the model runs in (auto: the faster of float32 and "
+                   "bfloat16 on this machine, measured once and cached; default float32 with --hf-model, auto with a "
+                   "preset). Rows record it; the frontier never compares cells of two dtypes.")
 @click.option("--chat-template", is_flag=True,
               help="With --hf-model: each prompt in the checkpoint's chat template (its tokenizer's), the context and "
                    "question as the user's message, the answer's prefix after the assistant's turn opens (passkey, "

@@ -121,6 +121,12 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
             "kv_bytes": float(np.mean(kv)) if kv else float("nan")}
 
 
+def subject(row: dict[str, Any]) -> str:
+    """The model a row measures, with its dtype unless float32: cells of two dtypes are two subjects, never compared."""
+    dtype = _text(row.get("dtype")) or "float32"
+    return str(row.get("model")) + ("" if dtype == "float32" else f" ({dtype})")
+
+
 def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) -> pd.DataFrame:
     """One row per (model, eval_len, task, method, budget): score, interval, n, per_example, kv_bytes, kv_fraction,
     kind, status (cells that did not run keep their error and no score), ranked / below_half (full's score)."""
@@ -128,7 +134,7 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
     for r in rows.to_dict("records") if isinstance(rows, pd.DataFrame) else rows:
         task, a = task_of(r), arm(r)
         if task is not None and a is not None:  # a resumed run's later row replaces the earlier one
-            cells.setdefault((str(r.get("model")), int(_num(r.get("eval_len"))), task, *a), {})[_depth(r)] = r
+            cells.setdefault((subject(r), int(_num(r.get("eval_len"))), task, *a), {})[_depth(r)] = r
     if not cells:
         raise ValueError("no memory-quality frontier rows (passkey or RULER rows with a press or a budget)")
     out = []
@@ -391,5 +397,5 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     click.echo(f"wrote {out}")
 
 
-__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "effective_length", "frontier_command", "markdown",
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "subject", "effective_length", "frontier_command", "markdown",
            "points", "ranking", "read_files", "task_of"]
