@@ -155,6 +155,7 @@ class HFPlan:
     configs: dict[str, Any]  # task -> its config, for the tasks run
     data: dict[str, Any]  # task -> CheckpointTask.prepare's result, for the tasks run
     dtype: str = "float32"  # what every model of the plan runs in (float32 or bfloat16; rows record it)
+    batch_arms: bool = True  # the arms of a prompt decode their answers in one batch (False: one at a time, the same)
 
     def describe(self) -> str:
         c = self.ckpt
@@ -335,7 +336,7 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         return
     extra = {"params": sum(t.numel() for t in model.parameters())}
     def fresh() -> SharedPrefill:
-        return SharedPrefill(s.presses, s.query_aware, p.ckpt.tokens.decode)
+        return SharedPrefill(s.presses, s.query_aware, p.ckpt.tokens.decode, batch=p.batch_arms)
 
     cache = fresh()
     cells: dict[str, list[Todo]] = {}
