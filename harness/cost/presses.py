@@ -29,7 +29,7 @@ from harness.cost.cells import Cell, Measured
 from harness.cost.options import strs
 
 
-def parse_presses(value: Any, where: str) -> list[str]:
+def press_labels(value: Any, where: str) -> list[str]:
     """The ``press`` option: press specs, each validated now (harness.presses) -> their labels."""
     from harness.presses import parse_presses as specs
 
@@ -119,4 +119,4 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
     return Measured(decode_step, flops(kept_tokens(cache)), B, backend, cache, columns=lambda: columns)
 
 
-__all__ = ["build_press", "check_press", "parse_presses", "press_fields", "rewind"]
+__all__ = ["build_press", "check_press", "press_fields", "press_labels", "rewind"]

@@ -35,7 +35,7 @@ from harness.cost.options import (
     text,
 )
 from harness.cost.presets import get_preset
-from harness.cost.presses import parse_presses, press_fields
+from harness.cost.presses import press_fields, press_labels
 from harness.cost.scopes.model import resolve_position
 from harness.cost.timing import TimingConfig
 from harness.executors import EXECUTOR_KEYS, EXECUTORS, SLURM_CLUSTERS, ExecutorConfig, config_from
@@ -93,7 +93,7 @@ class Grid:
                                              "list), a .gguf file or "
                                              "a local config.json / model directory. Cost needs only the architecture: "
                                              "the model is built from the config with random weights.")
-    press: tuple[str, ...] | None = option(None, parse=parse_presses, multiple=True,  # None: no press axis at all
+    press: tuple[str, ...] | None = option(None, parse=press_labels, multiple=True,  # None: no press axis at all
                                            help="--scope hf: a KV press spec, NAME[:key=value,...] (kvpress's presses, "
                                                 "none, quantized:nbits=4: attn-bench list), timed in forward and "
                                                 "decode. Repeatable.")
