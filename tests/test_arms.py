@@ -115,3 +115,25 @@ def test_the_quantized_arm_in_the_batch_answers_as_its_quantized_cache():
                      ref.recorder)
     assert type(cache).__name__ == "QuantizedCache"
     assert got == Greedy(model, p, gen, None).run(cache, p[CONTEXT:], CONTEXT)
+
+
+def test_a_model_with_window_layers_decodes_its_arms_together_as_alone():
+    """Gemma 3's pattern (two window layers of 8, one global): the window layers hold each arm's last 7 context keys
+    and the batch masks by the window; every arm answers as it does alone, over more tokens than the window."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              max_position_embeddings=256, query_pre_attn_scalar=16, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = hf.build_model(config, "own").to(torch.float64)
+    specs = [parse_press(t) for t in ("none", "quantized:nbits=4", "knorm:compression_ratio=0.5",
+                                      "snapkv:compression_ratio=0.75,window_size=8",
+                                      "retrieval:retriever=bm25,chunk=8,compression_ratio=0.5")]
+    gen = GenerationConfig(max_new_tokens=12, min_new_tokens=12)
+    p = torch.randint(1, 97, (45,), generator=torch.Generator().manual_seed(3)).tolist()
+    got = SharedPrefill(specs, decode=words).answers(model, p, 40, gen)
+    for s in specs:
+        assert got[s.label] == SharedPrefill([s], decode=words, batch=False).answers(model, p, 40, gen)[s.label], s
+    assert len({tuple(v) for v in got.values()}) > 2

@@ -9,8 +9,8 @@ While the batch decodes, the model attends through :func:`attention` (transforme
 :data:`NAME`): each row's queries against its own context keys (never padded: a row reads only its keys) and the new
 tokens, causal among those, the weights in float32 as transformers' eager attention computes them. Positions are each
 arm's own (a retrieval arm's question follows its kept chunks, a press's the whole context). An arm whose answer has
-ended leaves the batch (:func:`decode`). Models whose layers pass a sliding window or a softcap decode one arm at a time
-(:func:`batchable`).
+ended leaves the batch (:func:`decode`). A window layer (Gemma 3's local layers) holds each row's last context keys
+and masks by the window. Models whose attention is softcapped decode one arm at a time (:func:`batchable`).
 """
 from __future__ import annotations
 
@@ -26,10 +26,6 @@ NAME = "attn_bench_batched"
 
 def batchable(model: Any) -> str | None:
     """Why the arms of this model cannot decode in one batch (None: they can)."""
-    from attn.hf.layers import window_layers
-
-    if window_layers(model.config):
-        return "a model with sliding-window layers (its window's mask follows positions the batch would not hold)"
     if getattr(model.config, "attn_logit_softcapping", None):
         return "a model whose attention is softcapped"
     return None
@@ -99,26 +95,34 @@ class Rows(CacheLayerMixin):
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: Rows, value: Rows,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-              **kwargs: Any) -> tuple[torch.Tensor, None]:
+              sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' signature: (B, H, Lq, D) queries, group by group against the rows' context keys in ``key`` (a
-    :class:`Rows`) and the ``key.t`` tokens decoded since, causal from the bottom right among those."""
-    if kwargs.get("sliding_window") or kwargs.get("softcap"):
-        raise ValueError("a batch of arms decodes full softmax attention only (no window, no softcap)")
+    :class:`Rows`) and the ``key.t`` tokens decoded since, causal from the bottom right among those. A window layer
+    (``sliding_window=w``): a row's context keys are the last ones before its first decoded token, as a window layer's
+    cache holds them, and a query sees the keys of the last ``w`` positions, itself included."""
+    if kwargs.get("softcap"):
+        raise ValueError("a batch of arms decodes softmax attention without a softcap")
     B, H, Lq, D = query.shape
     Hkv, t = key.new_k.shape[1], key.t
     g = H // Hkv  # query heads per key head, grouped as transformers' repeat_kv groups them
     q = query.reshape(B, Hkv, g * Lq, D) * (scaling if scaling is not None else D ** -0.5)
     new_k, new_v = key.new_k[:, :, :t], key.new_v[:, :, :t]
+    at = torch.arange(Lq, device=q.device)[:, None] + (t - Lq)  # each query's index among the decoded tokens
     late = (q @ new_k.transpose(-1, -2)).view(B, Hkv, g, Lq, t)
-    causal = torch.arange(t, device=q.device)[None] <= torch.arange(Lq, device=q.device)[:, None] + (t - Lq)
-    late = late.masked_fill(~causal, float("-inf")).view(B, Hkv, g * Lq, t)
+    seen = torch.arange(t, device=q.device)[None] <= at
+    if sliding_window:
+        seen &= torch.arange(t, device=q.device)[None] > at - sliding_window
+    late = late.masked_fill(~seen, float("-inf")).view(B, Hkv, g * Lq, t)
     out = torch.empty_like(q)
     for rows, k, v in key.groups:
-        at = torch.tensor(rows, device=q.device)
-        scores = torch.cat([q[at] @ k.transpose(-1, -2), late[at]], dim=-1)
-        w = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        index = torch.tensor(rows, device=q.device)
         n = k.shape[-2]
-        out[at] = w[..., :n] @ v + w[..., n:] @ new_v[at]
+        early = q[index] @ k.transpose(-1, -2)
+        if sliding_window:  # context key i sits n - i positions before the first decoded token
+            gone = torch.arange(n, device=q.device)[None] < n + at - sliding_window + 1
+            early = early.view(len(rows), Hkv, g, Lq, n).masked_fill(gone, float("-inf")).view(early.shape)
+        w = torch.softmax(torch.cat([early, late[index]], dim=-1), dim=-1, dtype=torch.float32).to(v.dtype)
+        out[index] = w[..., :n] @ v + w[..., n:] @ new_v[index]
     return out.view(B, H, Lq, D).transpose(1, 2).contiguous(), None
 
 
