@@ -129,7 +129,7 @@ def checkpoint(tmp_path_factory):
     return root / "ckpt"
 
 
-def test_press_rows_through_the_command(checkpoint, tmp_path):
+def test_press_rows_through_the_command(checkpoint, tmp_path, capsys):
     """One row per cell and press, saying the press, its ratio and what the cache kept; the equal-memory variants
     with the budget; a press on a variant that picks keys by position is a recorded `unsupported`."""
     out = tmp_path / "acc.jsonl"
@@ -151,6 +151,9 @@ def test_press_rows_through_the_command(checkpoint, tmp_path):
     matched = [r for r in rows if r.get("matched_ratio") == 0.5]
     assert len(matched) == 3 and {r["kv_tokens_mean"] for r in matched} == {256}
     assert main([*args, "--resume"]) == 0 and len(read_rows(out)) == len(rows)  # each press is a cell of its own
+    capsys.readouterr()
+    assert main([*args, "--resume", "--dtype", "bfloat16"]) == 2 and len(read_rows(out)) == len(rows)
+    assert f"holds float32 rows of {rows[0]['model']} and this run is bfloat16" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import CacheLayerMixin
 
 NAME = "attn_bench_batched"
 
@@ -31,16 +30,16 @@ def batchable(model: Any) -> str | None:
     return None
 
 
-class Rows(CacheLayerMixin):
-    """One layer of a batch of arms: the rows' context keys and values as their arms left them, rows of one length
-    stacked into one group (read by one product; a row alone is never copied), and the tokens decoded since, for all
-    rows, in one buffer of ``room`` positions."""
+class Rows:
+    """One layer of a batch of arms, as a ``DynamicCache`` calls its layers (transformers' ``CacheLayerMixin``, not
+    subclassed: this module loads without transformers): the rows' context keys and values as their arms left them,
+    rows of one length stacked into one group (read by one product; a row alone is never copied), and the tokens
+    decoded since, for all rows, in one buffer of ``room`` positions."""
 
     is_sliding = False
     is_compileable = False
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], room: int, like: torch.Tensor):
-        super().__init__()
         by_length: dict[int, list[int]] = {}
         for row, k in enumerate(keys):
             by_length.setdefault(k.shape[-2], []).append(row)

@@ -284,6 +284,12 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         if pending_jobs(out) and not resume:
             raise click.UsageError(f"{sidecar_path(out)} lists {pending_jobs(out)} Slurm jobs of an earlier run of {out}; "
                                    f"pass --resume to collect them, or choose another --out")
+        for p in hf_plans:  # a file holds one dtype of a checkpoint: a comparison never mixes two
+            other = sorted({str(r.get("dtype") or "float32") for r in existing if r.get("model") == p.ckpt.name}
+                           - {p.dtype})
+            if other:
+                raise click.UsageError(f"{out} holds {other[0]} rows of {p.ckpt.name} and this run is {p.dtype}: pass "
+                                       f"--dtype {other[0]} to continue it, or choose another --out")
 
     check_out()
     with contextlib.nullcontext() if dry_run else exclusive(out):  # a second writer stops here, before any work

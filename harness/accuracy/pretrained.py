@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -335,9 +336,7 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
             runner.fail(row, metrics, e)
         return
     extra = {"params": sum(t.numel() for t in model.parameters())}
-    def fresh() -> SharedPrefill:
-        return SharedPrefill(s.presses, s.query_aware, p.ckpt.tokens.decode, batch=p.batch_arms)
-
+    fresh = functools.partial(SharedPrefill, s.presses, s.query_aware, p.ckpt.tokens.decode, batch=p.batch_arms)
     cache = fresh()
     cells: dict[str, list[Todo]] = {}
     for t in todo:  # a cell's presses are answered together (one prefill per prompt)

@@ -123,8 +123,7 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
 
 def subject(row: dict[str, Any]) -> str:
     """The model a row measures, with its dtype unless float32: cells of two dtypes are two subjects, never compared."""
-    dtype = _text(row.get("dtype")) or "float32"
-    return str(row.get("model")) + ("" if dtype == "float32" else f" ({dtype})")
+    return str(row.get("model")) + ("" if (d := _text(row.get("dtype")) or "float32") == "float32" else f" ({d})")
 
 
 def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) -> pd.DataFrame:

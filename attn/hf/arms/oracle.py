@@ -7,7 +7,6 @@ import contextlib
 from typing import Any
 
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
-from attn.hf.layers import window_layers
 from attn.hf.oracle import ORACLE
 from attn.hf.presses import cache_columns, compress, kept_tokens, layer_bytes
 
@@ -17,6 +16,8 @@ class OracleArm(Arm):
     decodes = True
 
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
+        from attn.hf.layers import window_layers  # needs transformers, which a run without arms may lack
+
         assert shared is not None
         cache = compress(model, self.spec, None, shared.keys, shared.values, shared.recorder)
         cols = cache_columns(cache) | self.press.columns(layer_bytes(cache), kept_tokens(cache), prompt.cut,
