@@ -14,7 +14,7 @@ local layers: transformers passes ``sliding_window``) keeps its window, as press
 Batch 1, unpadded: the oracle's mask is its own (causal from the bottom right, and the window), not transformers',
 which a press arm's cache of layers of different lengths would size wrong. It runs during decoding only: the context is prefilled
 with full attention, as kvpress compresses after the prefill, so it shares the prefill of every press arm
-(:func:`attn.hf.presses.replayable`).
+(:mod:`attn.hf.arms.oracle`).
 """
 from __future__ import annotations
 

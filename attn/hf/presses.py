@@ -307,7 +307,8 @@ def rope_of(module: Any, rotary: Any, config: Any) -> None:
 
 @torch.no_grad()
 def prefill_with(model: Any, spec: PressSpec, press: Any, context: torch.Tensor) -> Any:
-    """A press's own prefill of the context, kvpress's way (``with press(model)``), for presses not :func:`replayable`."""
+    """A press's own prefill of the context, kvpress's way (``with press(model)``), for presses not replayable
+    (:mod:`attn.hf.arms.kvpress`)."""
     from attn.hf.layers import window_layers
 
     if press is not None and window_layers(model.config):
