@@ -1,16 +1,16 @@
 """Every arm's answer in one batch: the arms' caches of one prompt decoded together, each at its own length.
 
 A greedy decoding step reads all the model's weights; decoding n arms one at a time reads them n times a step. Here the
-arms that branch from one prompt decode as one batch: one forward per step for all of them. Their caches stay as they
-are -- a press leaves a different number of keys per arm, and per layer -- inside :class:`Rows` (one per layer), which
-adds the tokens decoded after the context to a buffer shared by the rows (every arm decodes the same number of tokens); rows
-of one length (the presses of one ratio) are stacked once, so one product reads them.
-While the batch decodes, the model attends through :func:`attention` (transformers' attention signature, under
-:data:`NAME`): each row's queries against its own context keys (never padded: a row reads only its keys) and the new
-tokens, causal among those, the weights in float32 as transformers' eager attention computes them. Positions are each
-arm's own (a retrieval arm's question follows its kept chunks, a press's the whole context). An arm whose answer has
-ended leaves the batch (:func:`decode`). A window layer (Gemma 3's local layers) holds each row's last context keys
-and masks by the window. Models whose attention is softcapped decode one arm at a time (:func:`batchable`).
+arms that branch from one prompt decode as one batch: one forward per step for all of them. A press leaves a different
+number of keys per arm, and per layer, so nothing is padded: each layer is a :class:`Rows`, the rows grouped by the
+length of their context keys (the presses of one ratio together), each group one buffer with room for the tokens
+decoded after the context (written in place, every row the same number). While the batch decodes, the model attends
+through :func:`attention` (transformers' attention signature, under :data:`NAME`): group by group, what our ``full``
+computes for one arm alone (the same SDPA call, the same mask), the group a batch of it, so a row reads only its keys.
+Positions are each arm's own (a retrieval arm's question follows its kept chunks, a press's the whole context). An arm
+whose answer has ended leaves the batch (:func:`decode`). A window layer (Gemma 3's local layers) holds each row's last
+context keys and masks by the window. Models whose attention is softcapped decode one arm at a time
+(:func:`batchable`).
 """
 from __future__ import annotations
 
@@ -32,23 +32,22 @@ def batchable(model: Any) -> str | None:
 
 class Rows:
     """One layer of a batch of arms, as a ``DynamicCache`` calls its layers (transformers' ``CacheLayerMixin``, not
-    subclassed: this module loads without transformers): the rows' context keys and values as their arms left them,
-    rows of one length stacked into one group (read by one product; a row alone is never copied), and the tokens
-    decoded since, for all rows, in one buffer of ``room`` positions."""
+    subclassed: this module loads without transformers): the rows grouped by the length of their context keys, each
+    group one buffer holding its rows' context keys as their arms left them and room for ``room`` tokens decoded
+    after (written in place a step, never copied again)."""
 
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], room: int, like: torch.Tensor):
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], room: int):
         by_length: dict[int, list[int]] = {}
         for row, k in enumerate(keys):
             by_length.setdefault(k.shape[-2], []).append(row)
-        self.groups = [(rows, torch.cat([keys[r] for r in rows]) if len(rows) > 1 else keys[rows[0]],
-                        torch.cat([values[r] for r in rows]) if len(rows) > 1 else values[rows[0]])
-                       for rows in by_length.values()]  # (rows, (G, Hkv, n, D) keys, values)
-        _, heads, _, dim = like.shape
-        self.new_k = like.new_empty(len(keys), heads, room, dim)
-        self.new_v = like.new_empty(len(keys), heads, room, dim)
+        self.groups = []  # (rows, (G, Hkv, n + room, D) keys, values, n)
+        for n, rows in by_length.items():
+            k, v = (torch.cat([t[r] for r in rows]) for t in (keys, values))
+            pad = k.new_empty(*k.shape[:2], room, k.shape[-1])
+            self.groups.append((rows, torch.cat([k, pad], dim=-2), torch.cat([v, pad], dim=-2), n))
         self.t = 0  # tokens decoded since the context, every row
         self.is_initialized = True
 
@@ -57,18 +56,21 @@ class Rows:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: Any = None) -> tuple[Any, Any]:
         q = key_states.shape[-2]
-        self.new_k[:, :, self.t:self.t + q] = key_states
-        self.new_v[:, :, self.t:self.t + q] = value_states
+        for rows, k, v, n in self.groups:
+            index = torch.tensor(rows, device=k.device)
+            k[:, :, n + self.t:n + self.t + q] = key_states[index]
+            v[:, :, n + self.t:n + self.t + q] = value_states[index]
         self.t += q
         return self, self  # what :func:`attention` reads its rows from
 
     def get_seq_length(self) -> int:
-        return max(k.shape[-2] for _, k, _ in self.groups) + self.t
+        return max(n for *_, n in self.groups) + self.t
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """As a padded (B, Hkv, L, D) cache would read: kvpress's attention wrapper compares it with the queries'."""
-        return (self.new_k.shape[0], self.new_k.shape[1], self.get_seq_length(), self.new_k.shape[-1])
+        _, k, _, _ = self.groups[0]
+        return (sum(len(r) for r, *_ in self.groups), k.shape[1], self.get_seq_length(), k.shape[-1])
 
     def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
         return self.get_seq_length() + cache_position.shape[0], 0
@@ -80,49 +82,39 @@ class Rows:
         """Only these rows go on, renumbered in this order."""
         new = {old: i for i, old in enumerate(index)}
         groups = []
-        for rows, k, v in self.groups:
+        for rows, k, v, n in self.groups:
             at = [j for j, r in enumerate(rows) if r in new]
-            if len(at) == len(rows):
-                groups.append(([new[r] for r in rows], k, v))
-            elif at:
+            if len(at) < len(rows) and at:
                 pick = torch.tensor(at, device=k.device)
-                groups.append(([new[rows[j]] for j in at], k[pick], v[pick]))
+                k, v = k[pick], v[pick]
+            if at:
+                groups.append(([new[rows[j]] for j in at], k, v, n))
         self.groups = groups
-        at = torch.tensor(index, device=self.new_k.device)
-        self.new_k, self.new_v = self.new_k[at], self.new_v[at]
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: Rows, value: Rows,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' signature: (B, H, Lq, D) queries, group by group against the rows' context keys in ``key`` (a
-    :class:`Rows`) and the ``key.t`` tokens decoded since, causal from the bottom right among those. A window layer
-    (``sliding_window=w``): a row's context keys are the last ones before its first decoded token, as a window layer's
-    cache holds them, and a query sees the keys of the last ``w`` positions, itself included."""
+    """transformers' signature: (B, H, Lq, D) queries, group by group against the group's keys in ``key`` (a
+    :class:`Rows`): its context keys, then the ``key.t`` tokens decoded since, causal from the bottom right (and within
+    ``sliding_window`` on a window layer, whose context keys are the last ones before the first decoded token). Each
+    group is what our ``full`` computes for one arm alone (:func:`attn.attention.gqa.sdpa`, the same mask), a group
+    of rows one batch of it."""
+    from attn.attention import gqa
+    from attn.attention.masks import causal_mask
+
     if kwargs.get("softcap"):
         raise ValueError("a batch of arms decodes softmax attention without a softcap")
     B, H, Lq, D = query.shape
-    Hkv, t = key.new_k.shape[1], key.t
-    g = H // Hkv  # query heads per key head, grouped as transformers' repeat_kv groups them
-    q = query.reshape(B, Hkv, g * Lq, D) * (scaling if scaling is not None else D ** -0.5)
-    new_k, new_v = key.new_k[:, :, :t], key.new_v[:, :, :t]
-    at = torch.arange(Lq, device=q.device)[:, None] + (t - Lq)  # each query's index among the decoded tokens
-    late = (q @ new_k.transpose(-1, -2)).view(B, Hkv, g, Lq, t)
-    seen = torch.arange(t, device=q.device)[None] <= at
-    if sliding_window:
-        seen &= torch.arange(t, device=q.device)[None] > at - sliding_window
-    late = late.masked_fill(~seen, float("-inf")).view(B, Hkv, g * Lq, t)
+    scale = 1.0 if scaling is None else scaling * D ** 0.5  # as our variants take a scale: on q, SDPA's 1/sqrt(D) after
+    q = query * scale if abs(scale - 1.0) > 1e-6 else query
     out = torch.empty_like(q)
-    for rows, k, v in key.groups:
+    for rows, k, v, n in key.groups:
         index = torch.tensor(rows, device=q.device)
-        n = k.shape[-2]
-        early = q[index] @ k.transpose(-1, -2)
-        if sliding_window:  # context key i sits n - i positions before the first decoded token
-            gone = torch.arange(n, device=q.device)[None] < n + at - sliding_window + 1
-            early = early.view(len(rows), Hkv, g, Lq, n).masked_fill(gone, float("-inf")).view(early.shape)
-        w = torch.softmax(torch.cat([early, late[index]], dim=-1), dim=-1, dtype=torch.float32).to(v.dtype)
-        out[index] = w[..., :n] @ v + w[..., n:] @ new_v[index]
-    return out.view(B, H, Lq, D).transpose(1, 2).contiguous(), None
+        L = n + key.t
+        mask = causal_mask(Lq, L, q.device, window=sliding_window) if Lq > 1 or sliding_window else None
+        out[index] = gqa.sdpa(q[index], k[:, :, :L], v[:, :, :L], attn_mask=mask)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -165,7 +157,7 @@ def stack(caches: Sequence[Any], layers: int, room: int) -> Any:
     for i in range(layers):
         pairs = [kv(c, i) for c in caches]
         out.layers.append(Rows([empty if k is None else k for k, _ in pairs],
-                               [empty if v is None else v for _, v in pairs], room, like))
+                               [empty if v is None else v for _, v in pairs], room))
         for c in caches:  # consumed: what a group copied is freed now
             if i < len(c.layers):
                 c.layers[i].keys = c.layers[i].values = None
