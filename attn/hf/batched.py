@@ -43,11 +43,12 @@ class Rows:
         by_length: dict[int, list[int]] = {}
         for row, k in enumerate(keys):
             by_length.setdefault(k.shape[-2], []).append(row)
-        self.groups = []  # (rows, (G, Hkv, n + room, D) keys, values, n)
+        self.groups = []  # (rows as an index tensor, (G, Hkv, n + room, D) keys, values, n)
         for n, rows in by_length.items():
             k, v = (torch.cat([t[r] for r in rows]) for t in (keys, values))
             pad = k.new_empty(*k.shape[:2], room, k.shape[-1])
-            self.groups.append((rows, torch.cat([k, pad], dim=-2), torch.cat([v, pad], dim=-2), n))
+            self.groups.append((torch.tensor(rows, device=k.device), torch.cat([k, pad], dim=-2),
+                                torch.cat([v, pad], dim=-2), n))
         self.t = 0  # tokens decoded since the context, every row
         self.is_initialized = True
 
@@ -57,9 +58,8 @@ class Rows:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs: Any = None) -> tuple[Any, Any]:
         q = key_states.shape[-2]
         for rows, k, v, n in self.groups:
-            index = torch.tensor(rows, device=k.device)
-            k[:, :, n + self.t:n + self.t + q] = key_states[index]
-            v[:, :, n + self.t:n + self.t + q] = value_states[index]
+            k[:, :, n + self.t:n + self.t + q] = key_states[rows]
+            v[:, :, n + self.t:n + self.t + q] = value_states[rows]
         self.t += q
         return self, self  # what :func:`attention` reads its rows from
 
@@ -83,12 +83,12 @@ class Rows:
         new = {old: i for i, old in enumerate(index)}
         groups = []
         for rows, k, v, n in self.groups:
-            at = [j for j, r in enumerate(rows) if r in new]
+            at = [j for j, r in enumerate(rows.tolist()) if r in new]
             if len(at) < len(rows) and at:
                 pick = torch.tensor(at, device=k.device)
                 k, v = k[pick], v[pick]
             if at:
-                groups.append(([new[rows[j]] for j in at], k, v, n))
+                groups.append((torch.tensor([new[int(rows[j])] for j in at], device=k.device), k, v, n))
         self.groups = groups
 
 
@@ -110,10 +110,9 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: Rows, value: Ro
     q = query * scale if abs(scale - 1.0) > 1e-6 else query
     out = torch.empty_like(q)
     for rows, k, v, n in key.groups:
-        index = torch.tensor(rows, device=q.device)
         L = n + key.t
         mask = causal_mask(Lq, L, q.device, window=sliding_window) if Lq > 1 or sliding_window else None
-        out[index] = gqa.sdpa(q[index], k[:, :, :L], v[:, :, :L], attn_mask=mask)
+        out[rows] = gqa.sdpa(q[rows], k[:, :, :L], v[:, :, :L], attn_mask=mask)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -116,7 +116,7 @@ class SharedPrefill:
         if any(a.replays for a in self.live()):
             self._prefill(model, prompt[:cut])
             shared = Shared([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
-                            self.recorder, prompt[:cut])
+                            self.recorder)
         said: dict[str | None, list[int]] = {a.label: [] for a in self.members}
         branches: dict[str, Branch] = {}
         for arm in self.live():

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from attn.hf.presses import PressSpec, Recorder
+from attn.hf.presses import PressSpec, Recorder, compress
 
 
 @dataclass
@@ -27,8 +27,11 @@ class Shared:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     recorder: Recorder | None
-    context: list[int]
     scores: dict[Any, torch.Tensor] = field(default_factory=dict)
+
+    def replay(self, model: Any, spec: PressSpec, press: Any = None) -> Any:
+        """A cache of its own holding the context as ``press`` leaves it (None: every key, in ``spec``'s cache)."""
+        return compress(model, spec, press, self.keys, self.values, self.recorder)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
-from attn.hf.presses import cache_columns, compress, prefill_with
+from attn.hf.presses import cache_columns, prefill_with
 
 # kvpress presses whose ``score`` reads nothing of the budget and draws nothing at random (checked against kvpress's
 # source; tests/test_arms.py compares each shared score with the press's own)
@@ -57,7 +57,7 @@ class KVPress(Arm):
         else:
             assert shared is not None
             with self._shared_scores(shared):
-                cache = compress(model, self.spec, self.press, shared.keys, shared.values, shared.recorder)
+                cache = shared.replay(model, self.spec, self.press)
         return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache), batches=not self.decodes)
 
     @contextlib.contextmanager

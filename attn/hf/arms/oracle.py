@@ -8,7 +8,7 @@ from typing import Any
 
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
 from attn.hf.oracle import ORACLE
-from attn.hf.presses import cache_columns, compress, kept_tokens, layer_bytes
+from attn.hf.presses import cache_columns, kept_tokens, layer_bytes
 
 
 class OracleArm(Arm):
@@ -19,7 +19,7 @@ class OracleArm(Arm):
         from attn.hf.layers import window_layers  # needs transformers, which a run without arms may lack
 
         assert shared is not None
-        cache = compress(model, self.spec, None, shared.keys, shared.values, shared.recorder)
+        cache = shared.replay(model, self.spec)
         cols = cache_columns(cache) | self.press.columns(layer_bytes(cache), kept_tokens(cache), prompt.cut,
                                                          window_layers(model.config))
         self.press.mass = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
-from attn.hf.presses import NONE, cache_columns, compress
+from attn.hf.presses import NONE, cache_columns
 
 
 class Plain(Arm):
@@ -12,5 +12,5 @@ class Plain(Arm):
 
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
         assert shared is not None
-        cache = compress(model, self.spec, None, shared.keys, shared.values, shared.recorder)
+        cache = shared.replay(model, self.spec)
         return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
-from attn.hf.presses import QUANTIZED, cache_columns, compress
+from attn.hf.presses import QUANTIZED, cache_columns
 
 
 class Quantized(Arm):
@@ -19,7 +19,7 @@ class Quantized(Arm):
         from transformers import DynamicCache
 
         assert shared is not None
-        cache = compress(model, self.spec, None, shared.keys, shared.values, shared.recorder)
+        cache = shared.replay(model, self.spec)
         question = prompt.ids[prompt.cut:]
         cols = cache_columns(cache)
         if len(question) + prompt.new_tokens + 1 >= min(layer.residual_length for layer in cache.layers):
