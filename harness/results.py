@@ -48,8 +48,6 @@ COST_KEY_FIELDS = (
     "side",  # sweep --base: "base" (the ref's variants) or "head" (the working tree's); None in any other sweep
 )
 STATUSES = ("ok", "oom", "timeout", "error", "unsupported", "skipped", "mismatch")  # mismatch: refused by the gate
-# Accuracy metrics that are proportions, in [0, 1]: an interval over seeds is clipped to that range.
-PROPORTIONS = ("accuracy", "exact_match", "digit_accuracy", "string_match", "all_found")
 
 
 def best_lr(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], higher: bool = True) -> list[int]:
@@ -386,7 +384,7 @@ class ResultsStore:
 
 
 __all__ = [
-    "ACCURACY_FIELDS", "COST_FIELDS", "COST_KEY_FIELDS", "PROPORTIONS", "ROW_KEYS", "STATUSES", "ResultsStore", "best_lr",
+    "ACCURACY_FIELDS", "COST_FIELDS", "COST_KEY_FIELDS", "ROW_KEYS", "STATUSES", "ResultsStore", "best_lr",
     "cell_key", "check_rows", "check_writable", "exclusive", "numbered_rows", "read_rows", "scan_rows",
     "warn_skipped",
 ]

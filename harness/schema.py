@@ -16,6 +16,40 @@ NUMBER_FIELDS = {
 NAME_FIELDS = {"cost": ("variant", "mode", "device"), "accuracy": ("task", "variant", "metric")}
 PARAM_FIELDS = ("variant_params", "position_params", "press_params")
 
+# What an accuracy row says of its metric, from its task's declaration (harness.accuracy.tasks.base.Metric), so that
+# readers need no task's code: its kind (proportion, mean or loss), its role ("ranked": the memory-quality frontier
+# ranks by it; "main": the task's headline; ""), the task it scores as tables name it (RULER's subtask), and whether
+# the row compares a variant with full attention instead of scoring a task.
+DECLARED = ("metric_kind", "metric_role", "task_label", "versus_full")
+# Rows written before rows carried DECLARED (December 2026): what the built-in tasks declared then. A row that says it
+# is read as it says; no task is ever added here.
+_BEFORE = {
+    "proportion": ("accuracy", "exact_match", "digit_accuracy", "string_match", "all_found"),
+    "loss": ("loss", "ppl", "perplexity", "nll", "bpb", "bpc", "rel_l2", "error", "mse", "mae", "max_abs"),  # in a name
+    "ranked": (("passkey", "exact_match"), ("ruler", "string_match")),
+    "main": (("mqar", "accuracy"), ("lm", "bpb"), ("fidelity", "rel_l2_trained"), ("selection", "mass_trained")),
+    "versus_full": ("fidelity", "selection"),
+    "one_draw": ("passkey",),  # a checkpoint cell's keys shared one haystack before rows said how many draws
+}
+
+
+def declaration(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's DECLARED columns: its own, or for a row written before rows carried them, what its task declared then."""
+    if isinstance(row.get("metric_kind"), str):
+        return {k: row.get(k) for k in DECLARED}
+    task, metric = str(row.get("task")), str(row.get("metric"))
+    kind = ("proportion" if metric in _BEFORE["proportion"] else
+            "loss" if any(w in metric.lower() for w in _BEFORE["loss"]) else "mean")
+    role = "ranked" if (task, metric) in _BEFORE["ranked"] else "main" if (task, metric) in _BEFORE["main"] else ""
+    label = row.get("subtask")
+    return {"metric_kind": kind, "metric_role": role, "task_label": label if isinstance(label, str) and label else task,
+            "versus_full": task in _BEFORE["versus_full"]}
+
+
+def one_draw_a_cell(row: Mapping[str, Any]) -> bool:
+    """Whether a row without ``draws`` is one independent draw (its examples shared one context)."""
+    return row.get("draws") is None and str(row.get("task")) in _BEFORE["one_draw"]
+
 
 def row_problem(row: Mapping[str, Any]) -> str | None:
     """Why ``row`` cannot be read as a results row (one clause naming the field), or None.
@@ -47,4 +81,4 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-__all__ = ["NAME_FIELDS", "NUMBER_FIELDS", "PARAM_FIELDS", "row_problem"]
+__all__ = ["DECLARED", "NAME_FIELDS", "NUMBER_FIELDS", "PARAM_FIELDS", "declaration", "one_draw_a_cell", "row_problem"]

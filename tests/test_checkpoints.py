@@ -296,14 +296,14 @@ def test_checkpoints_figure_pools_passkey_depths_and_labels_without_backends(tmp
         {**row("passkey", "exact_match", None, 0), "status": "error"},  # failures are not points
     ])
     pts = checkpoint_points(acc)
-    pk = pts[pts["panel"] == "passkey (all depths)"].set_index(["label", "eval_len"])
+    pk = pts[pts["panel"] == "passkey (exact_match)"].set_index(["label", "eval_len"])
     assert pk.loc[("sliding_window:window=4", 256), "value"] == 0.75 and pk.loc[("sliding_window:window=4", 256), "n"] == 4
     assert pk.loc[("sliding_window:window=4", 512), "value"] == 0.0
     assert {"full + rope_yarn:factor=2", "own pattern"} <= set(pk.index.get_level_values(0))
-    assert pts[pts["panel"] == "RULER niah_single_1"]["value"].tolist() == [0.25]
+    assert pts[pts["panel"] == "ruler niah_single_1"]["value"].tolist() == [0.25]
     fig = plot_checkpoints(acc, tmp_path)
     assert (tmp_path / "checkpoints.png").is_file()
-    line = next(ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "checkpoint:m:passkey (all depths):"
+    line = next(ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "checkpoint:m:passkey (exact_match):"
                 "sliding_window:window=4")
     assert list(line.get_ydata()) == [0.75, 0.0]
 

@@ -34,7 +34,7 @@ from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.jobs import Job, Plan, Run, resolved, short_hash
 from harness.accuracy.stats import Measure
-from harness.accuracy.tasks import cell_columns, get_task, make_task, trained_task, trained_task_names
+from harness.accuracy.tasks import cell_columns, declared, get_task, make_task, trained_task, trained_task_names
 from harness.accuracy.train import TrainResult, train
 from harness.environment import environment
 from harness.memory import AVAILABLE_FRACTION, address_space_cap, available_budget
@@ -176,6 +176,7 @@ class Runner:
     def append(self, base: dict[str, Any], measures: dict[str, Measure]) -> None:
         for metric, m in measures.items():
             row = {**base, "metric": metric, "value": m.value, "ci_low": m.ci_low, "ci_high": m.ci_high, "n": m.n}
+            row |= declared(row)  # what its task declares of the metric: readers need no task's code
             if m.per_example is not None:
                 row["per_example"] = list(m.per_example)
             if self.key(row) in self.done:  # a resumed cell whose other metric was written before the stop
@@ -199,6 +200,7 @@ class Runner:
         for metric in metrics:
             row = {**base, "metric": metric, "value": None, "ci_low": None, "ci_high": None, "n": 0,
                    "status": status, "error": msg}
+            row |= declared(row)
             self.store.append(row)
             self.written += 1
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.results import PROPORTIONS, best_lr  # one list and one rule for the summary and the figures
+from harness.results import best_lr  # one rule for the summary and the figures
+from harness.schema import declaration
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ def summarize(rows: Iterable[dict[str, Any]], confidence: float = 0.95) -> list[
     for members in groups.values():
         values = [r["value"] for r in members]
         first = members[0]
-        m = mean_ci(values, confidence, (0.0, 1.0) if first.get("metric") in PROPORTIONS else None)
+        share = declaration(first)["metric_kind"] == "proportion"  # its interval clipped to [0, 1]
+        m = mean_ci(values, confidence, (0.0, 1.0) if share else None)
         raw = mean_ci(values, confidence)
         out.append({**{k: first.get(k) for k in SUMMARY_KEYS}, "value": m.value, "ci_low": m.ci_low,
                     "ci_high": m.ci_high, "n": m.n, "seeds": sorted(r.get("seed") for r in members),
@@ -152,5 +154,5 @@ def summarize_best_lr(rows: Iterable[dict[str, Any]], confidence: float = 0.95, 
     return summarize([{**ok[i], "lr": None} for i in best_lr(ok, SUMMARY_KEYS, higher)], confidence)
 
 
-__all__ = ["Measure", "PROPORTIONS", "SUMMARY_KEYS", "accuracy", "cluster_se", "clustered_accuracy", "mean_ci", "summarize",
+__all__ = ["Measure", "SUMMARY_KEYS", "accuracy", "cluster_se", "clustered_accuracy", "mean_ci", "summarize",
            "summarize_best_lr", "wilson"]

@@ -16,15 +16,15 @@ import pandas as pd
 from harness.analysis.frames import (
     FAILED,
     MEM_LIMIT_COLUMNS,
-    VERSUS_FULL,
     cells,
+    declared,
     fmt_value,
     lower_is_better,
     ok_rows,
 )
 from harness.analysis.trust import untrusted
 from harness.messages import one_line
-from harness.results import PROPORTIONS, best_lr
+from harness.results import best_lr
 
 # -- derived numbers ---------------------------------------------------------------------------
 
@@ -182,10 +182,10 @@ def best_lr_rows(acc: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     if "lr" not in acc or acc["lr"].nunique() < 2:
         return acc
     keep = np.zeros(len(acc), dtype=bool)
-    for metric, g in acc.groupby("metric", sort=False):
-        at = np.flatnonzero(acc["metric"].to_numpy() == metric)
+    for _, at in declared(acc).groupby(["task", "metric"], sort=False).indices.items():
+        g = acc.iloc[at]
         records = g[[c for c in (*keys, "seed", "lr", "value") if c in g]].to_dict("records")
-        keep[at[best_lr(records, keys, higher=not lower_is_better(str(metric)))]] = True
+        keep[at[best_lr(records, keys, higher=not lower_is_better(declared(g)))]] = True
     return acc[keep]
 
 
@@ -198,6 +198,7 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
     ``depth``) not named in ``extra`` are then averaged too, and such points have no CI. ``extra_label``
     names the task columns that vary within a task/metric panel (``"num_pairs=8"``), for legends.
     """
+    acc = declared(acc)
     acc = acc[acc["value"].notna() & np.isfinite(acc["value"].astype(float))]
     if "status" in acc:
         acc = acc[acc["status"].fillna("ok") == "ok"]
@@ -212,7 +213,7 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
     averaged = [c for c in AVERAGED_DIMS if c in acc and c not in kept]
     for c in (*kept, *averaged):
         acc[c] = acc[c].fillna(-1.0) if pd.api.types.is_numeric_dtype(acc[c]) else acc[c].map(dim_text)
-    base = ["task", "metric", "variant_label", "position_label", "train_len", "length", *dims, *kept]
+    base = ["task", "metric", "metric_kind", "variant_label", "position_label", "train_len", "length", *dims, *kept]
     acc = best_lr_rows(acc, [*base, *averaged])
     value = acc["value"].to_numpy(dtype=float)
     ci_low, ci_high = (acc[c].to_numpy(dtype=float) if c in acc else np.full(len(acc), np.nan) for c in ("ci_low", "ci_high"))
@@ -221,7 +222,7 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
     for key, at in acc.groupby([*base, *averaged], sort=True, dropna=False).indices.items():
         vals = value[at]
         if len(vals) > 1:
-            lo, hi = _seed_ci(vals, bounds=(0.0, 1.0) if key[1] in PROPORTIONS else None)
+            lo, hi = _seed_ci(vals, bounds=(0.0, 1.0) if key[2] == "proportion" else None)
         else:
             lo, hi = float(ci_low[at[0]]), float(ci_high[at[0]])
         rows.append((*key, float(vals.mean()), len(vals), lo, hi))
@@ -246,15 +247,16 @@ def accuracy_points(acc: pd.DataFrame, extra: Sequence[str] = ()) -> pd.DataFram
 
 
 def best_positions(acc: pd.DataFrame) -> pd.DataFrame:
-    """Best position method per task, metric and evaluation length (direction from the metric name)."""
-    pts = accuracy_points(acc[~acc["task"].isin(VERSUS_FULL)]) if len(acc) else pd.DataFrame()
+    """Best position method per task, metric and evaluation length (direction: as the rows declare the metric)."""
+    acc = declared(acc) if len(acc) else acc
+    pts = accuracy_points(acc[~acc["versus_full"]]) if len(acc) else pd.DataFrame()
     out = []
     if len(pts) == 0:
         return pd.DataFrame(columns=["task", "metric", "variant", "eval_len", "best_position", "value", "runner_up"])
     for (task, metric, variant, extra, length), g in pts.groupby(["task", "metric", "variant_label", "extra_label", "length"],
                                                                   sort=True):
         variant = f"{variant} [{extra}]" if extra else variant
-        per = g.groupby("position_label")["value"].mean().sort_values(ascending=lower_is_better(metric))
+        per = g.groupby("position_label")["value"].mean().sort_values(ascending=lower_is_better(g))
         if len(per) < 2:  # one method: nothing to rank
             continue
         tied = per[np.isclose(per, per.iloc[0], rtol=1e-9, atol=1e-12)]

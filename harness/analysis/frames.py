@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.analysis.identity import apart, cell_identity, params_dict, registered_defaults, same_value
 from harness.results import STATUSES, numbered_rows, scan_rows, warn_skipped
-from harness.schema import row_problem
+from harness.schema import DECLARED, declaration, row_problem
 
 # The least a row needs to be drawn at all; every other column is optional (figures say what they lack).
 COST_REQUIRED = ("variant", "backend", "mode", "device", "seq_len", "status", "latency_ms")
@@ -44,10 +44,7 @@ MEM_LIMIT_COLUMNS = ("mem_limit_bytes", "device_mem_bytes", "device_memory_bytes
 FAILED = ("oom", "timeout")  # failures that happen *at a length* and stop a variant growing
 # Filled in by the backbone, identical across a sweep: they only lengthen labels.
 _LABEL_SKIP = frozenset({"head_dim", "d_model", "max_seq_len"})
-_LOWER_IS_BETTER = ("loss", "ppl", "perplexity", "nll", "bpb", "bpc", "rel_l2", "error", "mse", "mae", "max_abs")
 BUILTIN_ORDER = ("full", "sliding_window", "block_sparse", "linear")
-# Accuracy tasks whose rows compare a variant with full attention (no task score): drawn and tabled on their own
-VERSUS_FULL = ("fidelity", "selection")
 
 
 @dataclass
@@ -131,9 +128,22 @@ def fmt_len(n: float) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def lower_is_better(metric: str) -> bool:
-    m = str(metric).lower()
-    return any(word in m for word in _LOWER_IS_BETTER)
+def lower_is_better(rows: pd.DataFrame) -> bool:
+    """Whether the metric of ``rows`` (one task's, one metric's) is a loss, as its rows declare it (``metric_kind``)."""
+    return bool((rows["metric_kind"] == "loss").any())
+
+
+def declared(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every row's DECLARED columns (:func:`harness.schema.declaration`): its kind of metric, role, task
+    label and whether it compares with full attention (fidelity, selection: drawn and tabled on their own)."""
+    if len(df) and all(c in df for c in DECLARED) and df["metric_kind"].notna().all():
+        return df
+    df = df.copy()
+    filled = pd.DataFrame([declaration(r) for r in df.to_dict("records")], index=df.index, columns=list(DECLARED))
+    for c in DECLARED:
+        df[c] = filled[c]
+    df["versus_full"] = df["versus_full"].astype(bool)
+    return df
 
 
 # -- loading and validation -------------------------------------------------------------------
@@ -260,7 +270,7 @@ def prepare_accuracy(df: pd.DataFrame) -> pd.DataFrame:
     df["length"] = length
     df["task"] = df["task"].astype(str)
     df["metric"] = df["metric"].astype(str)
-    return df
+    return declared(df)
 
 
 def load_results(paths: Sequence[str | os.PathLike]) -> Results:
@@ -382,6 +392,7 @@ def cells(cost: pd.DataFrame) -> pd.DataFrame:
 
 __all__ = [
     "ACCURACY_REQUIRED", "COST_REQUIRED", "Results", "cells", "check_single_device", "devices", "fmt_len", "fmt_value",
-    "latest", "load_results", "lower_is_better", "machine_label", "ok_rows", "prepare_accuracy", "prepare_cost", "preset_width",
+    "declared", "latest", "load_results", "lower_is_better", "machine_label", "ok_rows", "prepare_accuracy",
+    "prepare_cost", "preset_width",
     "require_ok", "select_device", "spec_label", "status_counts",
 ]

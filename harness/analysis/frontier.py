@@ -24,8 +24,8 @@ from harness.analysis.claims import against_oracle, claim_lines
 from harness.analysis.paired import ALPHA, interval, paired_difference
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
+from harness.schema import declaration, one_draw_a_cell
 
-METRIC = {"passkey": "exact_match", "ruler": "string_match"}  # the score of each task family
 MIN_EXAMPLES = 20  # a cell on fewer (a run stopped inside it) is shown, not ranked
 
 
@@ -70,11 +70,10 @@ def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
 
 
 def task_of(row: dict[str, Any]) -> str | None:
-    """The frontier's task of a row (passkey, or the RULER subtask) when it holds the family's score, else None."""
-    family = row.get("task")
-    if family not in METRIC or row.get("metric") != METRIC[family]:
-        return None
-    return "passkey" if family == "passkey" else _text(row.get("subtask"))
+    """The frontier's task of a row (the task it scores, as the row names it: passkey, a RULER subtask) when the row
+    holds the metric its task ranks arms by (``metric_role`` ranked), else None."""
+    d = declaration(row)
+    return d["task_label"] if d["metric_role"] == "ranked" else None
 
 
 def _num(v: Any, missing: float = float("nan")) -> float:
@@ -90,14 +89,14 @@ def _depth(row: dict[str, Any]) -> float:
 
 
 def _clusters(row: dict[str, Any]) -> tuple[int, ...]:
-    """The sizes of a row's independent draws, in its examples' order: from its ``draws`` (equal clusters), else a
-    passkey row is one haystack (the keys of one depth shared it before rows said so) and a RULER row's examples are
-    one draw each."""
+    """The sizes of a row's independent draws, in its examples' order: from its ``draws`` (equal clusters), else one
+    draw where the row's examples shared one context before rows said so (passkey's keys of one depth shared one
+    haystack: :func:`harness.schema.one_draw_a_cell`), else one draw an example."""
     n = len(row["per_example"])
     k = _num(row.get("draws"))  # a float where a frame mixed rows with and without it
     if k > 0 and k.is_integer() and n % int(k) == 0:
         return (n // int(k),) * int(k)
-    return (n,) if row.get("task") == "passkey" else (1,) * n
+    return (n,) if one_draw_a_cell(row) else (1,) * n
 
 
 def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,8 +138,9 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
     out = []
     for (model, L, task, method, kind, budget), cell in cells.items():
         frac = _num(next(iter(cell.values())).get("budget_fraction")) if budget else float("nan")
-        out.append({"model": model, "eval_len": L, "task": task, "method": method, "kind": kind, "budget": budget,
-                    "budget_fraction": frac, **_pool(list(cell.values()))})
+        family = str(next(iter(cell.values())).get("task"))
+        out.append({"model": model, "eval_len": L, "task": task, "family": family, "method": method, "kind": kind,
+                    "budget": budget, "budget_fraction": frac, **_pool(list(cell.values()))})
     df = pd.DataFrame(out)
     full = df[(df["kind"] == "reference") & (df["status"] == "ok")].set_index(["model", "eval_len", "task"])
     at = pd.MultiIndex.from_frame(df[["model", "eval_len", "task"]])

@@ -211,9 +211,11 @@ def pivot_cost(cost: pd.DataFrame, column: str, scale: float = 1.0) -> dict[str,
 
 def pivot_accuracy(acc: pd.DataFrame) -> dict[str, pd.DataFrame]:
     out = {}
+    acc = F.declared(acc)
+    versus_full = set(acc.loc[acc["versus_full"], "task"])  # fidelity, selection: each variant against full
     pts = D.accuracy_points(acc)
     for (task, metric), g in pts.groupby(["task", "metric"], sort=True):
-        table = position_table(g) if task not in F.VERSUS_FULL else \
+        table = position_table(g) if task not in versus_full else \
             g.pivot_table(index="variant_label", columns="length", values="value", aggfunc="mean").rename(columns=int)
         out[f"{task} · {metric}"] = table.rename(columns=F.fmt_len).map(fmt_num)
     return out

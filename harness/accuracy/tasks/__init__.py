@@ -1,14 +1,17 @@
 """The accuracy tasks, one module each; importing this package registers the built-in ones, in the order below (the
 order ``attn-bench list`` and a run's summary show them). A new task is one module here and one import line
 below (or one file anywhere, imported: registering is all)."""
-from harness.accuracy.tasks.base import AccuracyTask, BuiltOnTask, CheckpointTask, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import AccuracyTask, BuiltOnTask, CheckpointTask, Metric, TaskOption, TrainedTask
 from harness.accuracy.tasks.registry import (
     cell_columns,
     checkpoint_task_names,
+    declared,
+    declared_metric,
     get_checkpoint_task,
     get_task,
     listing,
     make_task,
+    metric_of,
     register_task,
     table,
     task_names,
@@ -27,6 +30,7 @@ from harness.accuracy.tasks import selection  # noqa: F401
 from harness.accuracy.tasks import lengthgen  # noqa: F401
 # isort: on
 
-__all__ = ["AccuracyTask", "BuiltOnTask", "CheckpointTask", "TaskOption", "TrainedTask", "cell_columns",
-           "checkpoint_task_names", "get_checkpoint_task", "get_task", "listing", "make_task",
-           "register_task", "table", "task_names", "task_options", "trained_task", "trained_task_names"]
+__all__ = ["AccuracyTask", "BuiltOnTask", "CheckpointTask", "Metric", "TaskOption", "TrainedTask", "cell_columns",
+           "checkpoint_task_names", "declared", "declared_metric", "get_checkpoint_task", "get_task", "listing",
+           "make_task", "metric_of", "register_task", "table", "task_names", "task_options", "trained_task",
+           "trained_task_names"]

@@ -46,6 +46,32 @@ class TaskOption:
         return self.flag or "--" + self.dest.replace("_", "-")
 
 
+@dataclass(frozen=True)
+class Metric:
+    """One number a task's rows hold, as the summaries, the figures and the frontier read it (every row says it:
+    :func:`harness.accuracy.tasks.registry.declared`): ``kind`` proportion (a share in [0, 1]: intervals clipped to it,
+    cells pooled as counts), mean (higher is better) or loss (lower is better: bits, perplexity, an error);
+    ``ranks``: the score the memory-quality frontier ranks a checkpoint's arms by."""
+
+    name: str
+    kind: str = "proportion"
+    ranks: bool = False
+
+    KINDS: ClassVar[tuple[str, ...]] = ("proportion", "mean", "loss")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"metric {self.name}: kind must be one of {', '.join(self.KINDS)}, got {self.kind!r}")
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.kind == "loss"
+
+    @property
+    def proportion(self) -> bool:
+        return self.kind == "proportion"
+
+
 # the option every task with a test set of examples shares
 EVAL_EXAMPLES = TaskOption("eval_examples", "eval_examples", "test examples per cell.", click.IntRange(min=1))
 
@@ -93,11 +119,19 @@ class AccuracyTask:
     name: ClassVar[str]  # set by the registry
     config_class: ClassVar[type | None] = None  # the task config dataclass (set by the registry); None: the base task's
     main_metric: ClassVar[str] = ""  # what the summary and the figures lead with
+    declares: ClassVar[tuple[Metric, ...]] = ()  # what its rows' metrics are (one left out: a mean, higher is better)
+    versus_full: ClassVar[bool] = False  # its rows compare a variant with full attention: no task score of their own
+    label_column: ClassVar[str] = ""  # the cell column naming the task each row scores (RULER's subtask); "": the task
     columns: ClassVar[tuple[str, ...]] = ()  # columns a cell adds to its rows that tell cells apart (part of the key)
     options: ClassVar[tuple[TaskOption, ...]] = ()
     figures: ClassVar[tuple[str, ...]] = ("accuracy", "position_heatmap", "tradeoff")  # `attn-bench plot` figures of its rows
     trains: ClassVar[bool] = True  # a model is trained on it (a possible --base-task)
     pretrained: ClassVar[type[CheckpointTask] | None] = None  # how it runs on a checkpoint (--hf-model); None: it cannot
+
+    @classmethod
+    def metric(cls, name: str) -> Metric:
+        """What the task declares of its metric ``name``."""
+        return next((m for m in cls.declares if m.name == name), Metric(name, "mean"))
 
     # -- planning -------------------------------------------------------------------------------------------
     @classmethod
@@ -228,4 +262,5 @@ def comma_floats(what: str) -> Callable[[str], tuple[float, ...]]:
     return parse
 
 
-__all__ = ["EVAL_EXAMPLES", "AccuracyTask", "BuiltOnTask", "CheckpointTask", "TaskOption", "TrainedTask", "comma_floats"]
+__all__ = ["EVAL_EXAMPLES", "AccuracyTask", "BuiltOnTask", "CheckpointTask", "Metric", "TaskOption", "TrainedTask",
+           "comma_floats"]

@@ -24,8 +24,8 @@ from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.jobs import Job, Plan, resolved
 from harness.accuracy.stats import Measure
-from harness.accuracy.tasks.base import BuiltOnTask
-from harness.accuracy.tasks.registry import register_task
+from harness.accuracy.tasks.base import BuiltOnTask, Metric
+from harness.accuracy.tasks.registry import declared_metric, register_task
 from harness.environment import environment
 
 if TYPE_CHECKING:
@@ -204,6 +204,19 @@ class Fidelity(BuiltOnTask):
     main_metric = "rel_l2_trained"
     columns = ("source", "layer")
     figures = ("fidelity",)
+    versus_full = True
+
+    @classmethod
+    def metric(cls, name: str) -> Metric:
+        """``rel_l2_<inputs>`` a loss, ``cosine_<inputs>`` a mean; ``swap_<m>`` the base task's metric m as it
+        declares it, ``swap_delta_<m>`` its change from full (a loss's is a loss, a proportion's a mean)."""
+        if name.startswith("rel_l2_"):
+            return Metric(name, "loss")
+        for prefix in ("swap_delta_", "swap_"):
+            if name.startswith(prefix) and (base := declared_metric(name[len(prefix):])) is not None:
+                kind = "mean" if prefix == "swap_delta_" and base.proportion else base.kind
+                return Metric(name, kind)
+        return Metric(name, "mean")
 
     @classmethod
     def default_eval_lens(cls, train_len: int) -> list[int]:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from harness.accuracy.common import SEPARATOR, rng_for, split_of, tokens_per_batch_for
 from harness.accuracy.jobs import short_hash
 from harness.accuracy.stats import Measure, mean_ci
-from harness.accuracy.tasks.base import CheckpointTask, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import CheckpointTask, Metric, TaskOption, TrainedTask
 from harness.accuracy.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -280,6 +280,7 @@ class LM(TrainedTask):
     pretrained = OnCheckpoint
     vocab_size = 256
     main_metric = "bpb"
+    declares = (Metric("bpb", "loss"), Metric("bpb_tail", "loss"), Metric("perplexity", "loss"))
     columns = ("scored_bytes",)
     options = (TaskOption("corpus", "corpus", "text files or directories (default: Python's stdlib sources).",
                           multiple=True),

@@ -36,7 +36,7 @@ import torch
 from harness.accuracy.common import IGNORE, check_split, predictions, rng_for, split_of, tokens_per_batch_for
 from harness.accuracy.jobs import Job
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy, summarize_best_lr
-from harness.accuracy.tasks.base import EVAL_EXAMPLES, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, Metric, TaskOption, TrainedTask
 from harness.accuracy.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ class MQAR(TrainedTask):
     """Multi-query associative recall (Zoology): recall of key-value pairs against the decoding state."""
 
     main_metric = "accuracy"
+    declares = (Metric("accuracy"), Metric("exact_match"))
     columns = ("num_pairs", "gap")  # gap: the old protocol's rows
     options = (
         TaskOption("num_pairs", "num_pairs", "key-value pairs per example (default 0 = length / 16, Zoology's scaling).",

@@ -29,7 +29,7 @@ from harness.accuracy.common import IGNORE, check_split, predictions, rng_for, s
 from harness.accuracy.jobs import Job, short_hash
 from harness.accuracy.prefill import generate_answers
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
-from harness.accuracy.tasks.base import EVAL_EXAMPLES, CheckpointTask, TaskOption, TrainedTask, comma_floats
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, CheckpointTask, Metric, TaskOption, TrainedTask, comma_floats
 from harness.accuracy.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -244,6 +244,7 @@ class Passkey(TrainedTask):
     pretrained = OnCheckpoint
     vocab_size = 256
     main_metric = "exact_match"
+    declares = (Metric("exact_match", ranks=True), Metric("digit_accuracy"))
     columns = ("depth",)
     options = (TaskOption("depths", "depths", "comma-separated depths in [0, 1].", parse=comma_floats("--depths")),
                TaskOption("digits", "digits", "digits of the key.", click.IntRange(min=1)),

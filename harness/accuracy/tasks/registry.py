@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from harness.accuracy.jobs import Job
-from harness.accuracy.tasks.base import AccuracyTask, CheckpointTask, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import AccuracyTask, CheckpointTask, Metric, TaskOption, TrainedTask
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,6 +29,10 @@ def register_task(name: str, config: type | None = None) -> Callable[[type], typ
             raise TypeError(f"task {name!r}: config must be a dataclass, got {config!r}")
         if not cls.main_metric and issubclass(cls, TrainedTask):
             raise TypeError(f"task {name!r}: declare its main_metric")
+        if cls.declares and cls.main_metric not in {m.name for m in cls.declares}:
+            raise TypeError(f"task {name!r}: its main_metric {cls.main_metric} is not among the metrics it declares")
+        if sum(m.ranks for m in cls.declares) > 1:
+            raise TypeError(f"task {name!r}: the frontier ranks by one metric; it declares several")
         if name in _TASKS:
             raise ValueError(f"task {name!r} is already registered (by {_TASKS[name].__module__})")
         cls.name = name
@@ -67,6 +71,30 @@ def get_task(name: str) -> type[AccuracyTask]:
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; valid: {', '.join(_TASKS)}")
     return _TASKS[name]
+
+
+def metric_of(task: str, name: str) -> Metric:
+    """What ``task`` declares of its metric ``name`` (a task not registered here, such as a plugin's not imported: a
+    mean, higher is better)."""
+    cls = _TASKS.get(task)
+    return cls.metric(name) if cls is not None else Metric(name, "mean")
+
+
+def declared_metric(name: str) -> Metric | None:
+    """The first trained task's declaration of a metric called ``name`` (None: none declares it)."""
+    return next((m for cls in _TASKS.values() if cls.trains for m in cls.declares if m.name == name), None)
+
+
+def declared(row: dict[str, Any]) -> dict[str, Any]:
+    """The declaration columns of a row of task ``row["task"]`` scoring ``row["metric"]``, as the task declares them
+    (:data:`harness.schema.DECLARED`: every accuracy row carries them, so a reader needs no task's code)."""
+    task, name = str(row.get("task")), str(row.get("metric"))
+    cls = _TASKS.get(task)
+    m = metric_of(task, name)
+    label = row.get(cls.label_column) if cls is not None and cls.label_column else None
+    role = "ranked" if m.ranks else "main" if cls is not None and name == cls.main_metric else ""
+    return {"metric_kind": m.kind, "metric_role": role, "task_label": label if isinstance(label, str) and label else task,
+            "versus_full": bool(cls is not None and cls.versus_full)}
 
 
 def trained_task(job: Job) -> str:
@@ -113,7 +141,7 @@ def listing() -> list[dict[str, Any]]:
                   for f in dataclasses.fields(config)} if config else {}
         out.append({"name": name, "doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
                     "trains": cls.trains, "checkpoint": cls.pretrained is not None, "params": params,
-                    "main_metric": cls.main_metric,
+                    "main_metric": cls.main_metric, "metrics": {m.name: m.kind for m in cls.declares},
                     "default_eval_lens": ", ".join(
                         f"{n}L" if n != 1 else "L" for n in (L // 64 for L in cls.default_eval_lens(64))),
                     "columns": list(cls.columns), "options": [o.decl for o in cls.options], "figures": list(cls.figures),
@@ -121,5 +149,6 @@ def listing() -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["RUN_COLUMNS", "cell_columns", "checkpoint_task_names", "get_checkpoint_task", "get_task", "listing",
-           "make_task", "register_task", "table", "task_names", "task_options", "trained_task", "trained_task_names"]
+__all__ = ["RUN_COLUMNS", "cell_columns", "checkpoint_task_names", "declared", "declared_metric", "get_checkpoint_task",
+           "get_task", "listing", "make_task", "metric_of", "register_task", "table", "task_names", "task_options",
+           "trained_task", "trained_task_names"]

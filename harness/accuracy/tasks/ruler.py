@@ -44,7 +44,7 @@ from harness.accuracy.common import IGNORE, check_split, rng_for, split_of
 from harness.accuracy.jobs import Job, short_hash
 from harness.accuracy.prefill import SharedPrefill, shared_order
 from harness.accuracy.stats import Measure, accuracy, clustered_accuracy
-from harness.accuracy.tasks.base import EVAL_EXAMPLES, CheckpointTask, TaskOption, TrainedTask
+from harness.accuracy.tasks.base import EVAL_EXAMPLES, CheckpointTask, Metric, TaskOption, TrainedTask
 from harness.accuracy.tasks.registry import register_task
 from harness.accuracy.words import random_value, word_lists
 
@@ -440,7 +440,9 @@ class Ruler(TrainedTask):
     pretrained = OnCheckpoint
     vocab_size = 256
     main_metric = "string_match"
+    declares = (Metric("string_match", ranks=True), Metric("all_found"))
     columns = ("subtask",)
+    label_column = "subtask"
     options = (TaskOption("subtasks", "tasks", "RULER task to train and evaluate (repeatable; default all).",
                           click.Choice(TASK_NAMES), multiple=True, flag="--subtask", parse=tuple), EVAL_EXAMPLES)
     figures = ("ruler", "position_heatmap", "tradeoff")

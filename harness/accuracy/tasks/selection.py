@@ -31,7 +31,7 @@ from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.jobs import Job, Plan, resolved, short_hash
 from harness.accuracy.stats import Measure
-from harness.accuracy.tasks.base import CheckpointTask
+from harness.accuracy.tasks.base import CheckpointTask, Metric
 from harness.accuracy.tasks.fidelity import Fidelity, Runner, _row, attention_inputs, random_qkv
 from harness.accuracy.tasks.lm import LMConfig, LMText, lm_text, load_corpus
 from harness.accuracy.tasks.registry import register_task
@@ -283,6 +283,11 @@ class Selection(Fidelity):
     main_metric = "mass_trained"
     columns = ("source", "layer", "head")
     figures = ("selection",)
+
+    @classmethod
+    def metric(cls, name: str) -> Metric:
+        """``mass_*``, ``kept_*``, ``recall_*``: shares of full attention's mass, of the keys, of its top keys."""
+        return Metric(name, "proportion" if name.startswith(("mass_", "kept_", "recall_")) else "mean")
 
     @classmethod
     def default_job(cls) -> Job:

@@ -83,7 +83,7 @@ def plot_accuracy(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
             for label, g, colour, style in accuracy_series(sub, pal):
                 value_line(ax, g, colour, label, "accuracy", **style)
             train_marks(ax, sub)
-            if F.lower_is_better(metric) and (sub["value"] > 0).all():
+            if F.lower_is_better(sub) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
             length_axis(ax, sub["length"], "evaluation length (tokens)")
             ax.set_ylabel(metric)

@@ -2,9 +2,10 @@
 per checkpoint (``stage == "pretrained"`` rows of ``attn-bench accuracy --hf-model``), one line per variant (or
 layer pattern) and RoPE scaling.
 
-Panels: passkey retrieval (exact match, pooled over the depths: every example counts once, Wilson interval on the
-pooled count), each RULER task (string match, mean over examples with the rows' interval) and, where measured,
-perplexity. The checkpoint's trained length is the dotted line: lengths past it are extrapolation.
+Panels: each task's headline metric as its rows declare it (:func:`task_panels`): passkey retrieval (exact match,
+pooled over the depths: every example counts once, Wilson interval on the pooled count), each RULER task (string
+match, mean over examples with the rows' interval) and, where measured, bits per byte. The checkpoint's trained
+length is the dotted line: lengths past it are extrapolation.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import binomtest
 
+from harness.analysis import frames as F
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, figure_style, finish_figure, legend_entries, length_axis, new_figure, save
 from harness.analysis.figures.style import palette as make_palette
@@ -40,7 +42,7 @@ def label(row: pd.Series) -> str:
 
 
 def checkpoint_points(acc: pd.DataFrame) -> pd.DataFrame:
-    """(model, panel, label, length) -> value, ci_low, ci_high, n: passkey pooled over depths, the rest as rows say."""
+    """(model, panel, label, length) -> value, ci_low, ci_high, n (:func:`task_panels`)."""
     df = acc[(acc.get("stage") == "pretrained") & (acc["status"] == "ok") & acc["value"].notna()].copy()
     for col in ("press_spec", "matched_ratio"):  # KV presses and their equal-memory variants: the kvpress figure's
         if col in df:
@@ -48,21 +50,38 @@ def checkpoint_points(acc: pd.DataFrame) -> pd.DataFrame:
     if len(df) == 0:
         raise Skip("no pretrained-checkpoint rows")
     df["label"] = df.apply(label, axis=1)
-    keys = ["model", "label", "eval_len"]
+    return task_panels(df, ["model", "label", "eval_len"])
+
+
+def task_panels(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One point per ``keys`` and panel, from the rows of each task's headline metric (``metric_role`` ranked or
+    main, as the rows declare it). A panel is a task as its rows name it (``task_label``: RULER's subtasks are panels
+    of their own); rows of one point at other cells (passkey's depths) pool: a proportion's counts, with a Wilson
+    interval on the pooled count (as the rows' own intervals, harness.accuracy.stats), another metric's mean."""
+    df = F.declared(df)
+    df = df[df["metric_role"].isin(["ranked", "main"]) & ~df["versus_full"]]
     out = []
-    pk = df[(df["task"] == "passkey") & (df["metric"] == "exact_match")]
-    for key, g in pk.groupby(keys):
-        k, n = int(round((g["value"] * g["n"]).sum())), int(g["n"].sum())
-        ci = binomtest(k, n).proportion_ci(method="wilson")  # as the rows' own intervals (harness.accuracy.stats)
-        out.append(dict(zip(keys, key, strict=True), panel="passkey (all depths)", value=k / n, ci_low=ci.low,
-                        ci_high=ci.high, n=n))
-    other = df[((df["task"] == "ruler") & (df["metric"] == "string_match"))
-               | ((df["task"] == "lm") & (df["metric"] == "perplexity"))]
-    for _, r in other.iterrows():
-        panel = f"RULER {r['subtask']}" if r["task"] == "ruler" else "perplexity"
-        out.append({**{k: r[k] for k in keys}, "panel": panel, "value": r["value"], "ci_low": r["ci_low"],
-                    "ci_high": r["ci_high"], "n": r["n"]})
-    return pd.DataFrame(out)
+    for key, g in df.groupby([*keys, "task", "task_label", "metric", "metric_kind"], sort=False):
+        *at, task, name, metric, kind = key
+        panel = f"{task} ({metric})" if name == task else f"{task} {name}"
+        point = dict(zip(keys, at, strict=True), panel=panel, whole=name == task, metric_kind=kind)
+        if len(g) == 1:
+            r = g.iloc[0]
+            out.append({**point, "value": r["value"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n"]})
+        elif kind == "proportion":
+            k, n = int(round((g["value"] * g["n"]).sum())), int(g["n"].sum())
+            ci = binomtest(k, n).proportion_ci(method="wilson")
+            out.append({**point, "value": k / n, "ci_low": ci.low, "ci_high": ci.high, "n": n})
+        else:
+            out.append({**point, "value": g["value"].mean(), "ci_low": None, "ci_high": None, "n": int(g["n"].sum())})
+    cols = [*keys, "panel", "whole", "metric_kind", "value", "ci_low", "ci_high", "n"]
+    return pd.DataFrame(out, columns=cols)
+
+
+def panel_order(pts: pd.DataFrame) -> list[str]:
+    """Panels in the order figures show them: tasks scored whole, then subtasks, each by name; losses last."""
+    first = pts.drop_duplicates("panel")
+    return [p for _, p in sorted(((r.metric_kind == "loss", not r.whole, r.panel), r.panel) for r in first.itertuples())]
 
 
 @register_figure('checkpoints', 'accuracy')
@@ -75,7 +94,8 @@ def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palett
     pts = checkpoint_points(acc)
     train = acc[acc["stage"] == "pretrained"].groupby("model")["train_len"].first()
     models = list(dict.fromkeys(pts["model"]))
-    order = ["passkey (all depths)", *sorted(p for p in set(pts["panel"]) if p.startswith("RULER")), "perplexity"]
+    order = panel_order(pts)
+    loss = set(pts.loc[pts["metric_kind"] == "loss", "panel"])
     grid = [(m, p) for m in models for p in order if ((pts["model"] == m) & (pts["panel"] == p)).any()]
     pal = make_palette(dict.fromkeys(pts["label"]))
     ncols = max(sum(1 for m, _ in grid if m == model) for model in models)
@@ -97,17 +117,17 @@ def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palett
                 if model in train.index:
                     ax.axvline(train[model], color="0.5", ls=":", lw=1)
                 length_axis(ax, pts[pts["model"] == model]["eval_len"], "evaluation length (tokens)")
-                if panel != "perplexity":
+                if panel not in loss:
                     ax.set_ylim(-0.03, 1.03)
                 else:
                     ax.set_yscale("log")
                 ax.set_title(f"{model}: {panel}", fontsize="medium")
-        n = ", ".join(f"{int(v)}" for v in sorted(set(pts[pts["panel"] != "perplexity"]["n"])))
+        n = ", ".join(f"{int(v)}" for v in sorted(set(pts[pts["metric_kind"] != "loss"]["n"])))
         finish_figure(fig, "Real checkpoints: what each variant keeps, by length",
-                f"examples per point: {n}; bands: Wilson (passkey, pooled over depths) or the rows' interval; dotted: "
+                f"examples per point: {n}; bands: Wilson (cells pooled, as passkey's depths) or the rows' interval; dotted: "
                 "the checkpoint's trained length", legend_entries([a for a in axes if a.get_visible()]))
     save(fig, out, "checkpoints", formats)
     return fig
 
 
-__all__ = ["checkpoint_points", "label", "plot_checkpoints"]
+__all__ = ["checkpoint_points", "label", "panel_order", "plot_checkpoints", "task_panels"]

@@ -45,7 +45,7 @@ def plot_fidelity(acc: pd.DataFrame, out: str | Path | None = None, *, palette: 
                 if "backend" in g and isinstance(g["backend"].iloc[0], str) and g["backend"].iloc[0]:
                     colour = backend_shade(colour, g["backend"].iloc[0])  # as the cost figures draw this backend
                 value_line(ax, g, colour, series, "fidelity", marker="o")
-            if F.lower_is_better(metric) and (sub["value"] > 0).all():
+            if F.lower_is_better(sub) and (sub["value"] > 0).all():
                 ax.set_yscale("log")
             length_axis(ax, sub["length"])
             ax.set_ylabel(f"{metric} vs full attention")

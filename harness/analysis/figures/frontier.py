@@ -94,10 +94,6 @@ def _model_key(model: str) -> tuple[int, float, str]:
     return (1, float(size[1]) * (1e3 if size[2] == "b" else 1.0) if size else float("inf"), base)
 
 
-def _task_key(task: str) -> tuple[bool, str]:
-    return (task != "passkey", task)
-
-
 def frontier_points(acc: pd.DataFrame) -> pd.DataFrame:
     """:func:`harness.analysis.frontier.points` of the rows (every status: the ranking reads the ok ones); Skip when
     there are none."""
@@ -162,6 +158,11 @@ def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) ->
         L = int(lengths[0])
         g = mine[mine["eval_len"] == L]
         ref = g[g["kind"] == "reference"]
+        whole = set(g["family"])  # a task scored whole (passkey) before the subtasks of one (RULER's), then by name
+
+        def _task_key(t: str, whole: set[str] = whole) -> tuple[bool, str]:
+            return (t not in whole, t)
+
         tasks = tuple(sorted(ref[ref["ranked"]]["task"], key=_task_key))
         if not tasks:
             continue

@@ -4,7 +4,8 @@ and ``attn-bench sweep --scope hf --press ...`` rows).
 ``kvpress``: kvpress's leaderboard plot, extended -- score against the compression ratio (the fraction of the context's
 cached tokens removed), one line per press starting from the uncompressed cache (``none``) at 0, and the equal-memory
 variants (a window, a window with sinks, block-sparse) at the ratio whose budget they hold. Panels: per checkpoint
-and length, passkey (pooled over its depths, Wilson interval) and each RULER task (string match, the rows' interval).
+and length, each task's headline metric (:func:`harness.analysis.figures.checkpoint.task_panels`: passkey pooled over
+its depths, Wilson interval; each RULER task, string match, the rows' interval).
 
 ``kvpress_cost``: what a press costs and saves per decoded token -- decode latency and the cache's bytes against the
 tokens it keeps, and the prefill (with the press's scoring) against the context length.
@@ -16,9 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy.stats import binomtest
 
-from harness.analysis.figures.checkpoint import without_backend
+from harness.analysis.figures.checkpoint import panel_order, task_panels, without_backend
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, figure_style, finish_figure, legend_entries, new_figure, save
 from harness.analysis.figures.style import palette as make_palette
@@ -41,19 +41,9 @@ def press_points(acc: pd.DataFrame) -> pd.DataFrame:
     if "query_aware" in df:
         df.loc[df["query_aware"].eq(True), "label"] += " (query-aware)"
     keys = ["model", "eval_len", "label", "kind", "ratio"]
-    out = []
-    pk = df[(df["task"] == "passkey") & (df["metric"] == "exact_match")]
-    for key, g in pk.groupby(keys):
-        k, n = int(round((g["value"] * g["n"]).sum())), int(g["n"].sum())
-        ci = binomtest(k, n).proportion_ci(method="wilson")
-        out.append(dict(zip(keys, key, strict=True), panel="passkey (all depths)", value=k / n, ci_low=ci.low,
-                        ci_high=ci.high, n=n))
-    for _, r in df[(df["task"] == "ruler") & (df["metric"] == "string_match")].iterrows():
-        out.append({**{k: r[k] for k in keys}, "panel": f"RULER {r['subtask']}", "value": r["value"],
-                    "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n"]})
-    if not out:
-        raise Skip("no passkey or RULER press rows")
-    pts = pd.DataFrame(out)
+    pts = task_panels(df, keys)
+    if not len(pts):
+        raise Skip("no press rows of a task's headline metric (passkey, RULER)")
     # every press line starts from the uncompressed cache: none's point at ratio 0, per panel
     base = pts[pts["label"] == "none"]
     lines = [pts[pts["label"] != "none"]]
@@ -69,8 +59,9 @@ def plot_kvpress(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
     if len(acc) == 0:
         raise Skip("no accuracy rows")
     pts = press_points(acc)
+    order = panel_order(pts)
     grid = sorted({(m, n, p) for m, n, p in zip(pts["model"], pts["eval_len"], pts["panel"], strict=True)},
-                  key=lambda g: (g[0], g[1], not g[2].startswith("passkey"), g[2]))
+                  key=lambda g: (g[0], g[1], order.index(g[2])))
     pal = make_palette(sorted(set(pts["label"])))
     with figure_style():
         fig, axes = new_figure(len(grid), width=4.2, height=3.3, ncols=min(len(grid), 4))

@@ -31,8 +31,8 @@ def plot_passkey(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
         for ax, (row, metric) in zip(axes, panels, strict=True):
             sub = pts[(pts["row"] == row) & (pts["metric"] == metric)]
             table = sub.pivot_table(index="depth", columns="length", values="value", aggfunc="mean").sort_index()
-            higher = not F.lower_is_better(metric)
-            length_heatmap(ax, table, metric, f"passkey:{row}:{metric}", ".2g", vmin=0 if higher else None,
+            higher = not F.lower_is_better(sub)
+            length_heatmap(ax, table, metric, not higher, f"passkey:{row}:{metric}", ".2g", vmin=0 if higher else None,
                            vmax=1 if higher and table.max().max() <= 1 else None,
                            yticklabels=[f"{d:g}" for d in table.index])
             ax.set_xlabel("context length (tokens)")

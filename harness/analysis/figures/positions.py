@@ -34,9 +34,10 @@ def position_table(pts: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def length_heatmap(ax: Axes, table: pd.DataFrame, metric: str, gid: str, fmt: str, **kw: Any) -> None:
-    """A score table (columns: lengths) as the annotated heatmap both heatmap figures draw alike; ``kw`` to seaborn."""
-    sns.heatmap(table, ax=ax, annot=True, fmt=fmt, cmap="viridis_r" if F.lower_is_better(metric) else "viridis",
+def length_heatmap(ax: Axes, table: pd.DataFrame, metric: str, lower: bool, gid: str, fmt: str, **kw: Any) -> None:
+    """A score table (columns: lengths) as the annotated heatmap both heatmap figures draw alike (``lower``: lower
+    scores are better); ``kw`` to seaborn."""
+    sns.heatmap(table, ax=ax, annot=True, fmt=fmt, cmap="viridis_r" if lower else "viridis",
                 cbar_kws={"label": metric}, xticklabels=[F.fmt_len(c) for c in table.columns], **kw)
     ax.collections[0].set_gid(gid)
     ax.tick_params(axis="y", labelrotation=0)
@@ -55,8 +56,8 @@ def plot_position_heatmap(acc: pd.DataFrame, out: str | Path | None = None, *, p
     height = 0.5 + 0.45 * pts["position_label"].nunique() + 1.5
     with drawing(len(panels), width=6.0, height=height, ncols=1) as (fig, axes):
         for ax, (task, metric) in zip(axes, panels, strict=True):
-            table = position_table(pts[(pts["task"] == task) & (pts["metric"] == metric)])
-            length_heatmap(ax, table, metric, f"heatmap:{task}:{metric}", ".3g")
+            sub = pts[(pts["task"] == task) & (pts["metric"] == metric)]
+            length_heatmap(ax, position_table(sub), metric, F.lower_is_better(sub), f"heatmap:{task}:{metric}", ".3g")
             ax.set_xlabel("evaluation length (tokens)")
             ax.set_ylabel("position method")
             ax.set_title(f"{task} · {metric}")

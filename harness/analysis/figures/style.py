@@ -279,7 +279,8 @@ def accuracy_rows(acc: pd.DataFrame, fidelity: bool) -> pd.DataFrame:
         raise Skip("no accuracy rows")
     if "length" not in acc:
         acc = F.prepare_accuracy(acc)
-    sel = acc[acc["task"] == "fidelity"] if fidelity else acc[~acc["task"].isin(F.VERSUS_FULL)]
+    acc = F.declared(acc)
+    sel = acc[acc["task"] == "fidelity"] if fidelity else acc[~acc["versus_full"]]
     sel = sel[sel["value"].notna() & sel["length"].notna()]
     if len(sel) == 0:
         raise Skip("no fidelity rows (task 'fidelity')" if fidelity else "no accuracy rows with a value and an eval length")

@@ -37,7 +37,8 @@ def tradeoff_points(cost: pd.DataFrame, acc: pd.DataFrame) -> tuple[pd.DataFrame
     acc = acc if "length" in acc else F.prepare_accuracy(acc)
     cost = cost if "series" in cost else F.prepare_cost(cost)
     F.check_single_device(cost)
-    acc = acc[(acc["task"] != "fidelity") & acc["value"].notna() & ~acc["metric"].map(F.lower_is_better)]
+    acc = F.declared(acc)
+    acc = acc[~acc["versus_full"] & acc["value"].notna() & (acc["metric_kind"] != "loss")]
     ok = F.cells(F.ok_rows(cost, "tokens_per_s"))
     mode = "forward" if (ok["mode"] == "forward").any() else (ok["mode"].iloc[0] if len(ok) else None)
     ok = ok[ok["mode"] == mode]
