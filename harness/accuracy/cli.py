@@ -17,9 +17,9 @@ import click
 
 from harness.accuracy.budgets import SIZED
 from harness.accuracy.jobs import Job, Plan
-from harness.accuracy.presets import CHECKPOINT_PRESETS
+from harness.accuracy.presets import CHECKPOINT_PRESETS, Group
 from harness.accuracy.pretrained import DTYPES
-from harness.accuracy.tasks import get_task, task_names, task_options, trained_task, trained_task_names
+from harness.accuracy.tasks import get_checkpoint_task, get_task, task_names, task_options, trained_task, trained_task_names
 from harness.executors import EXECUTOR_KEYS, executor_options
 
 if TYPE_CHECKING:
@@ -151,7 +151,6 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
     a .gguf file or folder) and the run's own options go with it."""
     from harness.accuracy import budgets
-    from harness.accuracy.tasks import get_checkpoint_task
 
     given = [k for k, v in opts.items() if k not in ("preset", "dtype") and v not in (None, (), False)]
     if given:
@@ -159,9 +158,20 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
                                "the grid: run without the preset to choose it)")
     preset = CHECKPOINT_PRESETS[opts["preset"]]
     return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
-                         {t: get_checkpoint_task(t).config(p) for t, p in g.params().items()}, g.presses,
+                         preset_configs(g), g.presses,
                          query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "auto",
                          budgets=g.budgets, families=g.sized) for g in preset.groups]
+
+
+def preset_configs(g: Group) -> dict[str, Any]:
+    """Each task's config of a preset's group: its params, and the group's examples per cell where the task's config
+    counts them (``eval_examples``) and the group did not set them for it."""
+    out = {}
+    for t, params in g.params().items():
+        face = get_checkpoint_task(t)
+        counted = "eval_examples" in {f.name for f in dataclasses.fields(face.config({}))}
+        out[t] = face.config({"eval_examples": g.examples, **params} if counted else params)
+    return out
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:

@@ -115,16 +115,12 @@ def describe(name: str) -> list[dict[str, Any]]:
     return [dataclasses.asdict(j) for j in get_preset(name)]
 
 
-# -- checkpoint presets ----------------------------------------------------------------------------------------------
-# Named checkpoint evaluations (``attn-bench accuracy --preset NAME``).
-#
-# Each preset is one checkpoint and a list of groups, each group one plan (variants x positions x lengths x tasks);
-# groups run in order into one results file, most telling first, so a run cut short keeps the rows that matter.
-# Sized for the 2-core CPU (results/README.md's checkpoint runs say what was cut).
-#
-# Backends are pinned where ``auto`` would compile Flex: prompts of a real task vary in length (RULER's prompts are
-# fitted in tokens, cached prefixes leave different suffixes), and Flex compiles one kernel per shape, so
-# ``sliding_window`` runs ``blocked`` and ``block_sparse`` runs ``gathered`` (both exact, tested against the reference).
+# -- checkpoint presets (``attn-bench accuracy --preset NAME``) --------------------------------------------------------
+# Each is one checkpoint and a list of groups, each group one plan (variants x positions x lengths x tasks); groups run
+# in order into one results file, most telling first, so a run cut short keeps the rows that matter. Sized for the
+# 2-core CPU (results/README.md's checkpoint runs say what was cut). Backends are pinned where ``auto`` would compile
+# Flex: prompts of a real task vary in length, and Flex compiles one kernel per shape, so ``sliding_window`` runs
+# ``blocked`` and ``block_sparse`` runs ``gathered`` (both exact, tested against the reference).
 WINDOW = "sliding_window:window=1024,backend=blocked"
 SINKS = "sliding_window:window=1024,sinks=4,backend=blocked"  # StreamingLLM: the window plus 4 attention sinks
 # block-sparse with the window's budget: a 1024-token local band of 128-token blocks plus the first block, global
@@ -135,29 +131,35 @@ DEPTHS = (0.0, 0.5, 1.0)
 SCALINGS = ["checkpoint", "rope_yarn:factor=2", "rope_ntk:factor=2", "rope_dynamic:factor=2"]
 
 
+# What a group gives each task unless it says otherwise (its examples per cell aside: ``Group.examples``)
+BASE_CONFIG: dict[str, dict[str, Any]] = {"passkey": {"depths": DEPTHS}, "ruler": {"tasks": ("niah_single_1",)},
+                                          "lm": {"eval_bytes": 1 << 15}, "selection": {"eval_bytes": 1 << 15}}
+
+
 @dataclass(frozen=True)
 class Group:
-    """One plan of a checkpoint preset (``pretrained.plan``'s arguments)."""
+    """One plan of a checkpoint preset (``pretrained.plan``'s arguments). ``config``: task -> its fields over
+    :data:`BASE_CONFIG`; ``examples``: per cell, for each task whose config counts them and ``config`` does not."""
 
     tasks: tuple[str, ...]
     variants: tuple[str, ...]
     eval_lens: tuple[int, ...]
     positions: tuple[str, ...] = ("checkpoint",)
-    ruler_tasks: tuple[str, ...] = ("niah_single_1",)
-    passkey: dict[str, Any] = field(default_factory=lambda: {"depths": DEPTHS})
-    examples: int = 3  # per cell, passkey and ruler alike
-    lm: dict[str, Any] = field(default_factory=lambda: {"eval_bytes": 1 << 15})
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    examples: int = 3
     presses: tuple[str, ...] = ()  # KV presses, arms of every setting sharing its prefill (harness/accuracy/prefill.py)
     equal_memory: bool = False
     budgets: tuple[str, ...] = ()  # KV budgets sizing the presses and the `sized` variants (harness/accuracy/budgets.py)
     sized: tuple[str, ...] = ()
-    passkey_examples: int | None = None  # per depth, when not `examples`
     query_aware: bool = False  # the presses compress the context with the question (kvpress's query_aware)
 
     def params(self) -> dict[str, dict[str, Any]]:
-        """Each checkpoint task's config fields."""
-        return {"lm": dict(self.lm), "passkey": {**self.passkey, "eval_examples": self.passkey_examples or self.examples},
-                "ruler": {"tasks": self.ruler_tasks, "eval_examples": self.examples}, "selection": dict(self.lm)}
+        """Each of its tasks' config fields (the examples per cell aside)."""
+        return {t: {**BASE_CONFIG.get(t, {}), **self.config.get(t, {})} for t in self.tasks}
+
+
+def ruler_config(*subtasks: str) -> dict[str, dict[str, Any]]:
+    return {"ruler": {"tasks": subtasks}}  # RULER's subtasks in a group's config
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def _smollm2() -> CheckpointPreset:
     # 8K ~1.5 min; each passkey example has a haystack of its own, so it costs a full prefill
     return CheckpointPreset("smollm2-135m", (
         Group(("passkey", "ruler", "lm"), v, (2048, 4096)),
-        Group(("ruler",), v, (2048,), ruler_tasks=("niah_multikey_1", "vt")),
+        Group(("ruler",), v, (2048,), config=ruler_config("niah_multikey_1", "vt")),
         Group(("passkey", "ruler"), ("full",), (16384,), positions=tuple(SCALINGS), examples=1),
         Group(("passkey", "ruler", "lm"), v, (8192,), examples=1),
     ), "SmolLM2-135M: full, a 1024 window, the window + 4 sinks and block-sparse at 2K-8K; RoPE scalings at 16K")
@@ -200,7 +202,7 @@ def _kvpress_smollm2() -> CheckpointPreset:
     return CheckpointPreset("smollm2-135m", (
         Group(("passkey", "ruler"), ("full",), (4096,), examples=8, presses=("none", *at(0.5)), equal_memory=True),
         Group(("passkey", "ruler"), ("full",), (4096,), examples=8, presses=at(0.75), equal_memory=True),
-        Group(("ruler",), ("full",), (4096,), examples=8, ruler_tasks=("niah_multikey_1", "vt"),
+        Group(("ruler",), ("full",), (4096,), config=ruler_config("niah_multikey_1", "vt"), examples=8,
               presses=("none", *at(0.5))),
         Group(("passkey", "ruler"), ("full",), (8192,), examples=8, presses=("none", *at(0.5)), equal_memory=True),
     ), "SmolLM2-135M under kvpress's presses at ratios 0.5 and 0.75, beside the window, the window + sinks and "
@@ -232,23 +234,23 @@ def _selective_smollm2() -> CheckpointPreset:
 FRONTIER_PRESSES = ("none", "oracle", *PRESSES, "keydiff", "quantized:nbits=4", "quantized:nbits=2")
 FRONTIER_BUDGETS = ("1/2", "1/4", "1/8", "1/16")
 FRONTIER_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+FRONTIER_RULER = ("niah_single_1", "niah_multikey_1")
+
+
+def frontier_config(*subtasks: str) -> dict[str, dict[str, Any]]:  # passkey: 5 depths x 4 keys; RULER: the group's 20
+    return {"passkey": {"depths": FRONTIER_DEPTHS, "eval_examples": 4}, **ruler_config(*subtasks)}
 
 
 def _frontier_presses(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler"),
                       budgets: tuple[str, ...] = FRONTIER_BUDGETS, variant: str = "full") -> Group:
     """Every press arm at each budget, the oracle, quantized caches and full: one shared prefill per prompt."""
-    return Group(tasks, (variant,), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
-                 passkey_examples=4, presses=FRONTIER_PRESSES, budgets=budgets)
+    return Group(tasks, (variant,), (L,), config=frontier_config(*ruler), examples=20, presses=FRONTIER_PRESSES, budgets=budgets)
 
 
 def _frontier_variants(L: int, ruler: tuple[str, ...], tasks: tuple[str, ...] = ("passkey", "ruler"),
                        sized: tuple[str, ...] = ("sliding_window", "sinks", "block_sparse", "moba", "quest")) -> Group:
     """The attention variants sized to 1/8 of the cache: each a model with a prefill of its own."""
-    return Group(tasks, (), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
-                 passkey_examples=4, budgets=("1/8",), sized=sized)
-
-
-FRONTIER_RULER = ("niah_single_1", "niah_multikey_1")
+    return Group(tasks, (), (L,), config=frontier_config(*ruler), examples=20, budgets=("1/8",), sized=sized)
 
 
 def _frontier_smollm2() -> CheckpointPreset:
@@ -261,8 +263,8 @@ def _frontier_smollm2() -> CheckpointPreset:
         _frontier_presses(8192, FRONTIER_RULER, pk), _frontier_variants(8192, FRONTIER_RULER, pk, fixed[:3]),
         _frontier_presses(8192, ("niah_single_1",), ("ruler",), ("1/8",)), _frontier_variants(8192, FRONTIER_RULER, pk,
                                                                                              fixed[3:]),
-        Group(("passkey", "ruler"), ("full",), (4096,), ruler_tasks=("niah_single_1",),
-              passkey={"depths": FRONTIER_DEPTHS}, examples=20, passkey_examples=4, presses=(*PRESSES, "keydiff"),
+        Group(("passkey", "ruler"), ("full",), (4096,), config=frontier_config("niah_single_1"), examples=20,
+              presses=(*PRESSES, "keydiff"),
               budgets=("1/8",), query_aware=True),
         _frontier_variants(4096, FRONTIER_RULER, pk, ("quest",)),
     ), "SmolLM2-135M: every press at 1/2-1/16 of the cache, the oracle, quantized caches and full, then the variants "
@@ -320,8 +322,7 @@ BLOCK_SPARSE_512 = "block_sparse:block_size=64,local_blocks=7,global_blocks=1,ba
 
 
 def _prefill_group(L: int, tasks: tuple[str, ...], budget: str, sized: tuple[str, ...] = PREFILL_METHODS) -> Group:
-    return Group(tasks, (), (L,), ruler_tasks=("niah_single_1",), passkey={"depths": FRONTIER_DEPTHS}, examples=20,
-                 passkey_examples=4, budgets=(budget,), sized=sized)
+    return Group(tasks, (), (L,), config=frontier_config("niah_single_1"), examples=20, budgets=(budget,), sized=sized)
 
 
 def _prefill_passkey() -> CheckpointPreset:
@@ -352,8 +353,7 @@ PK_RULER = ("passkey", "ruler")
 
 def _retrieval_group(L: int, tasks: tuple[str, ...], ruler: tuple[str, ...], presses: tuple[str, ...] = RETRIEVERS,
                      budgets: tuple[str, ...] = THREE) -> Group:
-    return Group(tasks, ("full",), (L,), ruler_tasks=ruler, passkey={"depths": FRONTIER_DEPTHS}, examples=20,
-                 passkey_examples=4, presses=presses, budgets=budgets)
+    return Group(tasks, ("full",), (L,), config=frontier_config(*ruler), examples=20, presses=presses, budgets=budgets)
 
 
 def _retrieval_smollm2() -> CheckpointPreset:
@@ -363,7 +363,7 @@ def _retrieval_smollm2() -> CheckpointPreset:
         _retrieval_group(8192, ("ruler",), FRONTIER_RULER[:1]), _retrieval_group(8192, PK_RULER, ("niah_single_1",),
                                                                                  KEYS, ("1/8",)),
         _retrieval_group(8192, ("ruler",), (AGGREGATION,), (*FRONTIER_PRESSES, *RETRIEVERS, *KEYS), ("1/8",)),
-        Group(("ruler",), (), (8192,), ruler_tasks=(AGGREGATION,), examples=20, budgets=("1/8",),
+        Group(("ruler",), (), (8192,), config=ruler_config(AGGREGATION), examples=20, budgets=("1/8",),
               sized=("block_sparse",)),
     ), "SmolLM2-135M at 8K: BM25 and dense retrieval at 1/2-1/16 of the context on passkey (5 depths x 4), 1/4-1/16 on "
        "RULER niah_single_1, the model's own keys at 1/8; fwe with every press, the oracle, full and block-sparse at 1/8 "
