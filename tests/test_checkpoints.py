@@ -20,7 +20,7 @@ from attn import checkpoints, hf  # noqa: E402
 from attn.hf.layers import LIFTED_WINDOW, layer_plan  # noqa: E402
 from harness.accuracy.checkpoint import load_checkpoint  # noqa: E402
 from harness.accuracy.prefill import SharedPrefill, shared_order  # noqa: E402
-from harness.accuracy.tasks import ruler  # noqa: E402
+from harness.accuracy.tasks import ruler, ruler_data  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 
@@ -87,7 +87,7 @@ def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2)
     ckpt, _ = smollm2
     for task in ("niah_single_1", "vt"):
         count = ruler.ruler_count(ckpt.tokens, task)
-        ex = ruler.generate(task, 1, 1024, "test", 0, ruler.RulerConfig(), count)[0]
+        ex = ruler_data.generate(task, 1, 1024, "test", 0, ruler_data.RulerConfig(), count)[0]
         used = 1 + len(ckpt.tokens.encode(ex.prompt)) + ruler.RULER_ROOM["niah" if task != "vt" else "vt"]
         assert 1024 - 40 < used <= 1024  # the largest haystack that fits: one more sentence would not
         assert all(r in ex.prompt for r in ex.references) or task == "vt"
@@ -111,7 +111,7 @@ def test_chat_template_prompts_are_what_apply_chat_template_gives_on_real_smollm
     for p in prompts:
         assert len(p) == 300 and p[: len(ckpt.tokens.chat[0])] == list(ckpt.tokens.chat[0]) and p[-len(answer):] == answer
     count = ruler.ruler_count(ckpt.tokens, "niah_single_1")
-    ex = ruler.generate("niah_single_1", 1, 1024, "test", 0, ruler.RulerConfig(), count)[0]
+    ex = ruler_data.generate("niah_single_1", 1, 1024, "test", 0, ruler_data.RulerConfig(), count)[0]
     ids, asked = ruler.ruler_prompt(ckpt.tokens, ex, split=True)
     answer = [*ckpt.tokens.chat[1], *ckpt.tokens.encode(ex.prefix.lstrip())]
     assert 1024 - 40 < len(ids) + ruler.RULER_ROOM["niah"] <= 1024 and ids[-len(answer):] == answer

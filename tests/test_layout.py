@@ -32,8 +32,6 @@ MAX_LINES = 400
 LONG_MODULES: dict[str, str] = {
     "attn/attention/base.py": "the contract every variant implements: dispatch, the FLOP and byte counts a harness mode "
                               "charges, decoding; splitting the counts out would split one class across modules",
-    "harness/accuracy/tasks/ruler.py": "one task, as a task is one file: RULER's generators and length rule, its "
-                                       "byte-level training and scoring, and its prompts answered by a checkpoint",
     "attn/attention/linear.py": "one variant's feature maps, its chunked, recurrent and fla backends and its state; the "
                                 "chunked form's grouped steps carry their own derivation",
 }

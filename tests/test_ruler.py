@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 import attn
 from harness.accuracy.common import IGNORE, split_of
-from harness.accuracy.tasks import ruler
+from harness.accuracy.tasks import ruler, ruler_data
 
-CONFIG = ruler.RulerConfig()
+CONFIG = ruler_data.RulerConfig()
 
 
 # -- a plain program for every task -----------------------------------------------------------------------------------
-def solve(ex: ruler.Example) -> list[str]:
+def solve(ex: ruler_data.Example) -> list[str]:
     """Answer an example from its prompt alone, by counting and matching (no model)."""
     p = ex.prompt
     if ex.task.startswith("niah"):
@@ -60,46 +60,46 @@ TOLERANCE = {"niah_multikey_2": 120, "niah_multikey_3": 120}  # one distractor n
 
 
 @settings(max_examples=20, deadline=None)
-@given(task=st.sampled_from(ruler.TASK_NAMES), length=st.sampled_from([1200, 1500, 2048, 4096, 5000]),
+@given(task=st.sampled_from(ruler_data.TASK_NAMES), length=st.sampled_from([1200, 1500, 2048, 4096, 5000]),
        seed=st.integers(0, 10**6))
 def test_every_task_is_solvable_from_its_context_at_the_target_length(task, length, seed):
-    ex = ruler.example(task, np.random.default_rng(seed), length, CONFIG)
+    ex = ruler_data.example(task, np.random.default_rng(seed), length, CONFIG)
     assert sorted(solve(ex)) == sorted(ex.references)
     assert ruler.string_match_all(ex.answer, ex.references) == len(ex.references)  # the trained answer scores 1
-    size = ruler.byte_count(ex)
+    size = ruler_data.byte_count(ex)
     assert size <= length  # RULER's rule: prompt and answer fit ...
     assert size >= length - TOLERANCE.get(task, 100)  # ... with the largest haystack that does
-    assert ex.answer.endswith(ruler.END) and ruler.END not in ex.answer[:-1]
+    assert ex.answer.endswith(ruler_data.END) and ruler_data.END not in ex.answer[:-1]
 
 
 def test_prompts_follow_rulers_templates():
-    ex = ruler.example("niah_single_1", np.random.default_rng(0), 2048, CONFIG)
+    ex = ruler_data.example("niah_single_1", np.random.default_rng(0), 2048, CONFIG)
     assert ex.prompt.startswith("A special magic number is hidden within the following text.")
     assert "\nWhat is the special magic number for " in ex.prompt
     key = re.search(r"for (\S+) mentioned in the provided text\?", ex.prompt).group(1)
     assert ex.prompt.endswith(f"? The special magic number for {key} mentioned in the provided text is")
     assert ex.answer == f" {ex.references[0]}.\n" and re.fullmatch(r"\d{7}", ex.references[0])
-    multi = ruler.example("niah_multivalue", np.random.default_rng(0), 2048, CONFIG)
+    multi = ruler_data.example("niah_multivalue", np.random.default_rng(0), 2048, CONFIG)
     assert multi.prompt.startswith("Some special magic numbers are hidden") and len(multi.references) == 4
     assert multi.prompt.endswith(" mentioned in the provided text are")
-    q = ruler.example("niah_multiquery", np.random.default_rng(0), 2048, CONFIG)
+    q = ruler_data.example("niah_multiquery", np.random.default_rng(0), 2048, CONFIG)
     assert len(q.references) == 4 and ", and " in q.prompt.rsplit("\n", 1)[-1]
-    vt = ruler.example("vt", np.random.default_rng(0), 2048, CONFIG)
+    vt = ruler_data.example("vt", np.random.default_rng(0), 2048, CONFIG)
     assert len(vt.references) == CONFIG.num_hops + 1 and "5 variables are assigned the value" in vt.prompt
 
 
 def test_distractor_haystack_is_made_of_needles():
-    ex = ruler.example("niah_multikey_3", np.random.default_rng(1), 4096, CONFIG)
+    ex = ruler_data.example("niah_multikey_3", np.random.default_rng(1), 4096, CONFIG)
     needles = re.findall(r"One of the special magic uuids for ([0-9a-f-]{36}) is: ([0-9a-f-]{36})\.", ex.prompt)
     assert len(needles) > 10 and len({k for k, _ in needles}) == len(needles)  # every key once: one right answer
 
 
 def test_generation_is_deterministic_by_seed_and_split_by_hash():
     for task in ("niah_single_1", "vt", "cwe", "fwe"):
-        a = ruler.generate(task, 3, 1500, "test", 7, CONFIG)
-        assert a == ruler.generate(task, 3, 1500, "test", 7, CONFIG)
-        assert a != ruler.generate(task, 3, 1500, "test", 8, CONFIG)
-        train = ruler.generate(task, 6, 1500, "train", 7, CONFIG)
+        a = ruler_data.generate(task, 3, 1500, "test", 7, CONFIG)
+        assert a == ruler_data.generate(task, 3, 1500, "test", 7, CONFIG)
+        assert a != ruler_data.generate(task, 3, 1500, "test", 8, CONFIG)
+        train = ruler_data.generate(task, 6, 1500, "train", 7, CONFIG)
         for ex, split in [(e, "test") for e in a] + [(e, "train") for e in train]:
             content = json.dumps([task, ex.prompt.rsplit("\n", 1)[-1], sorted(ex.references)])
             assert split_of(content.encode()) == split
@@ -118,7 +118,7 @@ def test_string_match_all_is_rulers():
 
 
 def test_encode_scores_the_answer_or_every_byte_never_the_padding():
-    exs = ruler.generate("niah_single_1", 2, 1024, "train", 0, CONFIG)
+    exs = ruler_data.generate("niah_single_1", 2, 1024, "train", 0, CONFIG)
     x, y = ruler.encode(exs, 1024)
     x_all, y_all = ruler.encode(exs, 1024, "all")
     assert torch.equal(x, x_all)
@@ -131,7 +131,7 @@ def test_encode_scores_the_answer_or_every_byte_never_the_padding():
 
 
 def test_train_batch_mixes_the_tasks():
-    task = ruler.Ruler(ruler.RulerConfig(tasks=("niah_single_1", "vt", "fwe")))
+    task = ruler.Ruler(ruler_data.RulerConfig(tasks=("niah_single_1", "vt", "fwe")))
     x, y = task.train_batch(0, 0, 6, 1024)
     texts = [bytes(r.tolist()).rstrip(b"\0").decode() for r in x]
     assert sum("special magic" in t for t in texts) == 2 and sum("VAR " in t for t in texts) == 2
@@ -144,7 +144,7 @@ def test_greedy_through_the_decoding_state_equals_recomputing(variant):
 
     torch.manual_seed(0)
     model = build.make_model("tiny", 256, build.parse_variant(variant), build.parse_position("rope", 32), {}, 700, 0)
-    prompt = ruler.generate("vt", 1, 600, "test", 0, CONFIG)[0].prompt.encode()
+    prompt = ruler_data.generate("vt", 1, 600, "test", 0, CONFIG)[0].prompt.encode()
     got = ruler.greedy(model, prompt, len(prompt) + 12)
     for m in model.modules():  # the oracle: dense references, no Flex compile for each of the 12 lengths
         if isinstance(m, attn.Attention):
@@ -153,7 +153,7 @@ def test_greedy_through_the_decoding_state_equals_recomputing(variant):
     with torch.no_grad():
         for _ in range(12):
             nxt = int(model(torch.tensor([seq]))[0, -1].argmax())
-            if nxt == ord(ruler.END):
+            if nxt == ord(ruler_data.END):
                 break
             seq.append(nxt)
     assert got == bytes(seq[len(prompt):]).decode("utf-8", errors="replace")
@@ -161,7 +161,7 @@ def test_greedy_through_the_decoding_state_equals_recomputing(variant):
 
 def test_bad_config_and_too_short_length():
     with pytest.raises(ValueError, match="unknown task"):
-        ruler.RulerConfig(tasks=("niah_single_9",))
+        ruler_data.RulerConfig(tasks=("niah_single_9",))
     with pytest.raises(ValueError, match="too short"):
         ruler.Ruler().check(200, [200])
 

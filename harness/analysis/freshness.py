@@ -4,8 +4,9 @@ A results file is produced at a commit: the one its rows record (``code_commit``
 checkout), or for files written before rows recorded it, the last commit before its first row's timestamp. The code
 a file's rows name is the variant's own module (its backends live there), a FlexAttention backend's module,
 the cost scope's module (with ``attn/hf`` for a transformers scope or a KV press), a layer pattern's module, and an
-accuracy task's module. A file is stale when a later commit touched any of them: its numbers were measured on code
-that is no longer the code, so a document quotes it only once re-measured (or says it is stale).
+accuracy task's module (with its ``<task>_*.py`` companions). A file is stale when a later commit touched any of them:
+its numbers were measured on code that is no longer the code, so a document quotes it only once re-measured (or says
+it is stale).
 
 Git is asked, never guessed: outside a checkout, or in one too shallow to hold the commit, a file's freshness is
 ``unknown``.
@@ -67,7 +68,8 @@ def named_code(rows: Iterable[dict[str, Any]], root: Path = ROOT) -> tuple[str, 
             code.add("attn/hf")
         task = r.get("task")
         if isinstance(task, str) and (root / f"harness/accuracy/tasks/{task}.py").is_file():
-            code.add(f"harness/accuracy/tasks/{task}.py")
+            code.add(f"harness/accuracy/tasks/{task}.py")  # and its companions (ruler_data.py: RULER's generators)
+            code.update(str(f.relative_to(root)) for f in (root / "harness/accuracy/tasks").glob(f"{task}_*.py"))
     return tuple(sorted(p for p in code if (root / p).exists()))
 
 
