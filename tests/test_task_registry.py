@@ -13,6 +13,7 @@ import pytest
 from harness.accuracy import tasks
 from harness.accuracy.runner import CELL_FIELDS
 from harness.accuracy.tasks import BuiltOnTask, TrainedTask, register_task
+from harness.analysis.frontier import points
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS_DIR = ROOT / "harness" / "accuracy" / "tasks"
@@ -28,7 +29,7 @@ import torch
 from harness.accuracy.common import IGNORE, predictions, rng_for
 from harness.accuracy.stats import accuracy
 from harness.accuracy.prefill import generate_answers
-from harness.accuracy.tasks import CheckpointTask, TaskOption, TrainedTask, register_task
+from harness.accuracy.tasks import CheckpointTask, Metric, TaskOption, TrainedTask, register_task
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ class OnCheckpoint(CheckpointTask):
         x = Toy(config).batch(99, config.eval_examples, cell["eval_len"] - 1)[0] + 48  # digits in a byte tokenizer
         prompts = [[ckpt.tokens.boundary, *row.tolist()] for row in x]
         said = generate_answers(model, prompts, 1, ckpt.tokens.decode, ckpt.tokens.boundary, cache)
-        return {arm: {"accuracy": accuracy(sum(a[:1] == chr(p[1]) for a, p in zip(out, prompts)), len(prompts))}
-                for arm, out in said.items()}
+        hits = {arm: [a[:1] == chr(p[1]) for a, p in zip(out, prompts)] for arm, out in said.items()}
+        return {arm: {"accuracy": accuracy(sum(h), len(h), outcomes=h)} for arm, h in hits.items()}
 
 
 @register_task("toy", config=ToyConfig)
@@ -66,6 +67,7 @@ class Toy(TrainedTask):
 
     pretrained = OnCheckpoint  # how it runs on a checkpoint (--hf-model): the same file, no edit anywhere else
     main_metric = "accuracy"
+    declares = (Metric("accuracy", "proportion", ranks=True),)  # what its rows say: the frontier ranks by it
     columns = ("toy_offset",)
     options = (TaskOption("toy_vocab", "vocab_size", "vocabulary of the toy.", click.IntRange(min=4)),)
 
@@ -145,8 +147,9 @@ def test_a_toy_task_in_one_file_runs_through_accuracy_and_is_listed(tmp_path):
 
 def test_the_same_task_file_runs_on_a_pretrained_checkpoint(tmp_path):
     """The toy file's checkpoint face: ``--hf-model`` on a tiny random Llama (bytes as tokens) runs it with its option,
-    its column and its metric, through the plain arm and through two press arms sharing one prefill (kvpress's
-    KNorm beside ``none`` where kvpress is installed)."""
+    its column and its metric, through the plain arm and through press arms sharing one prefill (the oracle at half the
+    cache, and kvpress's KNorm where kvpress is installed). Its rows say what the task declares of its metric, so the
+    frontier ranks them without the task's code (this process never imports the file)."""
     from transformers import AutoModelForCausalLM
 
     from attn import hf
@@ -157,7 +160,7 @@ def test_the_same_task_file_runs_on_a_pretrained_checkpoint(tmp_path):
     (tmp_path / "toy_task.py").write_text(TOY)
     (tmp_path / "driver.py").write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "OMP_NUM_THREADS": "1"}
-    presses = ["--press", "none", "--press", "knorm:compression_ratio=0.5"] if _kvpress() else ["--press", "none"]
+    presses = ["--press", "none", "--press", "oracle", *(["--press", "knorm"] if _kvpress() else []), "--budget", "1/2"]
     for out, extra in ((tmp_path / "plain.jsonl", []), (tmp_path / "pressed.jsonl", presses)):
         args = ["accuracy", "--hf-model", str(tmp_path / "ckpt"), "--task", "toy", "--eval-lens", "32,48",
                 "--toy-vocab", "6", "--threads", "1", "--out", str(out), *extra]
@@ -165,12 +168,16 @@ def test_the_same_task_file_runs_on_a_pretrained_checkpoint(tmp_path):
                            text=True, timeout=240)
         assert r.returncode == 0, r.stderr[-3000:]
         rows = [json.loads(line) for line in out.read_text().splitlines()]
-        arms = len(extra) // 2 or 1
+        arms = extra.count("--press") or 1
         assert sorted(r_["eval_len"] for r_ in rows) == [32] * arms + [48] * arms
         for row in rows:
             assert row["task"] == "toy" and row["status"] == "ok" and row["stage"] == "pretrained", row
             assert row["toy_offset"] == row["eval_len"] - 1 and row["eval_id"] == "toy-6" and row["n"] == 16
             assert row["dtype"] == "float32" and (row.get("press_spec") is None) == (not extra)
+            assert (row["metric_kind"], row["metric_role"], row["task_label"]) == ("proportion", "ranked", "toy")
+    assert "toy" not in tasks.task_names()  # the rows alone: the frontier reads their declaration
+    pts = points(rows)
+    assert set(pts["task"]) == {"toy"} and {"full", "oracle"} <= set(pts["method"]) and set(pts["n"]) == {16}
 
 
 def _kvpress() -> bool:
@@ -193,10 +200,12 @@ def test_list_shows_every_built_in_task(capsys):
 
 
 def test_each_task_module_registers_one_task_and_is_imported_by_one_line():
-    """One file per task: each module of harness/accuracy/tasks/ (the package's own aside) registers exactly one task,
-    and the package imports each with a line of its own."""
-    modules = sorted(p.stem for p in TASKS_DIR.glob("*.py") if p.stem not in INFRA)
+    """One file per task: each module of harness/accuracy/tasks/ (the package's own and a task's ``<task>_*.py``
+    companions aside: ruler_data.py, RULER's generators) registers exactly one task, and the package imports each with
+    a line of its own."""
     registered = {tasks.get_task(n).__module__.rpartition(".")[2]: n for n in tasks.task_names()}
+    modules = sorted(p.stem for p in TASKS_DIR.glob("*.py")
+                     if p.stem not in INFRA and not any(p.stem.startswith(f"{t}_") for t in registered))
     assert sorted(registered) == modules
     for m in modules:
         assert (TASKS_DIR / f"{m}.py").read_text().count("@register_task(") == 1, m
