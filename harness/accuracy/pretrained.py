@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ from attn.hf.presses import press_unsupported
 from harness.accuracy.build import Spec, parse_variant
 from harness.accuracy.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
 from harness.accuracy.jobs import resolved
+from harness.accuracy.loop import Todo, evaluate
 from harness.accuracy.prefill import SharedPrefill
 from harness.accuracy.stats import Measure
 from harness.accuracy.tasks import checkpoint_task_names, get_checkpoint_task
@@ -273,15 +273,6 @@ def device_for() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def evaluate_cell(model: torch.nn.Module, p: HFPlan, cell: dict[str, Any], device: str,
-                  cache: SharedPrefill | None = None) -> dict[str | None, dict[str, Measure]]:
-    """One cell's measures per arm; ``cache``: the setting's shared prefill, shared by its cells (prompts share their
-    instruction; RULER's examples the noise before the first needle, passkey's keys of one haystack the haystack before
-    the key)."""
-    t = cell["task"]
-    return get_checkpoint_task(t).evaluate(model, p.ckpt, p.configs[t], p.data[t], cell, device, cache)
-
-
 def backends(model: torch.nn.Module) -> str:
     from attn.hf import attention_modules
 
@@ -298,9 +289,6 @@ def prefill_choices(model: torch.nn.Module) -> dict[str, Any]:
                               for c in m.take_selection()])
 
 
-Todo = tuple[dict[str, Any], dict[str, Any], tuple[str, ...], "str | None"]  # row, cell, metrics, arm (press label)
-
-
 def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[Todo]:
     """The rows still to measure: one per cell and press (a setting without presses: one per cell, arm None)."""
     base = base_row(p, s)
@@ -314,58 +302,70 @@ def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[Todo]:
 
 
 def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dict[str, torch.Tensor] | None) -> None:
-    """Build this setting's model on the checkpoint's weights and evaluate its pending cells; a failure becomes rows."""
+    """This setting's pending cells through the evaluation loop; a setting that refuses its presses records why."""
     from attn.attention.base import UnsupportedBackend
-    from attn.hf import load_model
 
     todo = pending_cells(runner, p, s)
-    if not todo:
-        return
-    runner.echo(f"{s.variant_spec} {s.position_spec}" + (f" x {len(s.presses)} presses" if s.presses else "")
-                + f": {len(todo)} rows")
-    refused = press_refusals(p.ckpt, [s]) if s.presses else []
+    refused = press_refusals(p.ckpt, [s]) if s.presses and todo else []
     if refused:
         for row, _, metrics, _ in todo:
             runner.fail(row, metrics, UnsupportedBackend(refused[0]))
         return
-    try:
-        model = load_model(p.ckpt.path, s.spec, s.override, weights=weights, config=p.ckpt.config)
-        model = model.to(device=device, dtype=getattr(torch, p.dtype))
-    except Exception as e:  # one failing setting never stops the others
-        for row, _, metrics, _ in todo:
-            runner.fail(row, metrics, e)
-        return
-    extra = {"params": sum(t.numel() for t in model.parameters())}
-    fresh = functools.partial(SharedPrefill, s.presses, s.query_aware, p.ckpt.tokens.decode, batch=p.batch_arms)
-    cache = fresh()
-    cells: dict[str, list[Todo]] = {}
-    for t in todo:  # a cell's presses are answered together (one prefill per prompt)
-        cells.setdefault(repr(sorted(t[1].items())), []).append(t)
-    for rows in cells.values():
-        cell = rows[0][1]
-        t0 = time.perf_counter()
-        try:
-            measures = evaluate_cell(model, p, cell, device, cache)
-        except Exception as e:
-            for row, _, metrics, _ in rows:
-                runner.fail({**row, **extra}, metrics, e)
-            cache = fresh()  # an answer cut short leaves the shared cache out of step with its tokens
-            continue
-        spent = time.perf_counter() - t0
-        chosen = prefill_choices(model)
-        for row, _, metrics, arm in rows:
-            if arm in cache.failed:
-                runner.fail({**row, **extra}, metrics, cache.failed[arm])
-                continue
-            stats = cache.take_stats(arm)
-            if "kv_cache_bytes" in stats:  # what the arm's cache held of the context: the bytes a decoded token reads
-                stats["kv_bytes"] = stats["kv_cache_bytes"]
-            runner.append({**row, **extra, **stats, **chosen, "backend": backends(model), "eval_seconds": spent},
-                          measures[arm])
-            runner.echo(f"  {cell}{' ' + arm if arm else ''}: "
-                        + ", ".join(f"{k} {m.value}" for k, m in measures[arm].items()) + f" ({spent:.0f} s)")
-        for arm in cache.arms:  # arms already on record were answered too: their statistics are dropped
-            cache.take_stats(arm)
+    evaluate(runner, CheckpointRun(p, s, device, weights), todo, say_rows=True)
+
+
+@dataclass
+class CheckpointRun:
+    """One setting of a checkpoint (variant, position, its press arms) as the evaluation loop's subject: the model
+    built on the checkpoint's weights, every arm of a cell answered from one shared prefill."""
+
+    p: HFPlan
+    s: Setting
+    device: str
+    weights: dict[str, torch.Tensor] | None
+    cache: SharedPrefill | None = None
+    chosen: dict[str, Any] = field(default_factory=dict)  # the dynamic sparse prefill's choices in the last cell
+
+    def describe(self, pending: int) -> str:
+        s = self.s
+        return f"{s.variant_spec} {s.position_spec}{f' x {len(s.presses)} presses' if s.presses else ''}: {pending} rows"
+
+    def load(self) -> tuple[torch.nn.Module, dict[str, Any]]:
+        from attn.hf import load_model
+
+        model = load_model(self.p.ckpt.path, self.s.spec, self.s.override, weights=self.weights, config=self.p.ckpt.config)
+        model = model.to(device=self.device, dtype=getattr(torch, self.p.dtype))
+        self.cache = self.fresh()
+        return model, {"params": sum(t.numel() for t in model.parameters())}
+
+    def fresh(self) -> SharedPrefill:
+        return SharedPrefill(self.s.presses, self.s.query_aware, self.p.ckpt.tokens.decode, batch=self.p.batch_arms)
+
+    def answer(self, model: torch.nn.Module, cell: dict[str, Any]) -> dict[str | None, dict[str, Measure]]:
+        """One cell's measures per arm, the prompts' shared prefixes prefilled once (passkey's instruction, RULER's
+        noise before the first needle...)."""
+        t = cell["task"]
+        measures = get_checkpoint_task(t).evaluate(model, self.p.ckpt, self.p.configs[t], self.p.data[t], cell,
+                                                   self.device, self.cache)
+        self.chosen = prefill_choices(model)
+        return measures
+
+    def columns(self, model: torch.nn.Module, cell: dict[str, Any], arm: str | None) -> dict[str, Any] | BaseException:
+        assert self.cache is not None
+        if arm in self.cache.failed:
+            return self.cache.failed[arm]
+        stats = self.cache.take_stats(arm)
+        if "kv_cache_bytes" in stats:  # what the arm's cache held of the context: the bytes a decoded token reads
+            stats["kv_bytes"] = stats["kv_cache_bytes"]
+        return {**stats, **self.chosen, "backend": backends(model)}
+
+    def after_cell(self, failed: bool) -> None:
+        assert self.cache is not None
+        if failed:
+            self.cache = self.fresh()  # an answer cut short leaves the shared cache out of step with its tokens
+            return
+        for arm in self.cache.arms:  # arms already on record were answered too: their statistics are dropped
+            self.cache.take_stats(arm)
 
 
 def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], None] = print) -> Runner:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from attn.attention.base import UnsupportedBackend
 from harness.accuracy import build
 from harness.accuracy.build import Spec
 from harness.accuracy.jobs import Job, Plan, Run, resolved, short_hash
+from harness.accuracy.loop import evaluate
 from harness.accuracy.stats import Measure
 from harness.accuracy.tasks import cell_columns, declared, get_task, make_task, trained_task, trained_task_names
 from harness.accuracy.train import TrainResult, train
@@ -276,29 +277,42 @@ class Runner:
             yield row, {**cell, "_position_params": params}, p.task.metrics(cell, p.job.train_len)
 
     def run_stage(self, p: Plan, run: Run, stage: str, tag: str) -> None:
-        todo = [(row, cell, m) for row, cell, m in self.cells(p, run, stage) if self.pending(row, m)]
-        if not todo:
-            return
-        self.echo(f"{tag} {p.task.name} {run.variant.label} {run.position.label} seed {run.seed} ({stage}): "
-                  f"{len(todo)} cells")
-        try:
-            model, result = self.trained(p, run) if stage == "zero_shot" else self.finetuned(p, run)
-        except Exception as e:  # one failing run never stops the others
-            for row, _, metrics in todo:
-                self.fail(row, metrics, e)
-            return
-        extra = {"params": model.num_params(), "train_loss": result.final_loss, "train_seconds": result.seconds or None}
-        sizes: dict[int, dict[str, int | None]] = {}  # eval length -> decoding state (cells share lengths: depths...)
-        for row, cell, metrics in todo:
-            t0 = time.perf_counter()
-            try:
-                build.set_position(model, run.position.name, cell["_position_params"])
-                measures = p.task.evaluate(model, {k: v for k, v in cell.items() if not k.startswith("_")}, p.job.train_len)
-            except Exception as e:
-                self.fail({**row, **extra}, metrics, e)
-                continue
-            self.append({**row, **extra, **size_at(sizes, model, cell["eval_len"]), "backend": build.last_backends(model),
-                         "eval_seconds": time.perf_counter() - t0}, measures)
+        todo = [(row, cell, m, None) for row, cell, m in self.cells(p, run, stage) if self.pending(row, m)]
+        evaluate(self, Trained(self, p, run, stage, tag), todo)
+
+
+@dataclass
+class Trained:
+    """A model trained here (or fine-tuned), as the evaluation loop's subject: one arm, its position scaled per cell."""
+
+    runner: Runner
+    p: Plan
+    run: Run
+    stage: str
+    tag: str
+    sizes: dict[int, dict[str, int | None]] = dataclasses.field(default_factory=dict)  # eval length -> decoding state
+
+    def describe(self, pending: int) -> str:
+        r = self.run
+        return (f"{self.tag} {self.p.task.name} {r.variant.label} {r.position.label} seed {r.seed} ({self.stage}): "
+                f"{pending} cells")
+
+    def load(self) -> tuple[torch.nn.Module, dict[str, Any]]:
+        get = self.runner.trained if self.stage == "zero_shot" else self.runner.finetuned
+        model, result = get(self.p, self.run)
+        return model, {"params": model.num_params(), "train_loss": result.final_loss,
+                       "train_seconds": result.seconds or None}
+
+    def answer(self, model: torch.nn.Module, cell: dict[str, Any]) -> dict[str | None, dict[str, Measure]]:
+        build.set_position(model, self.run.position.name, cell["_position_params"])
+        own = {k: v for k, v in cell.items() if not k.startswith("_")}
+        return {None: self.p.task.evaluate(model, own, self.p.job.train_len)}
+
+    def columns(self, model: torch.nn.Module, cell: dict[str, Any], arm: str | None) -> dict[str, Any]:
+        return {**size_at(self.sizes, model, cell["eval_len"]), "backend": build.last_backends(model)}
+
+    def after_cell(self, failed: bool) -> None:
+        pass
 
 
 def size_at(sizes: dict[int, dict[str, int | None]], model: torch.nn.Module, length: int) -> dict[str, int | None]:
@@ -318,5 +332,5 @@ def run_jobs(plans: list[Plan], out: Path, ckpt_dir: Path, resume: bool, progres
     return runner
 
 
-__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "check_lengths_fit",
+__all__ = ["CELL_FIELDS", "Job", "KEY_FIELDS", "Plan", "Run", "Runner", "Trained", "check_lengths_fit",
            "memory_cap", "plan", "run_jobs", "short_hash"]
