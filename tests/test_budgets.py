@@ -32,9 +32,13 @@ def test_a_budget_at_a_length_is_a_press_ratio():
     assert B.parse_budget("1/8").ratio(4096) == 0.875 and B.parse_budget("1/8").kept(4096) == 512
     assert B.parse_budget("512").ratio(8192) == 0.9375 and B.parse_budget("512").kept(8192) == 512
     assert B.parse_budget("512").kept(100) == 100  # never more than the context
-    assert B.press_at("snapkv", B.parse_budget("1/4"), 1024) == "snapkv:compression_ratio=0.75"
-    assert B.press_at("expected_attention:n_sink=2", B.parse_budget("1/2"), 1024) == \
-        "expected_attention:n_sink=2,compression_ratio=0.5"
+    # a budget sizes a parsed press with a number: the spec parsing the ratio would give, its other parameters kept
+    from attn.hf.presses import parse_press
+
+    sized = parse_press("retrieval:retriever=dense").at(compression_ratio=B.parse_budget("1/4").ratio(1024))
+    assert sized == parse_press("retrieval:retriever=dense,compression_ratio=0.75")
+    assert sized.label == "retrieval:retriever=dense,compression_ratio=0.75" and sized.ratio == 0.75
+    assert parse_press("oracle").at(compression_ratio=0.5) == parse_press("oracle:compression_ratio=0.5")
 
 
 @given(tokens=st.integers(1, 1 << 15))

@@ -179,10 +179,10 @@ def test_bad_retrieval_specs_are_refused_in_one_line(text, message):
 
 
 def test_the_budget_sizes_it_as_a_press_and_rows_call_it_query_aware():
-    from harness.accuracy.budgets import parse_budget, press_at, takes_budget
+    from harness.accuracy.budgets import parse_budget, takes_budget
 
     assert takes_budget("retrieval:retriever=dense")
-    spec = parse_press(press_at("retrieval:retriever=dense", parse_budget("1/8"), 8192))
+    spec = parse_press("retrieval:retriever=dense").at(compression_ratio=parse_budget("1/8").ratio(8192))
     assert spec.ratio == 0.875 and spec.build().budget(8000) == 1000
     cols = spec.columns(False)
     assert cols["query_aware"] is True and cols["press_protocol"] == R.Retrieval.PROTOCOL

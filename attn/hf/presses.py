@@ -125,6 +125,11 @@ class PressSpec:
         full = {k: v for k, v in press_params(self.name).items() if not str(v).startswith("<")}
         return {**full, **dict(self.params)}
 
+    def at(self, **params: Any) -> PressSpec:
+        """This press with ``params`` set as numbers (a budget's ``compression_ratio``), as a spec given them would be:
+        a budget sizes a press without writing a spec string and parsing it again."""
+        return dataclasses.replace(self, params=tuple({**dict(self.params), **params}.items()))
+
     @property
     def ratio(self) -> float:
         """The requested compression ratio (fraction of the context's tokens removed): 0 for none and quantized."""

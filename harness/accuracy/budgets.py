@@ -126,12 +126,6 @@ def takes_budget(press: str) -> bool:
     return "compression_ratio" in press_params(spec.name) and "compression_ratio" not in dict(spec.params)
 
 
-def press_at(press: str, budget: Budget, length: int) -> str:
-    """``snapkv`` -> ``snapkv:compression_ratio=0.875`` (its other parameters kept)."""
-    sep = "," if ":" in press else ":"
-    return f"{press}{sep}compression_ratio={budget.ratio(length)}"
-
-
 def kv_bytes_per_token(config: Any, dtype: str) -> int:
     """Bytes one context token's keys and values take in every layer of the model."""
     import torch
@@ -184,7 +178,7 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
     if len(variants) > 1 or (families and list(variants) not in ([], ["full"])):
         raise ValueError("--budget sizes the variants itself (--sized): give at most one --variant, the model the "
                          "presses run on (full, or a layer-typed model's own pattern), and none with --sized")
-    sizable = [p for p in presses if takes_budget(p)]
+    sizable = parse_presses([p for p in presses if takes_budget(p)])  # each sized below: spec.at(compression_ratio=...)
     if sizable and (scored := [t for t in tasks if not get_checkpoint_task(t).prompts]):
         raise ValueError(f"--press compresses the context a question is asked about: --task {scored[0]} scores every "
                          "position")
@@ -200,8 +194,8 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
         for s0 in base.settings:
             arms, cols = list(s0.presses), []
             for b in parsed:
-                for text in sizable:
-                    spec = parse_presses([press_at(text, b, L)])[0]
+                for press in sizable:
+                    spec = press.at(compression_ratio=b.ratio(L))
                     arms.append(spec)
                     cols.append((spec.label, (("budget", b.text), ("budget_fraction", b.share(L)))))
             if len({a.label for a in arms}) < len(arms):
@@ -224,4 +218,4 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
 
 
 __all__ = ["PREFILL", "PREFILL_AT", "SIZED", "Budget", "prefill_sized", "budget_plan", "plan", "kv_bytes_per_token",
-           "parse_budget", "press_at", "sized", "takes_budget"]
+           "parse_budget", "sized", "takes_budget"]
