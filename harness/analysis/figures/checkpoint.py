@@ -119,8 +119,6 @@ def plot_checkpoints(acc: pd.DataFrame, out: str | Path | None = None, *, palett
                 length_axis(ax, pts[pts["model"] == model]["eval_len"], "evaluation length (tokens)")
                 if panel not in loss:
                     ax.set_ylim(-0.03, 1.03)
-                else:
-                    ax.set_yscale("log")
                 ax.set_title(f"{model}: {panel}", fontsize="medium")
         n = ", ".join(f"{int(v)}" for v in sorted(set(pts[pts["metric_kind"] != "loss"]["n"])))
         finish_figure(fig, "Real checkpoints: what each variant keeps, by length",
