@@ -25,6 +25,7 @@ COMMANDS = {
     "compare": "harness.analysis.compare:compare_command",
     "stale": "harness.analysis.freshness:stale_command",
     "frontier": "harness.analysis.frontier:frontier_command",
+    "probe": "harness.analysis.probe:probe_command",
     "answers": "harness.analysis.questions:answers_command",
 }
 

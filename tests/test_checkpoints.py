@@ -309,7 +309,7 @@ def test_checkpoints_figure_pools_passkey_depths_and_labels_without_backends(tmp
 
 
 def test_checkpoint_presets_validate_and_fix_their_grid(smollm2, tmp_path, capsys):
-    from harness.accuracy.presets import CHECKPOINT_PRESETS
+    from harness.accuracy.checkpoint_presets import CHECKPOINT_PRESETS
 
     out = tmp_path / "a.jsonl"
     assert main(["accuracy", "--preset", "smollm2-cpu", "--dry-run", "--out", str(out)]) == 0

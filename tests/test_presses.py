@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig  #
 
 from attn import hf  # noqa: E402
 from attn.hf import presses  # noqa: E402
+from harness.accuracy.checkpoint_presets import PRESSES  # noqa: E402
 from harness.accuracy.prefill import SharedPrefill  # noqa: E402
-from harness.accuracy.presets import PRESSES  # noqa: E402
 from harness.accuracy.pretrained import equal_memory_specs  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.results import read_rows  # noqa: E402

@@ -283,7 +283,7 @@ def test_a_budget_sizes_each_prefill_and_the_frontier_reads_it_as_one():
 
 def test_the_presets_selection_specs_are_the_budgets():
     from harness.accuracy.budgets import parse_budget, prefill_sized, sized
-    from harness.accuracy.presets import BLOCK_SPARSE_512, PREFILL_AT_8K, PREFILL_METHODS
+    from harness.accuracy.checkpoint_presets import BLOCK_SPARSE_512, PREFILL_AT_8K, PREFILL_METHODS
 
     assert PREFILL_AT_8K == tuple(prefill_sized(m, parse_budget("1/8"), 8192) for m in PREFILL_METHODS)
     assert BLOCK_SPARSE_512 == sized("block_sparse", 512)[0]

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from harness.accuracy.budgets import SIZED
+from harness.accuracy.checkpoint_presets import CHECKPOINT_PRESETS, Group
 from harness.accuracy.jobs import Job, Plan
-from harness.accuracy.presets import CHECKPOINT_PRESETS, Group
 from harness.accuracy.pretrained import DTYPES
 from harness.accuracy.tasks import get_checkpoint_task, get_task, task_names, task_options, trained_task, trained_task_names
 from harness.executors import EXECUTOR_KEYS, executor_options
@@ -189,7 +189,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--task", "tasks", multiple=True, type=click.Choice(task_names()), help="Task to run (repeatable).")
 @click.option("--preset", type=click.Choice(["quick", "full", "zoology", *CHECKPOINT_PRESETS]),
               help="A named set of jobs (harness/accuracy/presets.py), or of checkpoint evaluations "
-                   "(harness/accuracy/presets.py: smollm2-cpu, gemma3-cpu, kvpress-smollm2-cpu, selective-smollm2-cpu).")
+                   "(harness/accuracy/checkpoint_presets.py: smollm2-cpu, frontier-qwen-cpu, ...).")
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")

@@ -130,7 +130,7 @@ def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) ->
 def equal_memory_specs(budget: int) -> list[str]:
     """Variant specs whose decoding state holds ``budget`` tokens (see module docstring)."""
     blocks = budget // BLOCK
-    # backends pinned as the checkpoint presets pin them (harness/accuracy/presets.py): auto would compile Flex
+    # backends pinned as the checkpoint presets pin them (harness/accuracy/checkpoint_presets.py): auto would compile Flex
     # once per prompt shape
     specs = [f"sliding_window:window={budget},backend=blocked",
              f"sliding_window:sinks={SINKS},window={budget - SINKS},backend=blocked"]

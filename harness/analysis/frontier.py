@@ -88,7 +88,7 @@ def _depth(row: dict[str, Any]) -> float:
     return _num(row.get("depth"), -1.0)  # NaN is no dictionary key: RULER rows have no depth
 
 
-def _clusters(row: dict[str, Any]) -> tuple[int, ...]:
+def clusters(row: dict[str, Any]) -> tuple[int, ...]:
     """The sizes of a row's independent draws, in its examples' order: from its ``draws`` (equal clusters), else one
     draw where the row's examples shared one context before rows said so (passkey's keys of one depth shared one
     haystack: :func:`harness.schema.one_draw_a_cell`), else one draw an example."""
@@ -111,11 +111,11 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
                          "arms by example")
     ex = np.concatenate([np.asarray(r["per_example"], dtype=float) for r in cell])
     key = tuple((_depth(r), len(r["per_example"])) for r in cell)
-    clusters = tuple(c for r in cell for c in _clusters(r))
+    sizes = tuple(c for r in cell for c in clusters(r))
     kv = [_num(r.get("kv_bytes")) for r in cell if _num(r.get("kv_bytes")) == _num(r.get("kv_bytes"))]
-    score, lo, hi, _ = interval([ex], clusters=[clusters])
-    return {"status": "ok", "error": None, "per_example": ex, "examples": key, "clusters": clusters, "n": len(ex),
-            "draws": len(clusters), "score": score,
+    score, lo, hi, _ = interval([ex], clusters=[sizes])
+    return {"status": "ok", "error": None, "per_example": ex, "examples": key, "clusters": sizes, "n": len(ex),
+            "draws": len(sizes), "score": score,
             "ci_low": lo, "ci_high": hi, "binary": bool(np.isin(ex, (0.0, 1.0)).all()),
             "kv_bytes": float(np.mean(kv)) if kv else float("nan")}
 
@@ -168,9 +168,9 @@ def _auc(curve: list[list[np.ndarray]], x: np.ndarray) -> list[np.ndarray]:
 def _rank_group(g: pd.DataFrame, cfg: FrontierConfig) -> list[dict[str, Any]]:
     refs = g[(g["kind"] == "reference") & g["ranked"]]
     ref = dict(zip(refs["task"], refs["examples"], strict=True))
-    clusters = dict(zip(refs["task"], refs["clusters"], strict=True))
+    sizes = dict(zip(refs["task"], refs["clusters"], strict=True))
     tasks = sorted(ref)
-    cl = [clusters[t] for t in tasks]
+    cl = [sizes[t] for t in tasks]
     if not tasks:
         return []
     # a cell enters a comparison only on the reference's examples: paired
@@ -396,5 +396,5 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     click.echo(f"wrote {out}")
 
 
-__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "subject", "effective_length", "frontier_command", "markdown",
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "clusters", "subject", "effective_length", "frontier_command", "markdown",
            "points", "ranking", "read_files", "task_of"]
