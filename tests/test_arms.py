@@ -138,3 +138,48 @@ def test_a_model_with_window_layers_decodes_its_arms_together_as_alone():
     for s in specs:
         assert got[s.label] == SharedPrefill([s], decode=words, batch=False).answers(model, p, 40, gen)[s.label], s
     assert len({tuple(v) for v in got.values()}) > 2
+
+
+def kvpress_answer(spec: str, p: list[int], new: int) -> list[int]:
+    """kvpress's own way, the reference: its hook on a prefill of the context with transformers' SDPA (which kvpress
+    patches to hide the keys AdaKV drops, per head), then the question and a greedy answer against that cache."""
+    from transformers import DynamicCache
+
+    model = tiny(torch.float64)
+    model.set_attn_implementation("sdpa")
+    press, cache = parse_press(spec).build(), DynamicCache()
+    with torch.no_grad():
+        with press(model):
+            model(torch.tensor([p[:CONTEXT]]), past_key_values=cache, use_cache=True)
+        ids, out = p[CONTEXT:], []
+        for _ in range(new):
+            at = cache.get_seq_length()
+            logits = model(torch.tensor([ids]), past_key_values=cache, use_cache=True,
+                           position_ids=torch.arange(at, at + len(ids))[None]).logits[0, -1]
+            logits[model.generation_config.eos_token_id] = -torch.inf  # min_new_tokens: no end before the last
+            ids = [int(logits.argmax())]
+            out += ids
+    return out
+
+
+@pytest.mark.parametrize("wrapper", ["adakv", "criticaladakv"])
+def test_a_press_masking_keys_per_head_answers_as_kvpress_does_and_keeps_its_masks_to_itself(wrapper):
+    """AdaKV (and CriticalAdaKV) keep every key and mask the dropped ones per head: the arm replayed from the shared
+    prefill and decoding under its own masks answers as kvpress's pipeline does; the arms beside it answer as alone
+    (the masks never reach them), and its rows say the share of keys its heads read."""
+    model = tiny(torch.float64)
+    spec = f"{wrapper}(snapkv:compression_ratio=0.75):alpha_safeguard=0.1"
+    specs = [parse_press(t) for t in ("none", spec, "knorm:compression_ratio=0.75")]
+    gen = GenerationConfig(max_new_tokens=6, min_new_tokens=6)
+    together = SharedPrefill(specs)
+    for seed in (1, 2):
+        p = prompt(seed)
+        got = together.answers(model, p, CONTEXT, gen)
+        assert not together.failed
+        assert got[specs[1].label] == kvpress_answer(spec, p, 6), seed
+        for s in (specs[0], specs[2]):
+            assert got[s.label] == SharedPrefill([s], batch=False).answers(model, p, CONTEXT, gen)[s.label]
+        stats = together.take_stats(specs[1].label)
+        assert stats["kv_cache_bytes"] < stats["kv_resident_bytes"]  # its heads read a quarter, all stay resident
+        assert stats["kv_tokens_mean"] == pytest.approx(CONTEXT * 0.25 + 0, abs=2)
+    assert all(getattr(layer.self_attn, "masked_key_indices", None) is None for layer in model.model.layers)

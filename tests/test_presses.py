@@ -160,7 +160,10 @@ def test_press_rows_through_the_command(checkpoint, tmp_path, capsys):
     (["--press", "bogus"], "unknown press 'bogus'; valid: none, quantized,"),
     (["--press", "snapkv:compression_ratio=1.5"], "kvpress refuses it (AssertionError: Compression ratio must be"),
     (["--press", "snapkv:window=3"], "press snapkv has no parameter 'window'"),
-    (["--press", "adakv"], "press adakv needs press= (another press)"),
+    (["--press", "adakv"], "press adakv wraps another press: give it one, adakv(snapkv)"),
+    (["--press", "snapkv(knorm)"], "press snapkv wraps no press"),
+    (["--press", "adakv(snapkv"], "unbalanced parentheses"),
+    (["--press", "adakv(bogus)"], "unknown press 'bogus'"),
     (["--press", "quantized:nbits=3"], "has to be one of [`2`, `4`]"),
     (["--equal-memory"], "--equal-memory needs --press"),
     (["--press", "none", "--task", "lm"], "--task lm scores every position"),
@@ -173,6 +176,26 @@ def test_bad_presses_exit_2_with_one_line(args, message, checkpoint, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_a_press_wraps_another_and_a_budget_sizes_the_press_it_wraps():
+    """``adakv(snapkv)``: kvpress's wrappers take any press (AdaKV, ChunkKV, CriticalKV, whose ``press`` is an
+    argument of its own ``__init__``, not a field); the label reads back as given, rows record the wrapped press and its
+    ratio, and a budget sets the ratio of the press it wraps."""
+    spec = presses.parse_press("adakv(snapkv:compression_ratio=0.5):alpha_safeguard=0.1")
+    assert spec.label == "adakv(snapkv:compression_ratio=0.5):alpha_safeguard=0.1" and spec.ratio == 0.5
+    assert presses.parse_press(spec.label) == spec
+    built = spec.build()
+    assert type(built).__name__ == "AdaKVPress" and built.alpha_safeguard == 0.1 and built.compression_ratio == 0.5
+    cols = spec.columns(False)
+    assert cols["press"] == "adakv" and cols["press_params"]["press"] == "snapkv:compression_ratio=0.5"
+    sized = presses.parse_press("criticalkv(expected_attention)").at(compression_ratio=0.875)
+    assert sized.label == "criticalkv(expected_attention:compression_ratio=0.875)"
+    assert sized.build().press.compression_ratio == 0.875
+    assert presses.parse_press("chunkkv(knorm):chunk_length=8").build().chunk_length == 8
+    from harness.accuracy.budgets import takes_budget
+
+    assert takes_budget("adakv(snapkv)") and not takes_budget("adakv(snapkv:compression_ratio=0.5)")
 
 
 def test_press_without_a_checkpoint_is_refused(tmp_path, capsys):

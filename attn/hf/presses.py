@@ -75,11 +75,18 @@ def press_classes() -> dict[str, type]:
 
 
 def _fields(cls: type) -> dict[str, tuple[Any, Any]]:
-    """A press's settable parameters: name -> (type, default or MISSING), from its dataclass fields."""
+    """A press's settable parameters: name -> (type, default or MISSING), from its dataclass fields, or from its own
+    ``__init__`` where it writes one (kvpress's CriticalKVPress takes ``press`` there, not as a field)."""
     hints = get_type_hints(cls)
-    return {f.name: (hints.get(f.name, Any), f.default if f.default is not dataclasses.MISSING else (
+    fields = {f.name: (hints.get(f.name, Any), f.default if f.default is not dataclasses.MISSING else (
         f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING))
         for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+    own = {k: v for k, v in inspect.signature(cls).parameters.items()
+           if not k.startswith("_") and v.kind not in (v.VAR_POSITIONAL, v.VAR_KEYWORD)}
+    if set(own) == set(fields):
+        return fields
+    init = get_type_hints(cls.__init__)
+    return {k: (init.get(k, Any), dataclasses.MISSING if v.default is v.empty else v.default) for k, v in own.items()}
 
 
 def _spec_type(tp: Any) -> bool:
@@ -88,6 +95,24 @@ def _spec_type(tp: Any) -> bool:
     if args and type(None) in args:
         return all(_spec_type(a) for a in args if a is not type(None))
     return tp in (int, float, bool, str)
+
+
+def _press_field(tp: Any) -> bool:
+    """Whether a parameter of this type is another press (``AdaKVPress.press``, ``DecodingPress.base_press``: a
+    ``ScorerPress | AdaKVPress``)."""
+    args = getattr(tp, "__args__", None)
+    if args:
+        return all(_press_field(a) for a in args if a is not type(None))
+    return isinstance(tp, type) and any(c.__name__ == "BasePress" for c in tp.__mro__)
+
+
+def _wrapped_field(name: str) -> str:
+    """The parameter through which a kvpress press takes the press it wraps ("": it wraps none)."""
+    return next((k for k, (tp, _) in _fields(press_classes()[name]).items() if _press_field(tp)), "")
+
+
+def _own(name: str) -> dict[str, Any]:
+    return _fields(press_classes()[name]) if name in press_classes() else {}
 
 
 def press_params(name: str) -> dict[str, Any]:
@@ -110,24 +135,34 @@ def press_catalog() -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class PressSpec:
-    """A validated press spec: its name and the parameters it set (kvpress's defaults fill the rest)."""
+    """A validated press spec: its name, the parameters it set (kvpress's defaults fill the rest) and, for a press that
+    wraps another (``adakv(snapkv)``: AdaKV, ChunkKV, CriticalKV...), the press it wraps."""
 
     name: str
     params: tuple[tuple[str, Any], ...] = ()
+    inner: PressSpec | None = None
 
     @property
     def label(self) -> str:
-        return self.name + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else "")
+        return (self.name + (f"({self.inner.label})" if self.inner else "")
+                + (":" + ",".join(f"{k}={v}" for k, v in self.params) if self.params else ""))
 
     @property
     def all_params(self) -> dict[str, Any]:
-        """Every parameter the press runs with (defaults included), as rows record them."""
+        """Every parameter the press runs with (defaults included), as rows record them: a wrapper's own, the press it
+        wraps (``press``) and that press's compression ratio, which is the wrapper's."""
         full = {k: v for k, v in press_params(self.name).items() if not str(v).startswith("<")}
-        return {**full, **dict(self.params)}
+        if self.inner is None:
+            return {**full, **dict(self.params)}
+        wraps = {"press": self.inner.label, "compression_ratio": self.inner.ratio}
+        return {**full, **wraps, **dict(self.params)}
 
     def at(self, **params: Any) -> PressSpec:
         """This press with ``params`` set as numbers (a budget's ``compression_ratio``), as a spec given them would be:
-        a budget sizes a press without writing a spec string and parsing it again."""
+        a budget sizes a press without writing a spec string and parsing it again. A wrapper's ratio is its press's."""
+        if self.inner is not None and "compression_ratio" in params and "compression_ratio" not in _own(self.name):
+            ratio = params.pop("compression_ratio")
+            return dataclasses.replace(self, inner=self.inner.at(compression_ratio=ratio)).at(**params)
         return dataclasses.replace(self, params=tuple({**dict(self.params), **params}.items()))
 
     @property
@@ -141,7 +176,8 @@ class PressSpec:
             return None
         if self.name in OWN:
             return OWN[self.name](**dict(self.params))
-        return press_classes()[self.name](**dict(self.params))
+        wraps = {} if self.inner is None else {_wrapped_field(self.name): self.inner.build()}
+        return press_classes()[self.name](**wraps, **dict(self.params))
 
     def columns(self, query_aware: bool | None = None) -> dict[str, Any]:
         """What every row of this press says about it (cost and accuracy alike); ``query_aware``: the accuracy
@@ -164,10 +200,36 @@ class PressSpec:
         return DynamicCache()
 
 
+def split_wrapped(text: str) -> tuple[str, str | None]:
+    """``"adakv(snapkv:compression_ratio=0.5):alpha_safeguard=0.1"`` -> (``"adakv:alpha_safeguard=0.1"``,
+    ``"snapkv:compression_ratio=0.5"``); a spec wrapping no press -> (itself, None). ValueError on unbalanced
+    parentheses."""
+    colon, paren = text.find(":"), text.find("(")
+    if paren < 0 or (0 <= colon < paren):
+        if "(" in text or ")" in text:
+            raise ValueError(f"press {shorten(text)}: a wrapped press goes right after the name: adakv(snapkv)")
+        return text, None
+    depth = 0
+    for i in range(paren, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            rest = text[i + 1:]
+            if rest and not rest.startswith(":"):
+                raise ValueError(f"press {shorten(text)}: parameters follow the wrapped press after ':'")
+            return text[:paren] + rest, text[paren + 1:i]
+    raise ValueError(f"press {shorten(text)}: unbalanced parentheses")
+
+
 def parse_press(text: str) -> PressSpec:
-    """``"snapkv:compression_ratio=0.5"`` -> a validated :class:`PressSpec`; ValueError (one line) for an unknown press
-    or parameter, a value of the wrong type, or one kvpress refuses; ImportError-worded ValueError without kvpress."""
-    name, raw = parse_spec(text)
+    """``"snapkv:compression_ratio=0.5"`` -> a validated :class:`PressSpec`; ``"adakv(snapkv):alpha_safeguard=0.1"``: a
+    press wrapping another (kvpress's AdaKV, ChunkKV, CriticalKV, the decoding wrappers: any whose parameter is a press).
+    ValueError (one line) for an unknown press or parameter, a value of the wrong type, or one kvpress refuses;
+    ImportError-worded ValueError without kvpress."""
+    outer, wrapped = split_wrapped(text.strip())
+    inner = None if wrapped is None else parse_press(wrapped)
+    name, raw = parse_spec(outer)
+    if inner is not None and (name in (NONE, QUANTIZED) or name in OWN):
+        raise ValueError(f"press {name} wraps no press")
     if name == NONE:
         if raw:
             raise ValueError("press none takes no parameters")
@@ -200,12 +262,17 @@ def parse_press(text: str) -> PressSpec:
                          "(attn-bench list shows their parameters)")
     fields = _fields(classes[name])
     settable = {k: tp for k, (tp, _) in fields.items() if _spec_type(tp)}
-    missing = [k for k, (tp, d) in fields.items() if d is dataclasses.MISSING and k not in raw]
+    wraps = _wrapped_field(name)
+    if inner is not None and not wraps:
+        raise ValueError(f"press {name} wraps no press")
+    missing = [k for k, (tp, d) in fields.items() if d is dataclasses.MISSING and k not in raw and k != (
+        wraps if inner is not None else None)]
     if missing:
-        what = "another press" if not _spec_type(fields[missing[0]][0]) else "a value"
-        raise ValueError(f"press {name} needs {missing[0]}= ({what}), which a press spec cannot give"
-                         if what == "another press" else f"press {name} needs {missing[0]}=")
-    spec = PressSpec(name, _coerced(name, raw, settable))
+        if missing[0] == wraps:
+            raise ValueError(f"press {name} wraps another press: give it one, {name}(snapkv)")
+        raise ValueError(f"press {name} needs {missing[0]}=" if _spec_type(fields[missing[0]][0]) else
+                         f"press {name} needs {missing[0]}=, which a press spec cannot give")
+    spec = PressSpec(name, _coerced(name, raw, settable), inner)
     try:
         spec.build()
     except (AssertionError, ValueError, TypeError) as e:  # kvpress checks its parameters with assert

@@ -119,10 +119,13 @@ SIZED = ("sliding_window", "sinks", "block_sparse", "moba", "quest", *PREFILL)
 
 
 def takes_budget(press: str) -> bool:
-    """Whether a press spec's name takes a compression_ratio (a budget sizes it), from its parameters."""
+    """Whether a press spec takes a compression_ratio (a budget sizes it), from its parameters (a wrapper's: the
+    press it wraps)."""
     from attn.hf.presses import parse_press, press_params
 
     spec = parse_press(press)
+    while spec.inner is not None and "compression_ratio" not in press_params(spec.name):  # a wrapper: its press's
+        spec = spec.inner
     return "compression_ratio" in press_params(spec.name) and "compression_ratio" not in dict(spec.params)
 
 

@@ -45,6 +45,7 @@ class Branch:
     start: int
     columns: dict[str, Any]
     batches: bool = True
+    state: Any = None  # what the arm keeps beside the cache to decode it (AdaKV's keys masked per head)
 
 
 @dataclass
@@ -81,8 +82,9 @@ class Arm:
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
         raise NotImplementedError
 
-    def decoding(self, model: Any) -> contextlib.AbstractContextManager[Any]:
-        """What stays on the model while this arm's question and answer are decoded (nothing, by default)."""
+    def decoding(self, model: Any, branch: Branch) -> contextlib.AbstractContextManager[Any]:
+        """What stays on the model while this arm's question and answer are decoded against ``branch`` (nothing, by
+        default)."""
         return contextlib.nullcontext()
 
     def after(self, columns: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from attn.hf import headmask
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
-from attn.hf.presses import cache_columns, prefill_with
+from attn.hf.presses import cache_bytes, cache_columns, kept_tokens, layer_bytes, prefill_with
 
 # kvpress presses whose ``score`` reads nothing of the budget and draws nothing at random (checked against kvpress's
 # source; tests/test_arms.py compares each shared score with the press's own)
@@ -58,7 +59,10 @@ class KVPress(Arm):
             assert shared is not None
             with self._shared_scores(shared):
                 cache = shared.replay(model, self.spec, self.press)
-        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cache_columns(cache), batches=not self.decodes)
+        masks = headmask.take(model)  # AdaKV's keys dropped per head: this arm's alone, set while it decodes
+        cols = cache_columns(cache) | (_masked_columns(cache, masks, prompt.cut) if masks else {})
+        return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cols, batches=not self.decodes and not masks,
+                      state=masks or None)
 
     @contextlib.contextmanager
     def _shared_scores(self, shared: Shared):
@@ -83,5 +87,19 @@ class KVPress(Arm):
         finally:
             del press.score
 
-    def decoding(self, model: Any) -> contextlib.AbstractContextManager[Any]:
+    def decoding(self, model: Any, branch: Branch) -> contextlib.AbstractContextManager[Any]:
+        if branch.state:
+            return headmask.active(model, branch.state)
         return self.press(model) if self.decodes else contextlib.nullcontext()
+
+
+def _masked_columns(cache: Any, masks: headmask.Masks, context: int) -> dict[str, Any]:
+    """What a decoded token reads of a cache whose keys are masked per head: every key stays resident (its bytes are
+    the cache's), each layer's kept share of the context's keys is what a head-sparse kernel would read."""
+    tokens, read = [], 0.0
+    for i, (n, b) in enumerate(zip(kept_tokens(cache), layer_bytes(cache), strict=True)):
+        share = headmask.kept_share(masks, i, cache.layers[i].keys.shape[1], context) if i in masks else 1.0
+        tokens.append(n - context * (1 - share))
+        read += b * (n - context * (1 - share)) / max(n, 1)
+    return {"kv_tokens_min": min(tokens), "kv_tokens_mean": sum(tokens) / len(tokens), "kv_tokens_max": max(tokens),
+            "kv_cache_bytes": read, "kv_resident_bytes": cache_bytes(cache)}

@@ -25,7 +25,7 @@ class OracleArm(Arm):
         self.press.mass = []
         return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cols, batches=False)
 
-    def decoding(self, model: Any) -> contextlib.AbstractContextManager[Any]:
+    def decoding(self, model: Any, branch: Branch) -> contextlib.AbstractContextManager[Any]:
         return self.press(model)
 
     def after(self, columns: dict[str, Any]) -> dict[str, Any]:
