@@ -317,3 +317,23 @@ def test_checkpoint_presets_validate_and_fix_their_grid(smollm2, tmp_path, capsy
     assert said.count("smollm2-135m (llama, trained at 8192") == len(CHECKPOINT_PRESETS["smollm2-cpu"].groups)
     assert main(["accuracy", "--preset", "smollm2-cpu", "--eval-lens", "1024", "--out", str(out)]) == 2
     assert "--eval-lens does not apply to --preset smollm2-cpu" in capsys.readouterr().err and not out.exists()
+
+
+def test_kvzip_reads_the_checkpoint_s_tokenizer_from_its_gguf_file(smollm2):
+    """KVzip loads the model's tokenizer itself (its "repeat the context" prompts, the chat template's turns); a GGUF
+    checkpoint's lives in the .gguf file, which the arm hands it: the press runs, keeps its share, and its row says
+    what its reconstruction cost (``compress_seconds``)."""
+    pytest.importorskip("kvpress")
+    from attn.hf.presses import parse_press
+
+    ckpt, weights = smollm2
+    model = hf.load_model("smollm2-135m", "full", weights=weights)
+    ids = ckpt.tokens.encode("The grass is green. The sky is blue. " * 6 + "The pass key is 4021. ")
+    spec = parse_press("kvzip:compression_ratio=0.5")
+    sp = SharedPrefill([spec], decode=ckpt.tokens.decode)
+    with torch.no_grad():
+        sp.answers(model, ids + ckpt.tokens.encode(" The pass key is"), len(ids),
+                   GenerationConfig(max_new_tokens=2, min_new_tokens=2))
+    assert not sp.failed, sp.failed
+    stats = sp.take_stats(spec.label)
+    assert stats["kv_tokens_mean"] == pytest.approx(len(ids) / 2, abs=2) and stats["compress_seconds"] > 0

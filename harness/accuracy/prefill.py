@@ -37,7 +37,7 @@ from attn.hf.presses import NONE, PressSpec, Recorder, language_model
 # per-prompt statistics an arm may give, averaged into its row: the oracle's true attention mass on the kept keys; a
 # retrieval arm's seconds retrieving and prefilling, its chunks, the tokens kept and the share of the needles kept
 MEANS = ("attention_mass_kept", "retrieval_seconds", "prefill_seconds", "chunks", "chunks_kept", "retrieved_tokens",
-         "needle_recall", "kv_resident_bytes")
+         "needle_recall", "kv_resident_bytes", "compress_seconds")
 Stop = Callable[[torch.Tensor, Any], torch.Tensor]  # a transformers StoppingCriteria: (ids (1, n), scores) -> (1,)
 
 

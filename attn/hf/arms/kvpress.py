@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from attn.hf import headmask
@@ -24,6 +28,32 @@ from attn.hf.presses import cache_bytes, cache_columns, kept_tokens, layer_bytes
 # kvpress presses whose ``score`` reads nothing of the budget and draws nothing at random (checked against kvpress's
 # source; tests/test_arms.py compares each shared score with the press's own)
 SHARED_SCORES = frozenset({"knorm", "snapkv", "pyramidkv", "tova", "expected_attention", "keydiff"})
+
+
+@contextlib.contextmanager
+def checkpoint_tokenizer(press: Any) -> Iterator[None]:
+    """A press that loads the model's tokenizer itself (KVzip, for its chat template and its "repeat the context"
+    prompts: ``AutoTokenizer.from_pretrained(model.config.name_or_path)``) gets the checkpoint's, from the GGUF file
+    it lives in where the folder holds one (transformers reads a GGUF checkpoint's tokenizer only given the file)."""
+    module = sys.modules.get(type(press).__module__)
+    auto = getattr(module, "AutoTokenizer", None)
+    if auto is None:
+        yield
+        return
+
+    class FromCheckpoint:
+        @staticmethod
+        def from_pretrained(path: Any, *args: Any, **kwargs: Any) -> Any:
+            ggufs = sorted(Path(str(path)).glob("*.gguf"))
+            if len(ggufs) == 1 and "gguf_file" not in kwargs:
+                kwargs |= {"gguf_file": ggufs[0].name, "local_files_only": True}
+            return auto.from_pretrained(path, *args, **kwargs)
+
+    module.AutoTokenizer = FromCheckpoint
+    try:
+        yield
+    finally:
+        module.AutoTokenizer = auto
 
 
 def replayable(press: Any) -> bool:
@@ -52,15 +82,19 @@ class KVPress(Arm):
     def branch(self, model: Any, prompt: Prompt, shared: Shared | None) -> Branch:
         import torch
 
+        t0 = time.perf_counter()
         if not self.replays:
             ctx = torch.tensor([prompt.ids[:prompt.cut]], device=model.device)
-            cache = prefill_with(model, self.spec, self.press, ctx)
+            with checkpoint_tokenizer(self.press):
+                cache = prefill_with(model, self.spec, self.press, ctx)
         else:
             assert shared is not None
             with self._shared_scores(shared):
                 cache = shared.replay(model, self.spec, self.press)
+        spent = time.perf_counter() - t0  # its own prefill, or its scoring of the shared one (KVzip's reconstruction)
         masks = headmask.take(model)  # AdaKV's keys dropped per head: this arm's alone, set while it decodes
         cols = cache_columns(cache) | (_masked_columns(cache, masks, prompt.cut) if masks else {})
+        cols["compress_seconds"] = spent
         return Branch(cache, prompt.ids[prompt.cut:], prompt.cut, cols, batches=not self.decodes and not masks,
                       state=masks or None)
 
