@@ -193,7 +193,8 @@ def test_list_shows_every_built_in_task(capsys):
 
     assert main(["list", "--json"]) == 0
     listed = [t["name"] for t in json.loads(capsys.readouterr().out)["tasks"]]
-    assert listed == ["mqar", "passkey", "ruler", "lm", "fidelity", "selection", "lengthgen"] == tasks.task_names()
+    assert listed == ["mqar", "passkey", "ruler", "lm", "fidelity", "selection", "lengthgen", "continuation"] == \
+        tasks.task_names()
     assert main(["list"]) == 0
     text = capsys.readouterr().out
     assert "Accuracy tasks" in text and "  lengthgen " in text and "main metric:  bpb" in text

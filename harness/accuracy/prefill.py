@@ -23,6 +23,7 @@ models: each is its own setting, with a prefill of its own (:mod:`harness.accura
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -150,6 +151,43 @@ class SharedPrefill:
                 cols = arm.after({"context_tokens": cut, "kv_cache": type(b.cache).__name__, **b.columns})
                 self.stats[arm.label].append(cols)
         return said
+
+    @torch.no_grad()
+    def bits(self, model: Any, prompt: list[int], context: int) -> dict[str | None, torch.Tensor]:
+        """Each arm's bits (base 2) on each token of ``prompt[context + 1:]``, teacher-forced against its cache of
+        ``prompt[:context]`` (compressed once prefilled, as for :meth:`answers`). The first token after the context
+        follows from its last position before any press acts, the same for every arm: it is not scored."""
+        import torch.nn.functional as F
+
+        dev = model.device
+        targets = torch.tensor(prompt[context + 1:], device=dev)
+
+        def scored(cache: Any, ids: list[int], start: int) -> torch.Tensor:
+            pos = torch.arange(start, start + len(ids), device=dev)[None]
+            logits = model(input_ids=torch.tensor([ids], device=dev), past_key_values=cache, position_ids=pos,
+                           use_cache=cache is not None).logits[0, -len(targets):]
+            return F.cross_entropy(logits.float(), targets, reduction="none") / math.log(2)
+
+        if self.plain:
+            return {None: scored(None, prompt[:-1], 0)}
+        seen = Prompt(prompt, context, context, 0, self.decode)
+        shared = None
+        if any(a.replays for a in self.live()):
+            self._prefill(model, prompt[:context])
+            shared = Shared([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
+                            self.recorder)
+        out = {}
+        for arm in self.live():
+            try:
+                b = arm.branch(model, seen, shared)
+                with arm.decoding(model, b):
+                    out[arm.label] = scored(b.cache, b.question[:-1], b.start)
+            except Exception as e:  # noqa: BLE001  (this arm's rows say why, the others go on)
+                self.fail(arm, e)
+                continue
+            self.stats[arm.label].append(arm.after({"context_tokens": context, "kv_cache": type(b.cache).__name__,
+                                                    **b.columns}))
+        return out
 
     def live(self) -> list[Arm]:
         return [a for a in self.members if a.label not in self.failed]

@@ -28,6 +28,7 @@ from harness.accuracy.tasks import lm  # noqa: F401
 from harness.accuracy.tasks import fidelity  # noqa: F401
 from harness.accuracy.tasks import selection  # noqa: F401
 from harness.accuracy.tasks import lengthgen  # noqa: F401
+from harness.accuracy.tasks import continuation  # noqa: F401
 # isort: on
 
 __all__ = ["AccuracyTask", "BuiltOnTask", "CheckpointTask", "Metric", "TaskOption", "TrainedTask", "cell_columns",

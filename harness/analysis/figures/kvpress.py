@@ -60,6 +60,7 @@ def plot_kvpress(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
         raise Skip("no accuracy rows")
     pts = press_points(acc)
     order = panel_order(pts)
+    loss = set(pts.loc[pts["metric_kind"] == "loss", "panel"])  # bits per byte after the press: no [0, 1] axis
     grid = sorted({(m, n, p) for m, n, p in zip(pts["model"], pts["eval_len"], pts["panel"], strict=True)},
                   key=lambda g: (g[0], g[1], order.index(g[2])))
     pal = make_palette(sorted(set(pts["label"])))
@@ -78,7 +79,8 @@ def plot_kvpress(acc: pd.DataFrame, out: str | Path | None = None, *, palette: d
                 if g["ci_low"].notna().all() and kind == "press":
                     ax.fill_between(g["ratio"], g["ci_low"], g["ci_high"], color=pal[label], alpha=0.08, lw=0)
             ax.set_xlabel("compression ratio (fraction of the context's KV removed)")
-            ax.set_ylim(-0.03, 1.03)
+            if panel not in loss:
+                ax.set_ylim(-0.03, 1.03)
             ax.set_title(f"{Path(str(model)).name} at {int(length)}: {panel}", fontsize="medium")
         for ax in axes[len(grid):]:
             ax.set_visible(False)
