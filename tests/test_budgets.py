@@ -117,6 +117,17 @@ def test_budget_arms_through_the_command(checkpoint, tmp_path):
     assert main([*args, "--resume"]) == 0 and len(read_rows(out)) == len(rows)
 
 
+def test_sized_variants_in_the_machines_dtype_get_their_bytes_in_it(checkpoint):
+    """``--dtype auto`` (every checkpoint preset's) is resolved before a sized variant's bytes are computed in it."""
+    from harness.accuracy.pretrained import check_dtype
+
+    plan = B.plan(checkpoint, ["passkey"], [], [], [512], presses=["none"], dtype="auto", budgets=["1/4"],
+                  families=["sliding_window"])
+    sized = [dict(s.columns) for s in plan.settings if s.columns]
+    per_token = B.kv_bytes_per_token(plan.ckpt.config, check_dtype("auto"))
+    assert plan.dtype == check_dtype("auto") and [c["kv_bytes"] for c in sized] == [128 * per_token]
+
+
 def test_query_aware_presses_at_a_budget(checkpoint, tmp_path):
     from harness.results import read_rows
 

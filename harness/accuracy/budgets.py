@@ -191,7 +191,7 @@ def budget_plan(path: str | Path, tasks: Sequence[str], variants: Sequence[str],
                  [p for p in presses if not takes_budget(p)], False, False, dtype, chat_template)
     if sizable and (refused := press_refusals(base.ckpt, base.settings)):
         raise ValueError(f"--press cannot run on --variant {variants[0]}: {refused[0]}")
-    per_token = kv_bytes_per_token(base.ckpt.config, dtype)
+    per_token = kv_bytes_per_token(base.ckpt.config, base.dtype)  # "auto" resolved: the dtype the plan runs in
     settings = []
     for L in base.eval_lens:
         for s0 in base.settings:

@@ -286,6 +286,35 @@ def _retrieval_qwen() -> CheckpointPreset:
                             "depths x 4) and RULER niah_single_1, at 1/4-1/16 of the context at 8K, then 1/2-1/16 at 4K")
 
 
+# -- the frontier where it discriminates: Qwen2.5-Coder-0.5B (trained to 32K) at 4K, 8K and 16K -----------------------
+# Each length's RULER tasks are the ones its probe keeps (probe-qwen-cpu: full between 0.5 and 0.95 on 8 examples);
+# at 4K that is niah_multikey_2, and until the 8K and 16K probes have run those lengths use it too (results/README.md
+# says which probe chose each). Passkey: 5 depths x 4 haystacks, 20 independent draws a cell. The press grid at 1/8
+# first at every length (16K first: a cut run drops lengths from the shorter end, never 16K), then the other budgets
+# (512 tokens only at 16K: at 4K and 8K it is 1/8 and 1/16 again), the leaders the leaderboard ranks first (AdaKV
+# around ExpectedAttention and SnapKV, ChunkKV, CriticalKV), KVzip in groups of its own (its prefill is its own, two
+# to three times a plain one), then the sized variants, the dynamic prefills and retrieval at 1/8.
+LEADERS = ("adakv(expected_attention)", "adakv(snapkv)", "chunkkv(snapkv)", "criticalkv(snapkv)")
+PROBED = {4096: ("niah_multikey_2",), 8192: ("niah_multikey_2",), 16384: ("niah_multikey_2",)}
+
+
+def _frontier_probed(model: str, probed: dict[int, tuple[str, ...]], variant: str = "full") -> tuple[Group, ...]:
+    order = sorted(probed, key=lambda L: (L != max(probed), L))  # the longest first, then the rest from the shortest
+    arms = (*FRONTIER_PRESSES, *LEADERS)
+
+    def group(L: int, presses: tuple[str, ...] = (), budgets: tuple[str, ...] = ("1/8",), **kw: Any) -> Group:
+        return Group(("passkey", "ruler"), (variant,) if presses else (), (L,), config=frontier_config(*probed[L]),
+                     examples=20, presses=presses, budgets=budgets, **kw)
+
+    return (*(group(L, arms, ("1/8", *(("512",) if L >= 16384 else ()))) for L in order),
+            *(group(L, arms, ("1/2", "1/4", "1/16")) for L in order),
+            *(group(L, ("kvzip",)) for L in order),
+            *(group(L, sized=("sliding_window", "sinks", "block_sparse", "moba", "quest")) for L in order),
+            *(group(L, sized=PREFILL_METHODS) for L in order),
+            *(group(L, (*RETRIEVERS, "none")) for L in order),
+            *(group(L, FRONTIER_PRESSES[:1] + PRESSES + ("keydiff",), query_aware=True) for L in order))
+
+
 CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "smollm2-cpu": _smollm2(), "gemma3-cpu": _gemma3(), "kvpress-smollm2-cpu": _kvpress_smollm2(),
     "selective-smollm2-cpu": _selective_smollm2(),
@@ -301,6 +330,13 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "probe-gemma3-cpu": _probe("gemma3-270m", "sliding_attention=sliding_window:backend=blocked", (4096, 8192),
                                "Gemma 3 270M, its own pattern: 8 examples of every RULER task at 4K and 8K"),
     "probe-smollm2-cpu": _probe("smollm2-135m", "full", (4096,), "SmolLM2-135M: 8 examples of every RULER task at 4K"),
+    # estimated from the probe's prompt times: about 10 hours of 2 cores for the 1/8 grid at the three lengths (16K
+    # about two thirds of it), about 45 for everything; bfloat16 where the machine runs it faster (--dtype auto)
+    "frontier-qwen-16k-cpu": CheckpointPreset("qwen2.5-coder-0.5b", _frontier_probed("qwen2.5-coder-0.5b", PROBED),
+                                              "Qwen2.5-Coder-0.5B at 16K, 4K and 8K on passkey (20 haystacks) and the "
+                                              "RULER tasks its probe keeps: every press, the leaders, the oracle, "
+                                              "quantized caches and full at 1/8, then 1/2-1/16, KVzip, the sized "
+                                              "variants, the dynamic prefills, retrieval, the presses query-aware"),
 }
 
 
