@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,15 @@ def declaration(row: Mapping[str, Any]) -> dict[str, Any]:
             "versus_full": task in _BEFORE["versus_full"]}
 
 
+def press_method(row: Mapping[str, Any]) -> str:
+    """The press a row measures as tables name it, without its ratio: ``snapkv``; a press wrapping another with the
+    one it wraps (``adakv(snapkv)``, from ``press_params.press``), so two wrappings of one press stay two methods."""
+    params = row.get("press_params")
+    wrapped = params.get("press") if isinstance(params, Mapping) else None
+    name = str(row.get("press"))
+    return f"{name}({re.sub(r':[^()]*', '', wrapped)})" if isinstance(wrapped, str) and wrapped else name
+
+
 def one_draw_a_cell(row: Mapping[str, Any]) -> bool:
     """Whether a row without ``draws`` is one independent draw (its examples shared one context)."""
     return row.get("draws") is None and str(row.get("task")) in _BEFORE["one_draw"]
@@ -81,4 +91,5 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-__all__ = ["DECLARED", "NAME_FIELDS", "NUMBER_FIELDS", "PARAM_FIELDS", "declaration", "one_draw_a_cell", "row_problem"]
+__all__ = ["DECLARED", "NAME_FIELDS", "NUMBER_FIELDS", "PARAM_FIELDS", "declaration", "one_draw_a_cell", "press_method",
+           "row_problem"]

@@ -450,3 +450,15 @@ def test_a_row_says_its_draws_as_a_list_or_a_frame():
         assert pts.loc["passkey", "draws"] == 20 and pts.loc["niah_single_1", "draws"] == 20
     old = FR.points(passkey_rows("none", ones(20))).iloc[0]
     assert old["draws"] == 5
+
+
+def test_two_wrappings_of_one_press_are_two_methods_named_by_what_they_wrap():
+    """``adakv(snapkv)`` and ``adakv(expected_attention)`` share a ``press`` column (kvpress's AdaKV): the frontier names
+    each by the press it wraps, without the ratio the budget set."""
+    rows = [press_row("none", [1.0, 0.0, 1.0, 1.0])]
+    for inner, ex in (("snapkv", [1.0, 0.0, 0.0, 1.0]), ("expected_attention", [0.0, 0.0, 1.0, 0.0])):
+        r = press_row("adakv", ex, budget="1/8")
+        r["press_params"] = {"press": f"{inner}:compression_ratio=0.875", "alpha_safeguard": 0.2}
+        rows.append(r)
+    pts = FR.points(rows).set_index("method")
+    assert pts.loc["adakv(snapkv)", "score"] == 0.5 and pts.loc["adakv(expected_attention)", "score"] == 0.25

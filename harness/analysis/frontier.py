@@ -24,7 +24,7 @@ from harness.analysis.claims import against_oracle, claim_lines
 from harness.analysis.paired import ALPHA, interval, paired_difference
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
-from harness.schema import declaration, one_draw_a_cell
+from harness.schema import declaration, one_draw_a_cell, press_method
 
 MIN_EXAMPLES = 20  # a cell on fewer (a run stopped inside it) is shown, not ranked
 
@@ -59,7 +59,7 @@ def arm(row: dict[str, Any]) -> tuple[str, str, str] | None:
         if press == "quantized":
             bits = re.search(r"nbits=(\d+)", str(row.get("press_spec", "")))
             return f"quantized {bits[1] if bits else '?'}-bit", "quantized", ""
-        name = press + (" (query-aware)" if row.get("query_aware") in (True,) else "")
+        name = press_method(row) + (" (query-aware)" if row.get("query_aware") in (True,) else "")
         return (name, "oracle" if press == "oracle" else "press", budget) if budget else None  # else: not sized
     spec = _text(row.get("variant_spec")) or ""
     if not budget or not spec:

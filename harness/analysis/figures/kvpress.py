@@ -22,6 +22,7 @@ from harness.analysis.figures.checkpoint import panel_order, task_panels, withou
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, figure_style, finish_figure, legend_entries, new_figure, save
 from harness.analysis.figures.style import palette as make_palette
+from harness.schema import press_method
 
 
 def press_points(acc: pd.DataFrame) -> pd.DataFrame:
@@ -35,7 +36,7 @@ def press_points(acc: pd.DataFrame) -> pd.DataFrame:
     if len(df) == 0:
         raise Skip("no KV press rows")
     df["kind"] = ["press" if p else "variant" for p in press[df.index]]
-    df["label"] = [r["press"] if r["kind"] == "press" else without_backend(str(r["variant_spec"])).split(":")[0]
+    df["label"] = [press_method(r) if r["kind"] == "press" else without_backend(str(r["variant_spec"])).split(":")[0]
                    + (" + sinks" if "sinks=" in str(r["variant_spec"]) else "") for _, r in df.iterrows()]
     df["ratio"] = [r["compression_ratio"] if r["kind"] == "press" else r["matched_ratio"] for _, r in df.iterrows()]
     if "query_aware" in df:
