@@ -96,12 +96,11 @@ def test_ruler_prompts_follow_the_length_rule_in_the_checkpoints_tokens(smollm2)
 def test_chat_template_prompts_are_what_apply_chat_template_gives_on_real_smollm2(smollm2, tmp_path):
     """--chat-template: the GGUF file's own template around the user's message, as transformers renders it; passkey and
     RULER prompts keep their lengths in it; rows say chat_template and never resume the plain run's."""
-    from harness.accuracy.checkpoint import _tokenizer
     from harness.accuracy.tasks.passkey import ANSWER_PREFIX, INSTRUCTION, PasskeyConfig, passkey_examples
 
     plain = smollm2[0]
     ckpt = load_checkpoint("smollm2-135m", chat_template=True)
-    tok = _tokenizer(str(ckpt.path.parent), ckpt.path.name, hf.models.file_version(ckpt.path))
+    tok = hf.models.load_tokenizer(ckpt.path.parent, ckpt.path.name)
     user = INSTRUCTION + "The grass is green. What is the pass key?"
     theirs = tok.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True,
                                      return_dict=True)["input_ids"]

@@ -96,6 +96,20 @@ def _read_config(folder: str, gguf: str | None, version: tuple[int, int]) -> Pre
     return AutoConfig.from_pretrained(folder, gguf_file=gguf, local_files_only=True)
 
 
+def load_tokenizer(folder: str | Path, gguf: str | None) -> Any:
+    """A checkpoint's tokenizer (from its GGUF file when it has one), read once per process and file version: a GGUF
+    tokenizer takes seconds to parse. Shared, read-only."""
+    path = Path(folder)
+    return _read_tokenizer(str(path), gguf, file_version(path / gguf if gguf else path))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_tokenizer(folder: str, gguf: str | None, version: tuple[int, int]) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf, local_files_only=True)
+
+
 def load_config(name_or_path: str | Path) -> PreTrainedConfig:
     """A preset name (llama, mistral, qwen2), a local config.json or a directory holding one, a ``.gguf`` file or a
     named checkpoint (its config only: no weights read)."""
@@ -167,4 +181,4 @@ def load_model(path: str | Path, spec: str, position: str | None = None, dtype: 
 
 
 __all__ = ["file_version", "NoGGUF", "PRESETS", "SMALL", "build_model", "check_config", "load_config", "load_model",
-           "load_weights", "pretrained_config", "source", "tiny_config"]
+           "load_tokenizer", "load_weights", "pretrained_config", "source", "tiny_config"]

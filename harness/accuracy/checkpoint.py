@@ -7,7 +7,6 @@ reads the weights once and builds each variant and position on them).
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +61,10 @@ def load_tokens(path: Path, vocab_size: int, gguf: str | None = None, chat_templ
             raise ValueError(f"checkpoint {path} has no tokenizer and a vocabulary of {vocab_size} < 256 tokens: "
                              "UTF-8 bytes cannot be fed as token ids")
         return byte_tokens()
-    try:
-        from attn.hf.models import file_version
+    from attn.hf.models import load_tokenizer
 
-        tok = _tokenizer(str(path), gguf, file_version(path / gguf if gguf else path))
+    try:
+        tok = load_tokenizer(path, gguf)
     except Exception as e:  # transformers raises OSError, ValueError, TypeError... for a broken tokenizer
         raise ValueError(f"checkpoint {path}: its tokenizer does not load ({type(e).__name__}: {e})") from None
     boundary = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -91,12 +90,6 @@ def chat_turns(tok: Any, path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (tuple(tok.encode(before, add_special_tokens=False)), tuple(tok.encode(after, add_special_tokens=False)))
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer(folder: str, gguf: str | None, version: tuple[int, int]) -> Any:
-    """Read once per process and file version (a GGUF tokenizer takes seconds to parse); used read-only."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf, local_files_only=True)
 
 
 @dataclass(frozen=True)

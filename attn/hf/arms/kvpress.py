@@ -44,9 +44,11 @@ def checkpoint_tokenizer(press: Any) -> Iterator[None]:
     class FromCheckpoint:
         @staticmethod
         def from_pretrained(path: Any, *args: Any, **kwargs: Any) -> Any:
+            from attn.hf.models import load_tokenizer
+
             ggufs = sorted(Path(str(path)).glob("*.gguf"))
-            if len(ggufs) == 1 and "gguf_file" not in kwargs:
-                kwargs |= {"gguf_file": ggufs[0].name, "local_files_only": True}
+            if len(ggufs) == 1 and not args and not kwargs:  # read once per process, as the checkpoint's own is
+                return load_tokenizer(path, ggufs[0].name)
             return auto.from_pretrained(path, *args, **kwargs)
 
     module.AutoTokenizer = FromCheckpoint
