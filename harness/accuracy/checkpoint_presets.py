@@ -293,7 +293,8 @@ def _retrieval_qwen() -> CheckpointPreset:
 # first at every length (16K first: a cut run drops lengths from the shorter end, never 16K), then the other budgets
 # (512 tokens only at 16K: at 4K and 8K it is 1/8 and 1/16 again), the leaders the leaderboard ranks first (AdaKV
 # around ExpectedAttention and SnapKV, ChunkKV, CriticalKV), KVzip in groups of its own (its prefill is its own, two
-# to three times a plain one), then the sized variants, the dynamic prefills and retrieval at 1/8.
+# to three times a plain one), then the sized variants, the dynamic prefills and retrieval at 1/8, the text read after
+# a compressed context (continuation, bits per byte: 20 windows) and the presses query-aware.
 LEADERS = ("adakv(expected_attention)", "adakv(snapkv)", "chunkkv(snapkv)", "criticalkv(snapkv)")
 PROBED = {4096: ("niah_multikey_2",), 8192: ("niah_multikey_2",), 16384: ("niah_multikey_2",)}
 
@@ -312,6 +313,7 @@ def _frontier_probed(model: str, probed: dict[int, tuple[str, ...]], variant: st
             *(group(L, sized=("sliding_window", "sinks", "block_sparse", "moba", "quest")) for L in order),
             *(group(L, sized=PREFILL_METHODS) for L in order),
             *(group(L, (*RETRIEVERS, "none")) for L in order),
+            *(Group(("continuation",), (variant,), (L,), examples=20, presses=arms, budgets=("1/8",)) for L in order),
             *(group(L, FRONTIER_PRESSES[:1] + PRESSES + ("keydiff",), query_aware=True) for L in order))
 
 
@@ -336,7 +338,8 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                               "Qwen2.5-Coder-0.5B at 16K, 4K and 8K on passkey (20 haystacks) and the "
                                               "RULER tasks its probe keeps: every press, the leaders, the oracle, "
                                               "quantized caches and full at 1/8, then 1/2-1/16, KVzip, the sized "
-                                              "variants, the dynamic prefills, retrieval, the presses query-aware"),
+                                              "variants, the dynamic prefills, retrieval, continuation bits per byte, "
+                                              "the presses query-aware"),
 }
 
 
