@@ -22,7 +22,7 @@ def cost_method(row: dict[str, Any]) -> str | None:
     """The frontier's name of a cost row's method (None: not a frontier method)."""
     press = row.get("press_spec")
     if isinstance(press, str) and press:
-        name = press.split(":")[0]
+        name = re.sub(r":[^()]*", "", press)  # adakv(snapkv:compression_ratio=0.875) -> adakv(snapkv), as the frontier
         if name == "none":
             return "full"
         if name == "quantized":
