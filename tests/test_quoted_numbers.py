@@ -1602,6 +1602,17 @@ def test_the_frontier_tables_are_rendered_from_their_rows(file):
         "--heading-level 4`")
 
 
+# -- the task probe: `attn-bench probe FILE --heading-level 4`, pasted whole under the file's section ------------------
+
+@pytest.mark.parametrize("file", [f for f in committed() if f.startswith("probe-")])
+def test_the_probe_tables_are_rendered_from_their_rows(file):
+    """Each task's score, interval, draws and verdict, and the tasks kept, are the command's output on the rows."""
+    from harness.analysis.probe import lines, probe
+
+    assert " ".join("\n".join(lines(probe(list(rows(file))), head="####")).split()) in text(RESULTS), (
+        f"paste `attn-bench probe results/{file} --heading-level 4`")
+
+
 # -- the answers: `attn-bench answers DOC`, every block rendered from today's rows ------------------------------------
 
 @cache

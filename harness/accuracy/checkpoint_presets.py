@@ -299,19 +299,22 @@ LEADERS = ("adakv(expected_attention)", "adakv(snapkv)", "chunkkv(snapkv)", "cri
 PROBED = {4096: ("niah_multikey_2",), 8192: ("niah_multikey_2",), 16384: ("niah_multikey_2",)}
 
 
-def _frontier_probed(model: str, probed: dict[int, tuple[str, ...]], variant: str = "full") -> tuple[Group, ...]:
+def _frontier_probed(probed: dict[int, tuple[str, ...]], variant: str = "full", sized: bool = True) -> tuple[Group, ...]:
+    """The groups of a probed frontier (``probed``: length -> the RULER tasks its probe keeps, none: passkey alone);
+    ``sized``: with the sized variants and the dynamic prefills (a model of layer types has no budget for them)."""
     order = sorted(probed, key=lambda L: (L != max(probed), L))  # the longest first, then the rest from the shortest
     arms = (*FRONTIER_PRESSES, *LEADERS)
 
     def group(L: int, presses: tuple[str, ...] = (), budgets: tuple[str, ...] = ("1/8",), **kw: Any) -> Group:
-        return Group(("passkey", "ruler"), (variant,) if presses else (), (L,), config=frontier_config(*probed[L]),
-                     examples=20, presses=presses, budgets=budgets, **kw)
+        tasks = ("passkey", "ruler") if probed[L] else ("passkey",)
+        return Group(tasks, (variant,) if presses else (), (L,), config=frontier_config(*probed[L]) if probed[L] else
+                     {"passkey": frontier_config()["passkey"]}, examples=20, presses=presses, budgets=budgets, **kw)
 
+    families = (("sliding_window", "sinks", "block_sparse", "moba", "quest"), PREFILL_METHODS) if sized else ()
     return (*(group(L, arms, ("1/8", *(("512",) if L >= 16384 else ()))) for L in order),
             *(group(L, arms, ("1/2", "1/4", "1/16")) for L in order),
             *(group(L, ("kvzip",)) for L in order),
-            *(group(L, sized=("sliding_window", "sinks", "block_sparse", "moba", "quest")) for L in order),
-            *(group(L, sized=PREFILL_METHODS) for L in order),
+            *(group(L, sized=f) for f in families for L in order),
             *(group(L, (*RETRIEVERS, "none")) for L in order),
             *(Group(("continuation",), (variant,), (L,), examples=20, presses=arms, budgets=("1/8",)) for L in order),
             *(group(L, FRONTIER_PRESSES[:1] + PRESSES + ("keydiff",), query_aware=True) for L in order))
@@ -334,12 +337,19 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "probe-smollm2-cpu": _probe("smollm2-135m", "full", (4096,), "SmolLM2-135M: 8 examples of every RULER task at 4K"),
     # estimated from the probe's prompt times: about 10 hours of 2 cores for the 1/8 grid at the three lengths (16K
     # about two thirds of it), about 45 for everything; bfloat16 where the machine runs it faster (--dtype auto)
-    "frontier-qwen-16k-cpu": CheckpointPreset("qwen2.5-coder-0.5b", _frontier_probed("qwen2.5-coder-0.5b", PROBED),
+    "frontier-qwen-16k-cpu": CheckpointPreset("qwen2.5-coder-0.5b", _frontier_probed(PROBED),
                                               "Qwen2.5-Coder-0.5B at 16K, 4K and 8K on passkey (20 haystacks) and the "
                                               "RULER tasks its probe keeps: every press, the leaders, the oracle, "
                                               "quantized caches and full at 1/8, then 1/2-1/16, KVzip, the sized "
                                               "variants, the dynamic prefills, retrieval, continuation bits per byte, "
                                               "the presses query-aware"),
+    # Gemma 3's own pattern, the presses on its global layers (kvpress's rule); its probe keeps no RULER task at 4K
+    # (full below 0.5 on each), so passkey alone; KVzip refuses Gemma 3 (its rows say so). About 4 hours of 2 cores.
+    "frontier-gemma3-8k-cpu": CheckpointPreset("gemma3-270m", _frontier_probed(
+        {4096: (), 8192: ()}, "sliding_attention=sliding_window:backend=blocked", sized=False),
+        "Gemma 3 270M, its own pattern, at 8K and 4K on passkey (20 haystacks): every press and the leaders on its "
+        "global layers, the oracle, quantized caches and full at 1/8, then 1/2-1/16, retrieval, continuation bits "
+        "per byte, the presses query-aware"),
 }
 
 
