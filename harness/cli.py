@@ -188,7 +188,8 @@ def _presses() -> tuple[dict[str, dict[str, Any]], str | None]:
 
 
 def _print_presses(presses: dict[str, dict[str, Any]], install: str | None) -> None:
-    click.secho("KV presses (sweep --scope hf / accuracy --hf-model: --press NAME[:key=value,...])", bold=True)
+    click.secho("KV presses (sweep --scope hf / accuracy --hf-model: --press NAME[(PRESS)][:key=value,...];"
+                " press=<press>: the press it wraps, adakv(snapkv))", bold=True)
     if install is not None:
         click.echo(f"  unavailable: {install}")
     for name, params in presses.items():
