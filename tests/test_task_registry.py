@@ -223,12 +223,12 @@ def test_the_runner_keys_cells_by_every_task_s_columns():
 
 def test_shared_options_are_one_option_naming_every_task():
     opts = tasks.task_options()
-    assert opts["eval_examples"][1] == ("mqar", "passkey", "ruler")
+    assert opts["eval_examples"][1] == ("mqar", "passkey", "ruler", "continuation")
     assert opts["subtasks"][0].decl == "--subtask" and opts["subtasks"][1] == ("ruler",)
     from harness.accuracy.cli import accuracy_command
 
     helps = {p.name: p.help for p in accuracy_command.params}
-    assert helps["eval_examples"] == "mqar/passkey/ruler: test examples per cell."
+    assert helps["eval_examples"] == "mqar/passkey/ruler/continuation: test examples per cell."
     assert helps["depths"] == "passkey: comma-separated depths in [0, 1]."
 
 
