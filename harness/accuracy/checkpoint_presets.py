@@ -288,15 +288,16 @@ def _retrieval_qwen() -> CheckpointPreset:
 
 # -- the frontier where it discriminates: Qwen2.5-Coder-0.5B (trained to 32K) at 4K, 8K and 16K -----------------------
 # Each length's RULER tasks are the ones its probe keeps (probe-qwen-cpu: full between 0.5 and 0.95 on 8 examples);
-# at 4K that is niah_multikey_2, and until the 8K and 16K probes have run those lengths use it too (results/README.md
-# says which probe chose each). Passkey: 5 depths x 4 haystacks, 20 independent draws a cell. The press grid at 1/8
+# at 4K six of nine, and until the 8K and 16K probes have run those lengths use the same six (results/README.md says
+# which probe chose each). Passkey: 5 depths x 4 haystacks, 20 independent draws a cell. The press grid at 1/8
 # first at every length (16K first: a cut run drops lengths from the shorter end, never 16K), then the other budgets
 # (512 tokens only at 16K: at 4K and 8K it is 1/8 and 1/16 again), the leaders the leaderboard ranks first (AdaKV
 # around ExpectedAttention and SnapKV, ChunkKV, CriticalKV), KVzip in groups of its own (its prefill is its own, two
 # to three times a plain one), then the sized variants, the dynamic prefills and retrieval at 1/8, the text read after
 # a compressed context (continuation, bits per byte: 20 windows) and the presses query-aware.
 LEADERS = ("adakv(expected_attention)", "adakv(snapkv)", "chunkkv(snapkv)", "criticalkv(snapkv)")
-PROBED = {4096: ("niah_multikey_2",), 8192: ("niah_multikey_2",), 16384: ("niah_multikey_2",)}
+QWEN_4K = ("niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "cwe", "fwe")
+PROBED = {4096: QWEN_4K, 8192: QWEN_4K, 16384: QWEN_4K}
 
 
 def _frontier_probed(probed: dict[int, tuple[str, ...]], variant: str = "full", sized: bool = True) -> tuple[Group, ...]:
@@ -335,8 +336,9 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "probe-gemma3-cpu": _probe("gemma3-270m", "sliding_attention=sliding_window:backend=blocked", (4096, 8192),
                                "Gemma 3 270M, its own pattern: 8 examples of every RULER task at 4K and 8K"),
     "probe-smollm2-cpu": _probe("smollm2-135m", "full", (4096,), "SmolLM2-135M: 8 examples of every RULER task at 4K"),
-    # estimated from the probe's prompt times: about 10 hours of 2 cores for the 1/8 grid at the three lengths (16K
-    # about two thirds of it), about 45 for everything; bfloat16 where the machine runs it faster (--dtype auto)
+    # estimated from the probe's prompt times (Qwen, one arm: ~40 s a 4K prompt on one core) and the arms' batched
+    # cost: about 30 hours of 2 cores for the 1/8 grid (140 prompts a length; 16K two thirds of it), over 100 for
+    # everything -- past the 1/8 grid, a lent GPU's job (frontier-gpu); bfloat16 where the machine runs it faster
     "frontier-qwen-16k-cpu": CheckpointPreset("qwen2.5-coder-0.5b", _frontier_probed(PROBED),
                                               "Qwen2.5-Coder-0.5B at 16K, 4K and 8K on passkey (20 haystacks) and the "
                                               "RULER tasks its probe keeps: every press, the leaders, the oracle, "
