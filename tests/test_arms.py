@@ -104,7 +104,7 @@ def test_rows_hold_each_arms_keys_as_they_are():
 def test_the_quantized_arm_in_the_batch_answers_as_its_quantized_cache():
     """Within its residual, the quantized arm decodes from its context dequantized once: the answer its own
     ``QuantizedCache`` decodes (which dequantizes at every step)."""
-    from attn.hf.presses import compress
+    from attn.hf.replay import compress
     from harness.accuracy.prefill import Greedy
 
     model = tiny(torch.float64)

@@ -62,7 +62,7 @@ def test_full_with_snapkv_inside_real_smollm2_equals_sdpa_with_snapkv(smollm2):
     """kvpress's SnapKV at ratio 0.5 on 512 tokens of real text, then a 16-token question: our ``full`` and sdpa keep
     the same keys in every layer and give the question the same logits (<= 1e-4)."""
     pytest.importorskip("kvpress")
-    from attn.hf import presses
+    from attn.hf import presses, replay
 
     ckpt, weights = smollm2
     text = (torch.__file__.rsplit("/", 1)[0] + "/functional.py")
@@ -73,7 +73,7 @@ def test_full_with_snapkv_inside_real_smollm2_equals_sdpa_with_snapkv(smollm2):
     theirs.load_state_dict(weights)
     got = []
     for model in (ours, theirs):
-        cache = presses.prefill_with(model, spec, spec.build(), torch.tensor([ids[:512]]))
+        cache = replay.prefill_with(model, spec, spec.build(), torch.tensor([ids[:512]]))
         assert presses.kept_tokens(cache) == [256] * 30
         with torch.no_grad():
             got.append((cache, model(input_ids=torch.tensor([ids[512:]]), past_key_values=cache,

@@ -66,7 +66,7 @@ def test_the_oracle_keeps_at_least_the_mass_of_every_press_of_its_budget(ratio, 
     the oracle arm runs through the shared prefill, its rows saying what it read."""
     from transformers import GenerationConfig
 
-    from attn.hf import presses
+    from attn.hf import presses, replay
     from harness.accuracy.prefill import SharedPrefill
 
     model = _tiny()
@@ -104,7 +104,7 @@ def test_the_oracle_keeps_at_least_the_mass_of_every_press_of_its_budget(ratio, 
 
     full_keys = [layer.keys for layer in arms.cache.layers]
     for spec, press in zip(specs[1:], arms.presses[1:], strict=True):
-        pressed = presses.compress(model, spec, press, full_keys, [layer.values for layer in arms.cache.layers],
+        pressed = replay.compress(model, spec, press, full_keys, [layer.values for layer in arms.cache.layers],
                                    arms.recorder)
         for i, (query, key) in enumerate(seen):
             ctx = key[..., :CONTEXT, :]  # the full cache's context keys as this call saw them

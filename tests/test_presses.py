@@ -10,7 +10,7 @@ from kvpress.utils import compute_n_kept  # noqa: E402
 from transformers import AutoModelForCausalLM, DynamicCache, GenerationConfig  # noqa: E402
 
 from attn import hf  # noqa: E402
-from attn.hf import presses  # noqa: E402
+from attn.hf import presses, replay  # noqa: E402
 from harness.accuracy.checkpoint_presets import PRESSES  # noqa: E402
 from harness.accuracy.prefill import SharedPrefill  # noqa: E402
 from harness.accuracy.pretrained import equal_memory_specs  # noqa: E402
@@ -63,9 +63,9 @@ def test_each_press_keeps_the_tokens_kvpress_promises_and_replay_equals_its_own_
         assert kept["kv_tokens_min"] == kept["kv_tokens_max"] == n
     else:
         assert kept["kv_tokens_min"] <= n <= kept["kv_tokens_max"]  # uniform where its window leaves no room
-    replayed = presses.compress(model, spec, cache.presses[0], [layer.keys for layer in cache.cache.layers],
+    replayed = replay.compress(model, spec, cache.presses[0], [layer.keys for layer in cache.cache.layers],
                                 [layer.values for layer in cache.cache.layers], cache.recorder)
-    own = presses.prefill_with(model, spec, spec.build(), torch.tensor([second[:CONTEXT]]))
+    own = replay.prefill_with(model, spec, spec.build(), torch.tensor([second[:CONTEXT]]))
     for a, b in zip(replayed.layers, own.layers, strict=True):
         assert a.keys.shape == b.keys.shape
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
@@ -94,7 +94,7 @@ def test_our_full_with_a_press_equals_sdpa_with_it(text):
     ctx, question = torch.tensor([prompt(6)[:CONTEXT]]), prompt(7, 5)
     logits = []
     for model in (ours, theirs):
-        cache = presses.prefill_with(model, spec, spec.build(), ctx)
+        cache = replay.prefill_with(model, spec, spec.build(), ctx)
         step = 1 if spec.name == "pyramidkv" else len(question)
         out = []
         for i in range(0, len(question), step):

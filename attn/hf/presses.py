@@ -19,23 +19,20 @@ on every attention layer, which compresses the layer's cache right after the lay
 answer are then decoded against the compressed cache, their positions continuing the context's (so RoPE sees the true
 distance), greedily. A press that compresses while decoding (kvpress's ``DecodingPress``) keeps its hooks on then.
 
-Replay (:func:`compress`): a prefill's hidden states do not depend on the press -- each layer attends over all of the
-context's keys, then the hook prunes what the *cache* keeps -- so one prefill, recorded (:class:`Recorder`: each
+Replay (:mod:`attn.hf.replay`): a prefill's hidden states do not depend on the press -- each layer attends over all of
+the context's keys, then the hook prunes what the *cache* keeps -- so one prefill, recorded (``Recorder``: each
 attention layer's input and RoPE, and the keys it wrote), serves every press: each press gets a fresh cache filled
 layer by layer with the recorded keys, and its own ``forward_hook`` called exactly as during a prefill. This holds for
-presses that act through kvpress's standard hook (``BasePress.__call__``); the others run
-their own prefill inside ``with press(model)`` (:func:`prefill_with`). Which does what is each arm's to say
-(:mod:`attn.hf.arms`).
+presses that act through kvpress's standard hook (``BasePress.__call__``); the others run their own prefill inside
+``with press(model)`` (``prefill_with``). Which does what is each arm's to say (:mod:`attn.hf.arms`).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
@@ -292,106 +289,6 @@ def language_model(model: Any) -> Any:
     return model.model.language_model if hasattr(model.model, "language_model") else model.model
 
 
-# -- recording one prefill, replaying it for each press ---------------------------------------------------------
-
-class Recorder:
-    """Each attention layer's input (``hidden_states``) and RoPE (``position_embeddings``) over the context, kept
-    beside the prefill's cache; :meth:`crop` cuts both back with the cache when a prompt reuses a prefix."""
-
-    def __init__(self, model: Any):
-        self.layers = [layer.self_attn for layer in language_model(model).layers]
-        self.hidden: list[list[torch.Tensor]] = [[] for _ in self.layers]
-        self.rope: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in self.layers]
-
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[None]:
-        def hook(i: int):
-            def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-                self.hidden[i].append(kwargs["hidden_states"].detach())
-                self.rope[i].append(tuple(t.detach() for t in kwargs["position_embeddings"]))
-            return pre
-
-        handles = [m.register_forward_pre_hook(hook(i), with_kwargs=True) for i, m in enumerate(self.layers)]
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-
-    def _join(self, i: int) -> None:
-        """Layer ``i``'s recorded pieces (one per prefill call) as one tensor each."""
-        if len(self.hidden[i]) > 1:
-            self.hidden[i] = [torch.cat(self.hidden[i], dim=1)]
-            self.rope[i] = [tuple(torch.cat(parts, dim=1) for parts in zip(*self.rope[i], strict=True))]
-
-    def crop(self, keep: int) -> None:
-        for i in range(len(self.layers)):
-            if self.hidden[i]:
-                self._join(i)
-                cos, sin = self.rope[i][0]
-                self.hidden[i], self.rope[i] = [self.hidden[i][0][:, :keep]], [(cos[:, :keep], sin[:, :keep])]
-
-    def layer(self, i: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        self._join(i)
-        return self.hidden[i][0], self.rope[i][0]
-
-
-@torch.no_grad()
-def compress(model: Any, spec: PressSpec, press: Any, keys: list[torch.Tensor], values: list[torch.Tensor],
-             recorder: Recorder) -> Any:
-    """A new cache holding the context as ``press`` leaves it: each layer's recorded keys written as the prefill wrote
-    them, then the press's hook called as after that layer's forward (``press`` None: nothing pruned)."""
-    cache = spec.new_cache(model.config)
-    if press is not None:
-        press.post_init_from_model(model)
-        lm = language_model(model)
-    from attn.hf.layers import window_layers
-
-    windows = window_layers(model.config)
-    for i, module in enumerate(recorder.layers):
-        if i in windows:  # the model's window reads only these; kvpress leaves such layers to it
-            w = windows[i] - 1
-            cache.update(keys[i][..., -w:, :], values[i][..., -w:, :], i)
-            continue
-        cache.update(keys[i], values[i], i)
-        if press is None:
-            continue
-        hidden, rope = recorder.layer(i)
-        if hidden.shape[1] != keys[i].shape[-2]:
-            raise RuntimeError(f"layer {i}: {hidden.shape[1]} recorded positions for {keys[i].shape[-2]} cached keys")
-        rope_of(module, lm.rotary_emb, model.config)  # what BasePress.__call__ sets (presses that re-rotate keys read it)
-        L = hidden.shape[1]
-        kwargs = {"hidden_states": hidden, "position_embeddings": rope, "attention_mask": None, "past_key_values": cache,
-                  "cache_position": torch.arange(L, device=hidden.device)}
-        press.forward_hook(module, (), kwargs, (None, None))
-    return cache
-
-
-def rope_of(module: Any, rotary: Any, config: Any) -> None:
-    """Give the layer its model's RoPE as kvpress calls it, ``rotary(x, position_ids)``: a model with one RoPE per layer
-    type (Gemma 3) takes the layer's type too."""
-    if "layer_type" not in inspect.signature(rotary.forward).parameters:
-        module.rotary_emb = rotary
-        return
-    typed = functools.partial(rotary, layer_type=config.layer_types[module.layer_idx])
-    module.__dict__["rotary_emb"] = typed  # a function, not a submodule: set past nn.Module's registration
-
-
-@torch.no_grad()
-def prefill_with(model: Any, spec: PressSpec, press: Any, context: torch.Tensor) -> Any:
-    """A press's own prefill of the context, kvpress's way (``with press(model)``), for presses not replayable
-    (:mod:`attn.hf.arms.kvpress`)."""
-    from attn.hf.layers import window_layers
-
-    if press is not None and window_layers(model.config):
-        raise ValueError(f"press {spec.label} runs its own prefill, where kvpress would compress this model's sliding "
-                         "layers too: on a model with sliding layers only replayable presses run")
-    cache = spec.new_cache(model.config)
-    with press(model) if press is not None else contextlib.nullcontext():
-        language_model(model)(input_ids=context, past_key_values=cache)
-    return cache
-
-
 def press_unsupported(variant: str, layer_specs: dict[str, str] | None, window: int | None = None) -> str | None:
     """Why presses cannot run on this setting (None: they can). A press prunes cache entries by content, so a variant
     that picks keys by their position (a window, blocks) would see the kept keys as if they were contiguous. A model
@@ -446,6 +343,6 @@ def cache_columns(cache: Any) -> dict[str, Any]:
             "kv_cache_bytes": cache_bytes(cache)}
 
 
-__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "Recorder", "cache_bytes", "cache_columns", "compress",
-           "kept_tokens", "language_model", "layer_bytes", "parse_press", "press_catalog", "press_classes",
-           "press_name", "press_params", "press_unsupported", "prefill_with"]
+__all__ = ["INSTALL", "NONE", "QUANTIZED", "PressSpec", "cache_bytes", "cache_columns", "kept_tokens", "language_model",
+           "layer_bytes", "parse_press", "press_catalog", "press_classes", "press_name", "press_params",
+           "press_unsupported"]

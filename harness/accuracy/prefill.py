@@ -3,8 +3,8 @@
 A prompt is a context and, after ``question_at``, a question. The context's keys do not depend on what an arm does to
 the cache afterwards -- a KV press prunes or quantizes what the *cache* keeps once a layer has attended over all of
 the context -- so the context is prefilled once (:class:`SharedPrefill`), recording what kvpress's hooks read
-(:class:`attn.hf.presses.Recorder`), and each arm gets a cache of its own from it: ``none`` the keys as they are,
-``quantized`` a quantized copy, a kvpress press its pruned copy (replayed: :func:`attn.hf.presses.compress`). The arm
+(:class:`attn.hf.replay.Recorder`), and each arm gets a cache of its own from it: ``none`` the keys as they are,
+``quantized`` a quantized copy, a kvpress press its pruned copy (replayed: :func:`attn.hf.replay.compress`). The arm
 then decodes the question and its answer greedily against its own cache, the positions continuing the context's
 (kvpress's protocol), and its cache is freed. Arms whose press cannot be replayed prefill the context themselves; a
 retrieval arm (:mod:`attn.hf.retrieval`) prefills only the chunks it keeps, and decodes the question right after them.
@@ -33,7 +33,8 @@ from attn.hf import batched
 from attn.hf.arms import Arm, Branch, Prompt, Shared
 from attn.hf.arms import arm as make_arm
 from attn.hf.batched import batchable
-from attn.hf.presses import NONE, PressSpec, Recorder, language_model
+from attn.hf.presses import NONE, PressSpec, language_model
+from attn.hf.replay import Recorder
 
 # per-prompt statistics an arm may give, averaged into its row: the oracle's true attention mass on the kept keys; a
 # retrieval arm's seconds retrieving and prefilling, its chunks, the tokens kept and the share of the needles kept

@@ -2,7 +2,7 @@
 ``none``, ``quantized``) costs inside a transformers model, timed the way kvpress's pipeline runs it.
 
 - ``forward``: the prefill of L tokens with the press's hooks on, into a fresh cache of the press's kind each call
-  (``with press(model): model.model(input_ids, past_key_values=cache)``: attn.hf.presses.prefill_with), so the row
+  (``with press(model): model.model(input_ids, past_key_values=cache)``: attn.hf.replay.prefill_with), so the row
   says what scoring and pruning cost on top of the prefill; ``none`` is the same prefill into a cache without hooks.
   The LM head does not run (kvpress prefills the base model). The kept tokens are the last timed call's cache's.
 - ``decode``: the context prefilled and compressed outside the timed region, then one token decoded against the
@@ -83,7 +83,8 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
     """The measured callable of a press cell (forward or decode) on ``model`` with context ``idx`` (B, L).
     ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward)."""
     from attn.hf.arms import arm
-    from attn.hf.presses import cache_columns, kept_tokens, parse_press, prefill_with
+    from attn.hf.presses import cache_columns, kept_tokens, parse_press
+    from attn.hf.replay import prefill_with
     from harness.presses import press_refusal
 
     spec = parse_press(cell.press_spec or "")

@@ -16,13 +16,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from attn.hf.presses import PressSpec, Recorder, compress
+from attn.hf.presses import PressSpec
+from attn.hf.replay import Recorder, compress
 
 
 @dataclass
 class Shared:
     """One prompt's recorded prefill of its context, which replaying arms read: each layer's keys and values, the
-    layers' inputs (:class:`attn.hf.presses.Recorder`), and scores one arm computed that another may reuse."""
+    layers' inputs (:class:`attn.hf.replay.Recorder`), and scores one arm computed that another may reuse."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]

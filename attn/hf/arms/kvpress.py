@@ -1,8 +1,8 @@
 """Any kvpress press by name (``snapkv:compression_ratio=0.5``), replayed from the shared prefill where it can be.
 
-Replay (:func:`attn.hf.presses.compress`) serves presses that act through kvpress's standard hook and compress only
+Replay (:func:`attn.hf.replay.compress`) serves presses that act through kvpress's standard hook and compress only
 during the prefill (:func:`replayable`); the others prefill the context themselves, kvpress's way
-(:func:`attn.hf.presses.prefill_with`). A press that compresses while decoding (:func:`decoding_press`) keeps its
+(:func:`attn.hf.replay.prefill_with`). A press that compresses while decoding (:func:`decoding_press`) keeps its
 hooks on then, so it decodes alone; the others decode in the shared batch.
 
 Scores shared across budgets: the presses of :data:`SHARED_SCORES` score a layer's keys from what the layer saw,
@@ -23,7 +23,8 @@ from typing import Any
 
 from attn.hf import headmask
 from attn.hf.arms.base import Arm, Branch, Prompt, Shared
-from attn.hf.presses import cache_bytes, cache_columns, kept_tokens, layer_bytes, prefill_with
+from attn.hf.presses import cache_bytes, cache_columns, kept_tokens, layer_bytes
+from attn.hf.replay import prefill_with
 
 # kvpress presses whose ``score`` reads nothing of the budget and draws nothing at random (checked against kvpress's
 # source; tests/test_arms.py compares each shared score with the press's own)
