@@ -346,10 +346,12 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                               "variants, the dynamic prefills, retrieval, continuation bits per byte, "
                                               "the presses query-aware"),
     # Gemma 3's own pattern, the presses on its global layers (kvpress's rule); its probe keeps no RULER task at 4K
-    # (full below 0.5 on each), so passkey alone; KVzip refuses Gemma 3 (its rows say so). About 4 hours of 2 cores.
+    # (full below 0.5 on each: passkey alone there) and niah_single_1 at 8K; KVzip refuses Gemma 3 (its rows say so).
+    # About 6 hours of 2 cores.
     "frontier-gemma3-8k-cpu": CheckpointPreset("gemma3-270m", _frontier_probed(
-        {4096: (), 8192: ()}, "sliding_attention=sliding_window:backend=blocked", sized=False),
-        "Gemma 3 270M, its own pattern, at 8K and 4K on passkey (20 haystacks): every press and the leaders on its "
+        {4096: (), 8192: ("niah_single_1",)}, "sliding_attention=sliding_window:backend=blocked", sized=False),
+        "Gemma 3 270M, its own pattern, at 8K and 4K on passkey (20 haystacks) and the RULER task its 8K probe keeps "
+        "(niah_single_1): every press and the leaders on its "
         "global layers, the oracle, quantized caches and full at 1/8, then 1/2-1/16, retrieval, continuation bits "
         "per byte, the presses query-aware"),
 }
