@@ -1605,13 +1605,21 @@ def test_the_frontier_tables_are_rendered_from_their_rows(file):
 
 # -- the task probe: `attn-bench probe FILE --heading-level 4`, pasted whole under the file's section ------------------
 
-@pytest.mark.parametrize("file", [f for f in committed() if f.startswith("probe-")])
-def test_the_probe_tables_are_rendered_from_their_rows(file):
-    """Each task's score, interval, draws and verdict, and the tasks kept, are the command's output on the rows."""
+def probe_files() -> list[str]:
+    return [f for f in committed() if f.startswith("probe-")]
+
+
+@cache
+def probe_markdown(file: str) -> str:
     from harness.analysis.probe import lines, probe
 
-    assert " ".join("\n".join(lines(probe(list(rows(file))), head="####")).split()) in text(RESULTS), (
-        f"paste `attn-bench probe results/{file} --heading-level 4`")
+    return " ".join("\n".join(lines(probe(list(rows(file))), head="####")).split())
+
+
+@pytest.mark.parametrize("file", probe_files())
+def test_the_probe_tables_are_rendered_from_their_rows(file):
+    """Each task's score, interval, draws and verdict, and the tasks kept, are the command's output on the rows."""
+    assert probe_markdown(file) in text(RESULTS), f"paste `attn-bench probe results/{file} --heading-level 4`"
 
 
 # -- the answers: `attn-bench answers DOC`, every block rendered from today's rows ------------------------------------
@@ -1648,7 +1656,7 @@ def covered(doc: str) -> list[tuple[int, int]]:
     rendered += list(answer_blocks(doc)) if doc in (README, RESULTS) else []
     if doc == RESULTS:
         rendered += [(cost_conditions if "task" not in rows(f)[0] else accuracy_conditions)(f) for f in committed()]
-        rendered += [frontier_markdown(f) for f in frontier_files()]
+        rendered += [frontier_markdown(f) for f in frontier_files()] + [probe_markdown(f) for f in probe_files()]
     for r in rendered:
         out += [(m.start(), m.start() + len(r)) for m in re.finditer(re.escape(r), body)]
     return out
