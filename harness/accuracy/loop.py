@@ -1,7 +1,7 @@
 """The evaluation loop every accuracy run walks, whatever it evaluates.
 
 What is evaluated -- a model trained here (:class:`harness.accuracy.runner.Trained`), a pretrained checkpoint's
-setting (:class:`harness.accuracy.pretrained.OnCheckpoint`) -- is a :class:`Subject`: it loads its model, answers one
+setting (:class:`harness.accuracy.pretrained.CheckpointRun`) -- is a :class:`Subject`: it loads its model, answers one
 cell for every arm it has (a trained model has one, ``None``; a checkpoint one per press, all from one prefill), and
 adds its own columns to each row. The loop does the rest once: it loads the model only when a cell is pending, answers
 the cells' arms together, and writes one row per arm and metric; a model that does not load, or a cell that raises,

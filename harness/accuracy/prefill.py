@@ -98,6 +98,19 @@ class SharedPrefill:
             language_model(model)(input_ids=x, past_key_values=self.cache, use_cache=True)
         return None
 
+    def _shared(self, model: Any, context: list[int]) -> Shared | None:
+        """The context prefilled once and recorded, for the arms that replay it (None: no arm does)."""
+        if not any(a.replays for a in self.live()):
+            return None
+        self._prefill(model, context)
+        return Shared([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
+                      self.recorder)
+
+    def _record(self, arm: Arm, b: Branch, context: int) -> None:
+        """One prompt's row statistics of an arm, once it has decoded against its branch."""
+        self.stats[arm.label].append(arm.after({"context_tokens": context, "kv_cache": type(b.cache).__name__,
+                                                **b.columns}))
+
     # -- the arms ------------------------------------------------------------------------------------------------
     def answers(self, model: Any, prompt: list[int], question_at: int, config: Any,
                 stop: Stop | None = None, needles: Sequence[str] | None = None) -> dict[str | None, list[int]]:
@@ -114,11 +127,7 @@ class SharedPrefill:
             return {None: out}
         cut = len(prompt) - 1 if self.query_aware else min(question_at, len(prompt) - 1)  # a question of >= 1 token
         seen = Prompt(prompt, question_at, cut, greedy.new_tokens, self.decode, needles)
-        shared = None
-        if any(a.replays for a in self.live()):
-            self._prefill(model, prompt[:cut])
-            shared = Shared([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
-                            self.recorder)
+        shared = self._shared(model, prompt[:cut])
         said: dict[str | None, list[int]] = {a.label: [] for a in self.members}
         branches: dict[str, Branch] = {}
         for arm in self.live():
@@ -149,8 +158,7 @@ class SharedPrefill:
                 self.fail(arm, e)
         for arm in self.live():
             if (b := branches.pop(arm.label, None)) is not None:
-                cols = arm.after({"context_tokens": cut, "kv_cache": type(b.cache).__name__, **b.columns})
-                self.stats[arm.label].append(cols)
+                self._record(arm, b, cut)
         return said
 
     @torch.no_grad()
@@ -172,11 +180,7 @@ class SharedPrefill:
         if self.plain:
             return {None: scored(None, prompt[:-1], 0)}
         seen = Prompt(prompt, context, context, 0, self.decode)
-        shared = None
-        if any(a.replays for a in self.live()):
-            self._prefill(model, prompt[:context])
-            shared = Shared([layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers],
-                            self.recorder)
+        shared = self._shared(model, prompt[:context])
         out = {}
         for arm in self.live():
             try:
@@ -186,8 +190,7 @@ class SharedPrefill:
             except Exception as e:  # noqa: BLE001  (this arm's rows say why, the others go on)
                 self.fail(arm, e)
                 continue
-            self.stats[arm.label].append(arm.after({"context_tokens": context, "kv_cache": type(b.cache).__name__,
-                                                    **b.columns}))
+            self._record(arm, b, context)
         return out
 
     def live(self) -> list[Arm]:
