@@ -314,8 +314,16 @@ def test_checkpoint_presets_validate_and_fix_their_grid(smollm2, tmp_path, capsy
     assert main(["accuracy", "--preset", "smollm2-cpu", "--dry-run", "--out", str(out)]) == 0
     said = capsys.readouterr().err
     assert said.count("smollm2-135m (llama, trained at 8192") == len(CHECKPOINT_PRESETS["smollm2-cpu"].groups)
+    assert main(["accuracy", "--preset", "smollm2-cpu", "--budget", "1/8", "--out", str(out)]) == 2
+    assert "--budget does not apply to --preset smollm2-cpu" in capsys.readouterr().err and not out.exists()
+    # --eval-lens picks some of its lengths (a split run, each process its own file): its groups there, none other
     assert main(["accuracy", "--preset", "smollm2-cpu", "--eval-lens", "1024", "--out", str(out)]) == 2
-    assert "--eval-lens does not apply to --preset smollm2-cpu" in capsys.readouterr().err and not out.exists()
+    assert "--eval-lens 1024 is not a length of --preset smollm2-cpu" in capsys.readouterr().err and not out.exists()
+    at = CHECKPOINT_PRESETS["smollm2-cpu"].groups[0].eval_lens[-1]
+    assert main(["accuracy", "--preset", "smollm2-cpu", "--eval-lens", str(at), "--dry-run", "--out", str(out)]) == 0
+    said = capsys.readouterr().err
+    picked = [g for g in CHECKPOINT_PRESETS["smollm2-cpu"].groups if at in g.eval_lens]
+    assert said.count("smollm2-135m (llama, trained at 8192") == len(picked) < len(CHECKPOINT_PRESETS["smollm2-cpu"].groups)
 
 
 def test_kvzip_reads_the_checkpoint_s_tokenizer_from_its_gguf_file(smollm2):

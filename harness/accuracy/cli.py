@@ -36,6 +36,13 @@ def task_option_decorators(f: Any) -> Any:
     return f
 
 
+def _flag(name: str) -> str:
+    """The option as the user typed it (``presses`` is ``--press``)."""
+    ctx = click.get_current_context(silent=True)
+    params = ctx.command.params if ctx else []
+    return next((p.opts[0] for p in params if p.name == name), "--" + name.replace("_", "-"))
+
+
 def _ints(text: str | None, what: str, minimum: int = 1) -> list[int] | None:
     if text is None:
         return None
@@ -149,18 +156,25 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
-    a .gguf file or folder) and the run's own options go with it."""
+    a .gguf file or folder), --eval-lens (some of its lengths: each process of a split run its own file, the same
+    cells and run ids) and the run's own options go with it."""
     from harness.accuracy import budgets
 
-    given = [k for k, v in opts.items() if k not in ("preset", "dtype") and v not in (None, (), False)]
+    given = [k for k, v in opts.items() if k not in ("preset", "dtype", "eval_lens") and v not in (None, (), False)]
     if given:
-        raise click.UsageError(f"--{given[0].replace('_', '-')} does not apply to --preset {opts['preset']} (it fixes "
+        raise click.UsageError(f"{_flag(given[0])} does not apply to --preset {opts['preset']} (it fixes "
                                "the grid: run without the preset to choose it)")
     preset = CHECKPOINT_PRESETS[opts["preset"]]
+    has = sorted({L for g in preset.groups for L in g.eval_lens})
+    lens = has if opts["eval_lens"] is None else _ints(opts["eval_lens"], "--eval-lens")
+    if other := [L for L in lens if L not in has]:
+        raise click.UsageError(f"--eval-lens {other[0]} is not a length of --preset {opts['preset']} "
+                               f"({', '.join(map(str, has))})")
+    groups = [dataclasses.replace(g, eval_lens=tuple(L for L in g.eval_lens if L in lens)) for g in preset.groups]
     return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          preset_configs(g), g.presses,
                          query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "auto",
-                         budgets=g.budgets, families=g.sized) for g in preset.groups]
+                         budgets=g.budgets, families=g.sized) for g in groups if g.eval_lens]
 
 
 def preset_configs(g: Group) -> dict[str, Any]:
@@ -193,7 +207,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
-@click.option("--eval-lens", help="Comma-separated evaluation lengths.")
+@click.option("--eval-lens", help="Comma-separated evaluation lengths (with a checkpoint preset: some of its lengths).")
 @click.option("--seeds", help="Comma-separated training seeds, e.g. 0,1,2.")
 @click.option("--steps", type=click.IntRange(min=0), help="Training steps.")
 @click.option("--batch-size", type=click.IntRange(min=1))
@@ -269,8 +283,7 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
     hf_model = opts.pop("hf_model")
     if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and (
             press_given := [k for k in ("presses", "query_aware", "equal_memory", "budgets", "sized") if opts[k]]):
-        flag = {"presses": "--press"}.get(press_given[0], "--" + press_given[0].replace("_", "-"))
-        raise click.UsageError(f"{flag} applies to --hf-model (a pretrained checkpoint's KV cache)")
+        raise click.UsageError(f"{_flag(press_given[0])} applies to --hf-model (a pretrained checkpoint's KV cache)")
     if hf_model is None and opts["preset"] not in CHECKPOINT_PRESETS and opts["dtype"]:
         raise click.UsageError("--dtype applies to --hf-model and the checkpoint presets (trained models run in float32)")
     if hf_model is None and opts["chat_template"]:
