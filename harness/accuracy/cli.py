@@ -272,6 +272,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tuple[str, ...], dry_run: bool,
                      no_progress: bool, threads: int | None, **opts: Any) -> None:
     """Train small models and measure what each attention variant / position method can still do as length grows."""
+    from harness.accuracy.answered import answers_path
     from harness.accuracy.runner import plan, run_jobs
     from harness.executors import check_engine, config_from, pending_jobs, sidecar_path
     from harness.plugins import load_plugins, report_plugins
@@ -307,6 +308,9 @@ def accuracy_command(out: Path, ckpt_dir: Path | None, resume: bool, plugins: tu
         if pending_jobs(out) and not resume:
             raise click.UsageError(f"{sidecar_path(out)} lists {pending_jobs(out)} Slurm jobs of an earlier run of {out}; "
                                    f"pass --resume to collect them, or choose another --out")
+        if hf_plans and answers_path(out).exists() and not resume:
+            raise click.UsageError(f"{answers_path(out)} holds the answers of cells an earlier run of {out} was cut in; "
+                                   "pass --resume to continue them, or choose another --out")
         for p in hf_plans:  # a file holds one dtype of a checkpoint: a comparison never mixes two
             other = sorted({str(r.get("dtype") or "float32") for r in existing if r.get("model") == p.ckpt.name}
                            - {p.dtype})

@@ -35,6 +35,7 @@ from attn.hf.arms import arm as make_arm
 from attn.hf.batched import batchable
 from attn.hf.presses import NONE, PressSpec, language_model
 from attn.hf.replay import Recorder
+from harness.accuracy.answered import Answered
 
 # per-prompt statistics an arm may give, averaged into its row: the oracle's true attention mass on the kept keys; a
 # retrieval arm's seconds retrieving and prefilling, its chunks, the tokens kept and the share of the needles kept
@@ -63,6 +64,9 @@ class SharedPrefill:
         self.recorder: Recorder | None = None
         self.stats: dict[str | None, list[dict[str, Any]]] = {a: [] for a in self.arms}
         self.failed: dict[str | None, BaseException] = {}
+        self.answered: Answered | None = None  # prompts answered before a cut (set per cell with its scope)
+        self.scope = ""
+        self.resumed = 0  # prompts of this cell answered from ``answered``
 
     # -- the shared prefill -----------------------------------------------------------------------------------
     def _crop(self, context: list[int], model: Any, record: bool) -> int:
@@ -111,6 +115,25 @@ class SharedPrefill:
         self.stats[arm.label].append(arm.after({"context_tokens": context, "kv_cache": type(b.cache).__name__,
                                                 **b.columns}))
 
+    def _recall(self, parts: Any) -> dict[str, Any] | None:
+        """A prompt's line from before a cut, its statistics taken as if answered now (None: answer it)."""
+        got = self.answered.get(self.scope, parts) if self.answered is not None and not self.failed else None
+        if got is None:
+            return None
+        for arm, stats in zip(self.arms, got["stats"], strict=True):
+            if stats is not None and not self.plain:
+                self.stats[arm].append(stats)
+        self.resumed += 1
+        return got
+
+    def _keep(self, parts: Any, out: list[Any], counted: dict[str | None, int]) -> None:
+        """Append a prompt's answers (``out``, per arm in order) and statistics, unless an arm failed (a resumed
+        cell fails it again)."""
+        if self.answered is None or self.failed:
+            return
+        stats = [self.stats[a][-1] if len(self.stats[a]) > counted[a] else None for a in self.arms]
+        self.answered.put(self.scope, parts, {"out": out, "stats": stats})
+
     # -- the arms ------------------------------------------------------------------------------------------------
     def answers(self, model: Any, prompt: list[int], question_at: int, config: Any,
                 stop: Stop | None = None, needles: Sequence[str] | None = None) -> dict[str | None, list[int]]:
@@ -119,6 +142,17 @@ class SharedPrefill:
         without it, until ``stop`` or the end-of-sequence token). ``needles``: the answers the context hides, where the
         task knows them (a retrieval arm records the share of them its chunks kept). The arms that batch decode
         together (:mod:`attn.hf.batched`), the others one at a time."""
+        parts = ["answers", self.arms, self.query_aware, prompt, question_at, config.max_new_tokens,
+                 config.min_new_tokens, stop is not None, list(needles or ())]
+        if (got := self._recall(parts)) is not None:
+            return {a: ids for a, ids in zip(self.arms, got["out"], strict=True) if ids is not None}
+        counted = {a: len(self.stats[a]) for a in self.arms}
+        said = self._answers(model, prompt, question_at, config, stop, needles)
+        self._keep(parts, [said.get(a) for a in self.arms], counted)
+        return said
+
+    def _answers(self, model: Any, prompt: list[int], question_at: int, config: Any, stop: Stop | None,
+                 needles: Sequence[str] | None) -> dict[str | None, list[int]]:
         greedy = Greedy(model, prompt, config, stop)
         if self.plain:
             logits = self._prefill(model, prompt)
@@ -166,6 +200,15 @@ class SharedPrefill:
         """Each arm's bits (base 2) on each token of ``prompt[context + 1:]``, teacher-forced against its cache of
         ``prompt[:context]`` (compressed once prefilled, as for :meth:`answers`). The first token after the context
         follows from its last position before any press acts, the same for every arm: it is not scored."""
+        parts = ["bits", self.arms, prompt, context]
+        if (got := self._recall(parts)) is not None:
+            return {a: torch.tensor(b) for a, b in zip(self.arms, got["out"], strict=True) if b is not None}
+        counted = {a: len(self.stats[a]) for a in self.arms}
+        out = self._bits(model, prompt, context)
+        self._keep(parts, [out[a].tolist() if a in out else None for a in self.arms], counted)
+        return out
+
+    def _bits(self, model: Any, prompt: list[int], context: int) -> dict[str | None, torch.Tensor]:
         import torch.nn.functional as F
 
         dev = model.device

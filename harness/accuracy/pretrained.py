@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attn.hf.presses import press_unsupported
+from harness.accuracy.answered import Answered, answers_path
 from harness.accuracy.build import Spec, parse_variant
 from harness.accuracy.checkpoint import CHECKPOINT, Checkpoint, load_checkpoint
+from harness.accuracy.equal_memory import equal_memory_budget, equal_memory_specs
 from harness.accuracy.jobs import resolved
 from harness.accuracy.loop import Todo, evaluate
 from harness.accuracy.prefill import SharedPrefill
@@ -50,12 +52,9 @@ if TYPE_CHECKING:
     from harness.accuracy.runner import Runner
 
 
-
 def default_tasks() -> list[str]:
     """The tasks ``--hf-model`` runs without ``--task`` (ruler on request: its prompts need >= ~600 tokens)."""
     return [t for t in checkpoint_task_names() if get_checkpoint_task(t).default]
-SINKS = 4  # the equal-memory window's sinks (StreamingLLM's)
-BLOCK = 128  # the equal-memory block_sparse's block size
 
 
 # -- what runs: one model per (variant, position) ---------------------------------------------------------
@@ -125,22 +124,6 @@ def make_setting(ckpt: Checkpoint, variant: str | None, position: str | None) ->
         override_rope(config, override)
     return Setting(override=override, **dict(zip(("position", "position_params"), own_position(config), strict=True)),
                    **cols)
-
-
-def equal_memory_specs(budget: int) -> list[str]:
-    """Variant specs whose decoding state holds ``budget`` tokens (see module docstring)."""
-    blocks = budget // BLOCK
-    # backends pinned as the checkpoint presets pin them (harness/accuracy/checkpoint_presets.py): auto would compile Flex
-    # once per prompt shape
-    specs = [f"sliding_window:window={budget},backend=blocked",
-             f"sliding_window:sinks={SINKS},window={budget - SINKS},backend=blocked"]
-    if blocks >= 2:
-        specs.append(f"block_sparse:block_size={BLOCK},global_blocks=1,local_blocks={blocks - 1},backend=gathered")
-    return specs
-
-
-def equal_memory_budget(length: int, ratio: float) -> int:
-    return int(length * (1 - ratio))
 
 
 # -- the plan and the run -----------------------------------------------------------------------------------
@@ -301,8 +284,10 @@ def pending_cells(runner: Runner, p: HFPlan, s: Setting) -> list[Todo]:
     return [t for t in todo if runner.pending(t[0], t[2])]
 
 
-def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dict[str, torch.Tensor] | None) -> None:
-    """This setting's pending cells through the evaluation loop; a setting that refuses its presses records why."""
+def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dict[str, torch.Tensor] | None,
+                answered: Answered | None = None) -> None:
+    """This setting's pending cells through the evaluation loop (``answered``: prompts of cut cells answered before,
+    and where to keep this run's); a setting that refuses its presses records why."""
     from attn.attention.base import UnsupportedBackend
 
     todo = pending_cells(runner, p, s)
@@ -311,7 +296,7 @@ def run_setting(runner: Runner, p: HFPlan, s: Setting, device: str, weights: dic
         for row, _, metrics, _ in todo:
             runner.fail(row, metrics, UnsupportedBackend(refused[0]))
         return
-    evaluate(runner, CheckpointRun(p, s, device, weights), todo, say_rows=True)
+    evaluate(runner, CheckpointRun(p, s, device, weights, answered), todo, say_rows=True)
 
 
 @dataclass
@@ -323,6 +308,7 @@ class CheckpointRun:
     s: Setting
     device: str
     weights: dict[str, torch.Tensor] | None
+    answered: Answered | None = None
     cache: SharedPrefill | None = None
     chosen: dict[str, Any] = field(default_factory=dict)  # the dynamic sparse prefill's choices in the last cell
 
@@ -344,7 +330,10 @@ class CheckpointRun:
     def answer(self, model: torch.nn.Module, cell: dict[str, Any]) -> dict[str | None, dict[str, Measure]]:
         """One cell's measures per arm, the prompts' shared prefixes prefilled once (passkey's instruction, RULER's
         noise before the first needle...)."""
-        t = cell["task"]
+        t, c = cell["task"], self.cache
+        assert c is not None
+        c.answered, c.scope = self.answered, repr([self.s.variant_spec, self.s.position_spec, self.p.ckpt.ident,
+                                                  self.p.dtype, sorted(cell.items())])
         measures = get_checkpoint_task(t).evaluate(model, self.p.ckpt, self.p.configs[t], self.p.data[t], cell,
                                                    self.device, self.cache)
         self.chosen = prefill_choices(model)
@@ -357,15 +346,19 @@ class CheckpointRun:
         stats = self.cache.take_stats(arm)
         if "kv_cache_bytes" in stats:  # what the arm's cache held of the context: the bytes a decoded token reads
             stats["kv_bytes"] = stats["kv_cache_bytes"]
-        return {**stats, **self.chosen, "backend": backends(model)}
+        resumed = {"prompts_resumed": self.cache.resumed} if self.cache.resumed else {}
+        return {**stats, **self.chosen, **resumed, "backend": backends(model)}
 
     def after_cell(self, failed: bool) -> None:
         assert self.cache is not None
+        self.cache.resumed = 0
         if failed:
             self.cache = self.fresh()  # an answer cut short leaves the shared cache out of step with its tokens
             return
         for arm in self.cache.arms:  # arms already on record were answered too: their statistics are dropped
             self.cache.take_stats(arm)
+        if self.answered is not None:  # its rows are on record: its prompts' answers are no longer needed
+            self.answered.drop(self.cache.scope)
 
 
 def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], None] = print) -> Runner:
@@ -378,6 +371,9 @@ def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], 
 
     runner = Runner(out, out.parent / ".ckpt", resume, progress=False, echo=echo)
     device = device_for()
+    if not resume:
+        answers_path(out).unlink(missing_ok=True)  # a new file's cut cells are its own
+    answered = Answered(answers_path(out))
     weights: dict[Path, dict[str, torch.Tensor] | None] = {}
     with memory_cap() if device == "cpu" else contextlib.nullcontext():  # an address-space cap breaks CUDA
         for p in plans:
@@ -393,7 +389,7 @@ def run(plans: Sequence[HFPlan], out: Path, resume: bool, echo: Callable[[str], 
                     echo(f"  the weights do not load once ({type(e).__name__}: {e}); each setting loads its own")
                     weights = {p.ckpt.path: None}
             for s in p.settings:
-                run_setting(runner, p, s, device, weights[p.ckpt.path])
+                run_setting(runner, p, s, device, weights[p.ckpt.path], answered)
     return runner
 
 
