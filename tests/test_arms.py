@@ -183,3 +183,17 @@ def test_a_press_masking_keys_per_head_answers_as_kvpress_does_and_keeps_its_mas
         assert stats["kv_cache_bytes"] < stats["kv_resident_bytes"]  # its heads read a quarter, all stay resident
         assert stats["kv_tokens_mean"] == pytest.approx(CONTEXT * 0.25 + 0, abs=2)
     assert all(getattr(layer.self_attn, "masked_key_indices", None) is None for layer in model.model.layers)
+
+
+def test_criticalkv_runs_on_a_model_whose_config_leaves_head_dim_to_the_model():
+    """Qwen2's config has no head_dim (the model derives it); kvpress's CriticalKV reads config.head_dim to split the
+    output projection by head, so the model is built with it set (it failed: "'Qwen2Config' object has no attribute
+    'head_dim'")."""
+    config = hf.tiny_config("qwen2", num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256, max_position_embeddings=1024)
+    assert getattr(config, "head_dim", None) is None
+    torch.manual_seed(0)
+    model = hf.build_model(config, "full")
+    arms = SharedPrefill([parse_press("criticalkv(snapkv:compression_ratio=0.5)")])
+    got = arms.answers(model, prompt(1), CONTEXT, GenerationConfig(max_new_tokens=4, min_new_tokens=4))
+    assert not arms.failed and len(next(iter(got.values()))) == 4

@@ -11,6 +11,7 @@ import pytest
 from harness.accuracy.stats import wilson as harness_wilson
 from harness.analysis import frontier as FR
 from harness.analysis import paired
+from harness.analysis.effective import effective_length, kept_tests
 from harness.cli import main
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -259,7 +260,7 @@ def test_effective_length_is_the_longest_length_keeping_85_percent_of_full():
     for L, snap in ((4096, ones(18)), (8192, ones(10))):
         rows += grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": snap}, "tova": {"1/8": ones(2)}}, ones(20),
                      eval_len=L)
-    eff = FR.effective_length(FR.points(rows)).set_index(["method", "budget"])
+    eff = effective_length(FR.points(rows)).set_index(["method", "budget"])
     assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # 0.9 >= 0.85 at 4K, 0.5 < 0.85 at 8K
     assert eff.loc[("oracle", "1/8"), "effective_len"] == 8192
     assert pd.isna(eff.loc[("tova", "1/8"), "effective_len"])
@@ -402,12 +403,34 @@ def test_the_cost_table_sets_each_method_beside_full_of_the_same_run(tmp_path, c
     assert "What it costs: m at 4096 tokens" in capsys.readouterr().out
 
 
+def test_the_tested_effective_length_is_the_longest_length_a_test_resolves_keeping_85_percent():
+    """Each draw's score minus 0.85 x full's, sign-flip tested: matching a full that is at the ceiling keeps 85 % on
+    every draw (resolved, unlike a tie: on two tasks' 40 draws; the difference's interval must clear 0 too, which 20
+    draws at the ceiling do not), 17 of 20 against 20 of 20 sits on the line (not resolved), half is below."""
+    rows = []
+    for L, snap in ((4096, ones(20)), (8192, ones(17))):
+        for task in ("niah_single_1", "niah_multikey_1"):
+            rows += grid({"snapkv": {"1/8": snap}, "tova": {"1/8": ones(10)}, "knorm": {"1/4": ones(20)}}, ones(20),
+                         task=task, eval_len=L)
+    kept = kept_tests(FR.points(rows)).set_index(["method", "eval_len"])
+    assert set(kept.index) == {(m, L) for m in ("snapkv", "tova") for L in (4096, 8192)}  # knorm: not at 1/8
+    assert kept.loc[("snapkv", 4096), "verdict"] == "keeps" and kept.loc[("snapkv", 4096), "p_adj"] < 0.05
+    assert kept.loc[("snapkv", 8192), "diff"] == pytest.approx(0.0, abs=1e-12)
+    assert kept.loc[("snapkv", 8192), "verdict"] == "not resolved"
+    assert (kept.loc["tova", "verdict"] == "below").all()
+    assert (kept["p_adj"] >= kept["p"]).all()  # Holm over the table's four tests
+    text = FR.markdown(FR.points(rows), FR.FrontierConfig())
+    assert ("| snapkv | 4096 | 1.00 of 1.00, +0.15 [+0.03, +0.29]: keeps (p < 0.001) | 0.85 of 1.00, +0.00 [-0.16, "
+            "+0.16]: not resolved (p = 1.000) |") in text
+    assert "| tova | none | 0.50 of 1.00, -0.35 [-0.52, -0.15]: below" in text
+
+
 def test_effective_length_reads_only_the_tasks_ranked_at_every_length():
     """A task run at 4K alone (RULER) does not decide 4K's verdict when 8K has only passkey."""
     rows = grid({"snapkv": {"1/8": ones(20)}}, ones(20), eval_len=4096)
     rows += grid({"snapkv": {"1/8": ones(0)}}, ones(20), task="niah_single_1", eval_len=4096)
     rows += grid({"snapkv": {"1/8": ones(10)}}, ones(20), eval_len=8192)
-    eff = FR.effective_length(FR.points(rows)).set_index(["method", "budget"])
+    eff = effective_length(FR.points(rows)).set_index(["method", "budget"])
     assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # passkey 1.0 at 4K; RULER's 0 left out
 
 

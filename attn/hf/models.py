@@ -132,6 +132,9 @@ def check_config(config: PreTrainedConfig, spec: str) -> str:
     """Validate ``spec`` against the model now, not in the first forward, and prepare ``config`` for it; returns the
     attn_implementation name. A model with layer types takes a layer spec (:func:`attn.hf.layers.layer_plan`, which
     may lift the model's window in ``config``); any other model one spec, under the sliding-window rule."""
+    if getattr(config, "head_dim", None) is None and getattr(config, "num_attention_heads", None):
+        # the model derives it where its config gives none (Qwen2); kvpress's CriticalKV reads config.head_dim
+        config.head_dim = config.hidden_size // config.num_attention_heads
     plan = layer_plan(config, spec)
     if plan is not None:
         return register_layers(plan, config)

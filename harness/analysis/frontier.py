@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis.claims import against_oracle, claim_lines
+from harness.analysis.effective import effective_length, effective_lines, kept_tests
 from harness.analysis.paired import ALPHA, interval, paired_difference
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
@@ -218,26 +219,6 @@ def ranking(pts: pd.DataFrame, at: str = "1/8") -> pd.DataFrame:
                           na_position="last", ignore_index=True)
 
 
-def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
-    """Per (model, method, budget) the longest eval_len whose mean score over the tasks ranked at every length of the
-    model is >= keep x full's there (None: at no length tried). A length where the method misses one is not counted."""
-    ok, out = pts[pts["status"] == "ok"], []
-    refs = ok[ok["ranked"] & (ok["kind"] == "reference")]
-    common = {m: set.intersection(*(set(t) for _, t in g.groupby("eval_len")["task"])) for m, g in refs.groupby("model")}
-    for (model, method, budget), g in ok[ok["kind"] != "reference"].groupby(["model", "method", "budget"], sort=True):
-        lengths = sorted(set(ok[ok["model"] == model]["eval_len"]))
-        passed = []
-        for L in lengths:
-            ranked = refs[(refs["model"] == model) & (refs["eval_len"] == L) & refs["task"].isin(common.get(model, ()))]
-            mine = g[(g["eval_len"] == L) & g["task"].isin(ranked["task"])]
-            if len(ranked) and len(mine) == len(ranked) and mine["score"].mean() >= keep * ranked["score"].mean():
-                passed.append(int(L))
-        out.append({"model": model, "method": method, "budget": budget, "effective_len": max(passed) if passed else None,
-                    "shortest": int(lengths[0]), "fraction": -float(Fraction(budget)) if budget else 0.0})
-    df = pd.DataFrame(out, columns=["model", "method", "budget", "effective_len", "shortest", "fraction"])
-    return df.sort_values(["model", "method", "fraction"], ignore_index=True).drop(columns="fraction")
-
-
 # -- markdown ------------------------------------------------------------------------------------------
 
 def _f(v: Any) -> str:
@@ -319,26 +300,12 @@ def _length_section(g: pd.DataFrame, rk: pd.DataFrame, beat: pd.DataFrame, at: s
     return lines + (_oracle_lines(beat) if len(beat) else [])
 
 
-def _effective_lines(model: str, e: pd.DataFrame, keep: float, head: str) -> list[str]:
-    """One row per method, one column per budget (widest first; a quantized cache's under "all tokens")."""
-    cols = sorted({b for b in e["budget"] if b}, key=lambda b: -float(Fraction(b)) if "/" in b else int(b) - 1e9)
-    cols += ["all tokens"] if any(not b for b in e["budget"]) else []
-    out = ["", f"{head} {model}: effective length (mean score over the tasks ranked at every length >= {keep:.2f} x full's)", "",
-           "Point estimates, not tested claims: a length here is where the means cross the line, whatever their "
-           "intervals (the claims above test what is resolved).", "",
-           "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for method, g in e.groupby("method", sort=False):
-        cell = {r["budget"] or "all tokens": str(int(r["effective_len"])) if pd.notna(r["effective_len"])
-                else f"< {r['shortest']}" for _, r in g.iterrows()}
-        out.append(f"| {method} | " + " | ".join(cell.get(b, "") for b in cols) + " |")
-    return out
-
-
 def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> str:
     """Per model and length: the ranking, its claims, the tasks not ranked, what did not run, the cells above the
     oracle; per model the effective lengths. Deterministic: the Monte Carlo tests are seeded."""
     rk = ranking(pts, config.at)
     eff = effective_length(pts, config.keep)
+    kept = kept_tests(pts, config.keep, config.at, config.seed)
     beat = against_oracle(pts, config.seed)
     lines = [f"{'#' * config.level} Memory-quality frontier", "", METHODS_NOTE.format(at=config.at)]
     if (pts["kind"] == "retrieval").any():
@@ -349,7 +316,8 @@ def markdown(pts: pd.DataFrame, config: FrontierConfig = FrontierConfig()) -> st
             lines += _length_section(here["p"], here["r"], here["b"], config.at, "#" * (config.level + 1), config.seed)
         e = eff[eff["model"] == model]
         if len(e):
-            lines += _effective_lines(model, e, config.keep, "#" * (config.level + 1))
+            lines += effective_lines(model, e, kept[kept["model"] == model], config.keep, config.at,
+                                     "#" * (config.level + 1))
     from harness.analysis.frontier_cost import task_lines  # noqa: I001  (the per-task table, beside the ranking)
     lines += task_lines(pts, config.at, "#" * (config.level + 1))
     return "\n".join(lines) + "\n"
@@ -396,5 +364,5 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     click.echo(f"wrote {out}")
 
 
-__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "clusters", "subject", "effective_length", "frontier_command", "markdown",
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "clusters", "subject", "frontier_command", "markdown",
            "points", "ranking", "read_files", "task_of"]
