@@ -401,6 +401,11 @@ def test_the_cost_table_sets_each_method_beside_full_of_the_same_run(tmp_path, c
     costs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["frontier", str(src), "--cost", str(costs)]) == 0
     assert "What it costs: m at 4096 tokens" in capsys.readouterr().out
+    # a cost in bfloat16 sits beside bfloat16 scores, never beside float32 ones (the frontier's subjects)
+    bf16 = FR.points([{**r, "dtype": "bfloat16"} for r in grid({"snapkv": {"1/8": ones(15)}}, ones(20))])
+    assert not cost_lines(rows, bf16)
+    assert "| full | 20.0 ms (1.00x) | 1000.0 ms (1.00x) | 1.000 | 1.00 (passkey) |" in cost_lines(
+        [{**r, "dtype": "bfloat16"} for r in rows], bf16)
 
 
 def test_the_tested_effective_length_is_the_longest_length_a_test_resolves_keeping_85_percent():
