@@ -490,3 +490,31 @@ def test_two_wrappings_of_one_press_are_two_methods_named_by_what_they_wrap():
         rows.append(r)
     pts = FR.points(rows).set_index("method")
     assert pts.loc["adakv(snapkv)", "score"] == 0.5 and pts.loc["adakv(expected_attention)", "score"] == 0.25
+
+
+def test_the_summary_gives_each_model_s_three_best_at_its_longest_length_with_cost_and_ties():
+    """The README's one line a model: at its longest length, full and the oracle with their intervals, the three best
+    with their test against full, one decoded token against full's from the cost rows of its dtype, the ties."""
+    from harness.analysis import answers as A
+
+    rows = []
+    for L, snap in ((4096, ones(20)), (8192, ones(19))):
+        for task in ("niah_single_1", "niah_multikey_1"):
+            rows += grid({"oracle": {"1/8": ones(20)}, "snapkv": {"1/8": snap}, "tova": {"1/8": ones(10)},
+                          "knorm": {"1/8": ones(2)}, "keydiff": {"1/8": ones(0)}}, ones(20), task=task, eval_len=L)
+    rows = [r | {"model_file": "/x/m-Q4_K_M.gguf", "train_len": 32768, "dtype": "bfloat16"} for r in rows]
+    cost = [{"scope": "hf", "hf_config": "m", "seq_len": 8192, "mode": "decode", "status": "ok", "latency_ms": ms,
+             "press_spec": p, "variant_spec": "full", "dtype": "bfloat16"}
+            for p, ms in (("none", 20.0), ("snapkv:compression_ratio=0.875", 10.0))]
+    files = {f: [] for f in (*A.KEEP_FILES, *A.FRONTIER_COST_FILES)}
+    files[A.KEEP_FILES[0]], files[A.FRONTIER_COST_FILES[0]] = rows, cost
+    (line,) = A.summary(files)
+    assert "m, a 4-bit GGUF file (Q4_K_M) dequantised on load, prompted without a chat template, in bfloat16, at 8192 " \
+           "tokens, with 1/8 of its KV cache (40 independent draws over 2 tasks): full 1.00 [0.91, 1.00]" in line
+    assert "the oracle 1.00 [0.91, 1.00] (tied with full at the ceiling)" in line
+    assert "the three best: `snapkv` 0.95 [0.83, 0.99] (not resolved from full, " in line
+    assert "`tova` 0.50 [0.35, 0.65] (below full, p < 0.001), `knorm` 0.10" in line and "keydiff" not in line
+    assert "one decoded token at 8192 tokens against full's: `snapkv` 0.50x, `tova` not measured" in line
+    assert line.endswith("ties (every draw at 1.00 or 0.00: untestable): `full`, `oracle` at the ceiling.")
+    files[A.FRONTIER_COST_FILES[0]] = [c | {"dtype": "float32"} for c in cost]  # a cost of another dtype: not beside
+    assert "one decoded token: not measured in this dtype" in A.summary(files)[0]

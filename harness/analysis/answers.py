@@ -59,7 +59,9 @@ def _order(rows: list[dict[str, Any]], models: Sequence[str]) -> list[str]:
 
 KEEP_FILES = ("frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-gemma3-cpu.jsonl",
               "retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl", "retrieval-qwen-cpu.jsonl",
-              "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl")
+              "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl",
+              "frontier-qwen-probed-4k-cpu.jsonl", "frontier-gemma3-probed-cpu.jsonl")
+FRONTIER_COST_FILES = ("frontier-cost-cpu.jsonl",)  # what a decoded token costs beside the frontier's methods
 
 
 def keep_at(rows: list[dict[str, Any]], model: str,
@@ -122,27 +124,72 @@ def keep(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def _versus(c: C.Claim | None, me: str, other: str) -> str:
+    """``me`` against ``other`` in a few words, with the adjusted p where tested."""
+    if c is None:
+        return f"not paired with {other}"
+    if c.verdict.startswith("tie"):
+        return f"tied with {other} at the {c.verdict.split()[-1]}"
+    if c.verdict == "not resolved":
+        return f"not resolved from {other}, {C.p_text(c.p_adj)}"
+    higher = c.a if c.verdict == "above" else c.b
+    return f"{'above' if higher == me else 'below'} {other}, {C.p_text(c.p_adj)}"
+
+
 def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """One sentence a model: what its table resolves against full at 1/8, and what it cannot tell apart."""
+    """One line a model (in each dtype it ran): at its longest length with a score at 1/8, full and the oracle, the
+    three best methods with their intervals and their test against full, what one decoded token costs with each
+    (against full's, from the frontier's cost runs), and the pairs among them that are ties."""
+    from harness.analysis.frontier_cost import cost_frame
+
     flat = _all(rows, KEEP_FILES)
+    pts_all, costs = FR.points(flat), cost_frame(_all(rows, FRONTIER_COST_FILES))
+    size = {r.get("model"): r.get("params") or 0 for r in flat}
     lines = []
-    for model in _order(flat, sorted({r["model"] for r in flat if r.get("model")})):
-        L, here, claims, _ = keep_at(flat, model)
-        got = {frozenset((c.a, c.b)): c for c in claims}
-        score = dict(zip(here["method"], here["s"], strict=True))
-        vs = {m: _short(got.get(frozenset((m, "full"))), m).split(" (")[0] for m in here["method"] if m != "full"}
-        tie = [m for m, v in vs.items() if v == "tie at ceiling"]
-        below = [m for m, v in vs.items() if v == "below"]
-        unsure = [m for m, v in vs.items() if v == "not resolved"]
-        above = [m for m, v in vs.items() if v == "above"]
+    for subj in sorted(set(pts_all["model"]), key=lambda m: (size.get(m.split(" (")[0], 0), m)):
+        pts = pts_all[pts_all["model"] == subj]
+        rk = FR.ranking(pts, AT)
+        rk = rk.assign(s=rk["at"].fillna(rk["score"]), s_lo=rk["at_lo"].fillna(rk["score_lo"]),
+                       s_hi=rk["at_hi"].fillna(rk["score_hi"]))
+        scored = rk[rk["s"].notna() & (rk["kind"] != "reference")]
+        if not len(scored):
+            continue
+        L = int(scored["eval_len"].max())
+        here = rk[(rk["eval_len"] == L) & rk["s"].notna()].sort_values(["s", "method"], ascending=[False, True])
+        got = {frozenset((c.a, c.b)): c for c in C.pairwise(pts[pts["eval_len"] == L], AT)}
+        row = {r.method: r for r in here.itertuples()}
+        best = [m for m in here["method"] if row[m].kind not in ("reference", "oracle")][:3]
+        model = subj.split(" (")[0]
+        train = next((r.get("train_len") for r in flat if r.get("model") == model and r.get("train_len")), None)
         r0 = here.iloc[0]
-        parts = [f"full {score['full']:.2f}"]
-        parts += [f"at the ceiling with full (1.00 on every draw, untestable): {', '.join(f'`{m}`' for m in tie)}"] if tie else []
-        parts += [f"above full: {', '.join(f'`{m}` {score[m]:.2f}' for m in above)}"] if above else []
-        parts += [f"not resolved from full: {', '.join(f'`{m}` {score[m]:.2f}' for m in unsure)}"] if unsure else []
-        parts += [f"{len(below)} below full (Holm p < 0.05), best of them `{below[0]}` {score[below[0]]:.2f}"] if below else []
-        lines.append(f"- {subject(flat, model)}, at {L} tokens with 1/8 of its KV cache ({r0['draws']} independent "
-                     f"draws over {r0['tasks']} task{'s' if r0['tasks'] > 1 else ''}): " + "; ".join(parts) + ".")
+        parts = [f"full {_iv(row['full'].s, row['full'].s_lo, row['full'].s_hi)}"] if "full" in row else []
+        if "oracle" in row:
+            o = row["oracle"]
+            parts.append(f"the oracle {_iv(o.s, o.s_lo, o.s_hi)} "
+                         f"({_versus(got.get(frozenset(('oracle', 'full'))), 'oracle', 'full')})")
+        parts.append("the three best: " + ", ".join(
+            f"`{m}` {_iv(row[m].s, row[m].s_lo, row[m].s_hi)} ({_versus(got.get(frozenset((m, 'full'))), m, 'full')})"
+            for m in best))
+        mine = costs[(costs["model"] == subj) & (costs["mode"] == "decode")] if len(costs) else costs
+        if len(mine):
+            Lc = L if (mine["eval_len"] == L).any() else int(mine["eval_len"].max())
+            ms = dict(zip(*(mine[mine["eval_len"] == Lc][c] for c in ("method", "latency_ms")), strict=True))
+            step = [f"`{m}` " + (f"{ms[m] / ms['full']:.2f}x" if m in ms and "full" in ms else "not measured")
+                    for m in best]
+            parts.append(f"one decoded token at {Lc} tokens against full's: " + ", ".join(step))
+        else:
+            parts.append("one decoded token: not measured in this dtype")
+        ties = []
+        for level in ("ceiling", "floor"):  # a tie at 1.00 (or 0.00) on every draw: the methods that share it
+            tied = sorted({m for k, c in got.items() if c.verdict == f"tie at {level}" and k <= {"full", "oracle", *best}
+                           for m in k})
+            ties += [f"{', '.join(f'`{m}`' for m in tied)} at the {level}"] if tied else []
+        parts.append("ties (every draw at 1.00 or 0.00: untestable): " + ("; ".join(ties) if ties else "none"))
+        dtype = f", in {subj.split(' (')[1].rstrip(')')}" if " (" in subj else ""
+        end = " (the end of its trained context)" if train and L >= int(train) else ""
+        lines.append(f"- {subject(flat, model)}{dtype}, at {L} tokens{end}, with 1/8 of its KV cache ({r0['draws']} "
+                     f"independent draws over {r0['tasks']} task{'s' if r0['tasks'] > 1 else ''}): " + "; ".join(parts)
+                     + ".")
     return lines
 
 
@@ -305,5 +352,6 @@ def cost(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
-__all__ = ["AT", "CHAT_FILES", "CHECKPOINT_FILES", "COST_FILES", "KEEP_FILES", "PREFILL_FILES", "chat", "cost", "keep",
+__all__ = ["AT", "CHAT_FILES", "CHECKPOINT_FILES", "COST_FILES", "FRONTIER_COST_FILES", "KEEP_FILES", "PREFILL_FILES",
+           "chat", "cost", "keep",
            "keep_at", "prefill", "retrieval", "subject", "summary"]

@@ -57,8 +57,8 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question("prefill", "What does the prefill sparsity buy?", A.PREFILL_FILES, A.prefill),
     Question("retrieval", "What does retrieval do?", A.KEEP_FILES[:6], A.retrieval),
     Question("chat", "Does the chat template change what full attention finds?", A.CHAT_FILES, A.chat),
-    Question("summary", "What does each method keep at 1/8, in one line a model?", A.KEEP_FILES + A.CHECKPOINT_FILES, A.summary,
-             short=True),
+    Question("summary", "What does each method keep at 1/8, in one line a model?",
+             A.KEEP_FILES + A.FRONTIER_COST_FILES + A.CHECKPOINT_FILES, A.summary, short=True),
 )}
 
 
