@@ -19,17 +19,6 @@ SLOW_FILES = ("test_gpu_script.py", "test_sweep.py", "test_checks.py", "test_sof
               "test_sinks.py", "test_checkpoints.py", "test_sink_logit.py", "test_results_files.py", "test_sweep_hf.py")
 
 
-@pytest.fixture(autouse=True)
-def _threads_kept():
-    """A test that runs a command in this process with --threads (or code that sets torch's threads) must not leave
-    its worker at more threads than its share: two workers at two threads each on two cores make every later small op
-    spin (a test of 1 s took 48 s)."""
-    before = torch.get_num_threads()
-    yield
-    if torch.get_num_threads() != before:
-        torch.set_num_threads(before)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable: each file keeps its order
