@@ -296,6 +296,14 @@ def _retrieval_qwen() -> CheckpointPreset:
 # to three times a plain one), then the sized variants, the dynamic prefills and retrieval at 1/8, the text read after
 # a compressed context (continuation, bits per byte: 20 windows) and the presses query-aware.
 LEADERS = ("adakv(expected_attention)", "adakv(snapkv)", "chunkkv(snapkv)", "criticalkv(snapkv)")
+# every other kvpress press, at 1/8 after the grid: the ones that replay the shared prefill (cheap arms), DuoAttention,
+# ThinK and SimLayerKV as given (their budget is not a share of the tokens; DuoAttention's head patterns and
+# QFilter's filters are downloads, which their rows say), and those that prefill themselves beside KVzip
+OTHERS = ("lagkv", "leveragescore", "cur", "compactor", "noncausalattn", "random", "cap", "qfilter", "observed_attention",
+          "expected_attention_stats", "lukv(snapkv)", "block(snapkv)", "keyrerotation(snapkv)",
+          "entropygatedchunkkv(snapkv)", "chunk(snapkv)", "merging(snapkv)", "duo_attention:head_compression_ratio=0.875",
+          "think:key_channel_compression_ratio=0.875", "simlayerkv")
+OWN_PREFILL = ("kvzip", "finch", "kvcompose", "fastkvzip", "restorekv", "kvgrad")
 QWEN_4K = ("niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "cwe", "fwe")
 PROBED = {4096: QWEN_4K, 8192: QWEN_4K, 16384: QWEN_4K}
 
@@ -313,8 +321,9 @@ def _frontier_probed(probed: dict[int, tuple[str, ...]], variant: str = "full", 
 
     families = (("sliding_window", "sinks", "block_sparse", "moba", "quest"), PREFILL_METHODS) if sized else ()
     return (*(group(L, arms, ("1/8", *(("512",) if L >= 16384 else ()))) for L in order),
+            *(group(L, OTHERS) for L in order),
             *(group(L, arms, ("1/2", "1/4", "1/16")) for L in order),
-            *(group(L, ("kvzip",)) for L in order),
+            *(group(L, OWN_PREFILL) for L in order),
             *(group(L, sized=f) for f in families for L in order),
             *(group(L, (*RETRIEVERS, "none")) for L in order),
             *(Group(("continuation",), (variant,), (L,), examples=20, presses=arms, budgets=("1/8",)) for L in order),
