@@ -14,7 +14,7 @@ from harness.analysis import figures as P
 from harness.analysis import frames as F
 from harness.analysis.figures.style import figure_style
 
-REPORT_DPI = 57  # the widest figures are ~18 in: ~1030 px at 57 dpi, the page's width (the plot command draws at 150)
+REPORT_DPI = 55  # the widest figures are ~18 in: ~990 px at 55 dpi, about the page's width (the plot command draws at 150)
 PALETTE_COLOURS = 32  # enough for a dozen series, the grid and the bands
 # The figures each kind of run shows. Left to `attn-bench plot`: throughput (latency again: tokens/s = B·L / latency,
 # and in the summary tables), flops_fraction and roofline (per-cell diagnostics: the suspect section lists the cells
