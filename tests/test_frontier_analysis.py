@@ -437,6 +437,8 @@ def test_effective_length_reads_only_the_tasks_ranked_at_every_length():
     rows += grid({"snapkv": {"1/8": ones(10)}}, ones(20), eval_len=8192)
     eff = effective_length(FR.points(rows)).set_index(["method", "budget"])
     assert eff.loc[("snapkv", "1/8"), "effective_len"] == 4096  # passkey 1.0 at 4K; RULER's 0 left out
+    cut = grid({"snapkv": {"1/8": ones(4, 4)}}, ones(4, 4), task="niah_single_1")  # 4 examples: no task ranks
+    assert effective_length(FR.points(cut)).empty  # not "< 4096": nothing was measured to say so
 
 
 def retrieval_rows(retriever: str, per_budget: dict[str, list[float]]) -> list[dict]:

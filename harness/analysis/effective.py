@@ -31,6 +31,8 @@ def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
     model is >= keep x full's there (None: at no length tried). A length where the method misses one is not counted."""
     (ok, refs, common), out = _common(pts), []
     for (model, method, budget), g in ok[ok["kind"] != "reference"].groupby(["model", "method", "budget"], sort=True):
+        if not common.get(model):  # no task ranked at every length (a run stopped in its first cell): nothing to say
+            continue
         lengths = sorted(set(ok[ok["model"] == model]["eval_len"]))
         passed = []
         for L in lengths:
