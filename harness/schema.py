@@ -56,6 +56,13 @@ def press_method(row: Mapping[str, Any]) -> str:
     return f"{name}({re.sub(r':[^()]*', '', wrapped)})" if isinstance(wrapped, str) and wrapped else name
 
 
+def subject(row: Mapping[str, Any]) -> str:
+    """The model a row measures, with its dtype unless float32: cells of two dtypes are two subjects, never compared
+    (a cost row names its model ``hf_config``)."""
+    dtype = row.get("dtype") if isinstance(row.get("dtype"), str) and row.get("dtype") else "float32"
+    return str(row.get("model", row.get("hf_config"))) + ("" if dtype == "float32" else f" ({dtype})")
+
+
 def one_draw_a_cell(row: Mapping[str, Any]) -> bool:
     """Whether a row without ``draws`` is one independent draw (its examples shared one context)."""
     return row.get("draws") is None and str(row.get("task")) in _BEFORE["one_draw"]
@@ -92,4 +99,4 @@ def _show(v: Any) -> str:
 
 
 __all__ = ["DECLARED", "NAME_FIELDS", "NUMBER_FIELDS", "PARAM_FIELDS", "declaration", "one_draw_a_cell", "press_method",
-           "row_problem"]
+           "row_problem", "subject"]

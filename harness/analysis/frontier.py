@@ -25,7 +25,7 @@ from harness.analysis.effective import effective_length, effective_lines, kept_t
 from harness.analysis.paired import ALPHA, interval, paired_difference
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
-from harness.schema import declaration, one_draw_a_cell, press_method
+from harness.schema import declaration, one_draw_a_cell, press_method, subject
 
 MIN_EXAMPLES = 20  # a cell on fewer (a run stopped inside it) is shown, not ranked
 
@@ -119,11 +119,6 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
             "draws": len(sizes), "score": score,
             "ci_low": lo, "ci_high": hi, "binary": bool(np.isin(ex, (0.0, 1.0)).all()),
             "kv_bytes": float(np.mean(kv)) if kv else float("nan")}
-
-
-def subject(row: dict[str, Any]) -> str:
-    """The model a row measures, with its dtype unless float32: cells of two dtypes are two subjects, never compared."""
-    return str(row.get("model")) + ("" if (d := _text(row.get("dtype")) or "float32") == "float32" else f" ({d})")
 
 
 def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) -> pd.DataFrame:
@@ -364,5 +359,5 @@ def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int
     click.echo(f"wrote {out}")
 
 
-__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "clusters", "subject", "frontier_command", "markdown",
+__all__ = ["FrontierConfig", "RANK_COLUMNS", "arm", "clusters", "frontier_command", "markdown",
            "points", "ranking", "read_files", "task_of"]

@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.schema import subject
+
 
 def cost_method(row: dict[str, Any]) -> str | None:
     """The frontier's name of a cost row's method (None: not a frontier method)."""
@@ -37,7 +39,7 @@ def cost_method(row: dict[str, Any]) -> str | None:
 
 def cost_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """(model, eval_len, method, mode) -> latency_ms, the latest ok row of each (a re-measured cell supersedes); the
-    model as the frontier names its subject (:func:`harness.analysis.frontier.subject`: with its dtype unless float32),
+    model as the frontier names its subject (:func:`harness.schema.subject`: with its dtype unless float32),
     so a cost is set beside scores of its own dtype only."""
     out = {}
     for r in rows:
@@ -45,9 +47,7 @@ def cost_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
             continue
         method = cost_method(r)
         if method is not None:
-            dtype = r.get("dtype") or "float32"  # the frontier's subject: a model in float32, else with its dtype
-            key = (str(r.get("hf_config")) + ("" if dtype == "float32" else f" ({dtype})"), int(r["seq_len"]), method,
-                   str(r["mode"]))
+            key = (subject(r), int(r["seq_len"]), method, str(r["mode"]))
             out[key] = {"noisy": bool(r.get("noisy")), "latency_ms": float(r["latency_ms"])}
     return pd.DataFrame([{"model": k[0], "eval_len": k[1], "method": k[2], "mode": k[3], **v} for k, v in out.items()])
 

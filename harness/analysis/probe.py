@@ -17,10 +17,10 @@ import click
 import numpy as np
 import pandas as pd
 
-from harness.analysis.frontier import clusters, read_files, subject
+from harness.analysis.frontier import clusters, read_files
 from harness.analysis.paired import interval
 from harness.results import check_writable, write_atomic
-from harness.schema import declaration
+from harness.schema import declaration, subject
 
 
 @dataclass(frozen=True)
