@@ -38,15 +38,20 @@ def code_commit() -> str | None:
     """The commit of the checkout this code runs from (``-dirty`` if tracked files differ from it), or None outside
     a git checkout: which code produced a row, so a later change to that code marks the row stale
     (harness.analysis.freshness)."""
+    return checkout_commit(Path(attn.__file__).resolve().parents[1])
+
+
+def checkout_commit(root: Path) -> str | None:
+    """HEAD of the checkout at ``root``, ``-dirty`` if a tracked file outside ``results/`` differs from it: results are
+    data, not code, and a run appending to a committed results file beside this one leaves the code as committed."""
     import subprocess
 
-    root = Path(attn.__file__).resolve().parents[1]
     if not (root / ".git").exists():
         return None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+                               cwd=root, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if head.returncode != 0:

@@ -9,6 +9,7 @@ import pytest
 
 from harness.analysis.freshness import freshness, named_code
 from harness.cli import main
+from harness.environment import checkout_commit
 
 IDENTITY = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
             "PATH": "/usr/bin:/bin"}
@@ -82,3 +83,15 @@ def test_the_stale_command_lists_this_checkouts_results(capsys):
     assert main(["stale", "--all", "results/linear-long-cpu.jsonl"]) in (0, None)
     out = capsys.readouterr().out
     assert out.split("\t")[0] in ("fresh", "stale", "unknown") and "attn/attention/linear.py" in out
+
+
+def test_a_run_appending_to_a_results_file_leaves_the_code_clean_and_a_code_change_does_not(repo):
+    """A row names the commit its code ran from: a committed results file growing beside the run is data, not code (the
+    project's resumable runs append to them); a changed tracked source file is ``-dirty``."""
+    head = commit(repo, {"attn/x.py": "a = 1\n", "results/run.jsonl": "{}\n"}, "first", "2026-12-01T10:00:00+00:00")
+    (repo / "results/run.jsonl").write_text("{}\n{}\n")
+    (repo / "results/new.jsonl").write_text("{}\n")  # untracked: never dirty
+    assert checkout_commit(repo) == head
+    (repo / "attn/x.py").write_text("a = 2\n")
+    assert checkout_commit(repo) == head + "-dirty"
+    assert checkout_commit(repo / "results") is None  # not a checkout's root
