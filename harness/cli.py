@@ -63,7 +63,7 @@ def _fmt_params(params: dict[str, Any]) -> str:
 @click.option("--plugin", "plugins", multiple=True, help="File or module registering extra variants.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
-    """List attention variants, position methods, accuracy tasks and sweep presets."""
+    """List attention variants, position methods, accuracy tasks, checkpoints, checkpoint evaluations and presets."""
     import attn
 
     reported = load_plugins(plugins)
@@ -72,12 +72,13 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
         if label not in reported:
             warn_plugin(label, err)
     presets = _presets()
+    evaluations = _accuracy_presets()
     checkpoints = _checkpoints()
     tasks = _tasks()
     presses, install = _presses()
     if as_json:
         click.echo(json.dumps({"attention": variants, "patterns": attn.list_patterns(), "positions": positions,
-                               "tasks": tasks, "presets": presets,
+                               "tasks": tasks, "presets": presets, "accuracy_presets": evaluations,
                                "checkpoints": checkpoints, "presses": presses, "presses_install": install},
                               default=str, indent=1))
     else:
@@ -85,6 +86,7 @@ def list_command(plugins: tuple[str, ...], as_json: bool) -> None:
         _print_patterns(attn.list_patterns())
         _print_tasks(tasks)
         _print_checkpoints(checkpoints)
+        _print_accuracy_presets(evaluations)
         _print_presses(presses, install)
     if reported:  # the listing lacks the variants asked for: the exit status says so too
         raise click.exceptions.Exit(1)
@@ -174,6 +176,19 @@ def _print_checkpoints(checkpoints: list[dict[str, Any]]) -> None:
         state = "installed" if c["installed"] else f"not installed: {c['install']}"
         click.echo(f"  {c['name']:<16} {c['title']}, {c['context']} positions, licence: {c['licence']} [{state}]")
         click.echo(f"    {c['architecture']}")
+
+
+def _accuracy_presets() -> dict[str, dict[str, str]]:
+    """The named checkpoint evaluations: each one's checkpoint and what it runs, with its expected hours where known."""
+    from harness.accuracy.checkpoint_presets import CHECKPOINT_PRESETS
+
+    return {name: {"model": p.model, "doc": p.doc} for name, p in CHECKPOINT_PRESETS.items()}
+
+
+def _print_accuracy_presets(evaluations: dict[str, dict[str, str]]) -> None:
+    click.secho("Checkpoint evaluations (accuracy --preset NAME; --eval-lens picks some of its lengths)", bold=True)
+    for name, p in evaluations.items():
+        click.echo(f"  {name:<27} {p['doc']}")
 
 
 def _presses() -> tuple[dict[str, dict[str, Any]], str | None]:

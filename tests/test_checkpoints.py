@@ -139,9 +139,16 @@ def test_named_checkpoints_resolve_list_and_refuse_clearly(smollm2, monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoint nope is not installed" in err[0] and not out.exists()
     assert main(["list", "--json"]) == 0
-    listed = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checkpoints"]}
+    listing = json.loads(capsys.readouterr().out)
+    listed = {c["name"]: c for c in listing["checkpoints"]}
     assert listed["smollm2-135m"]["installed"] and listed["smollm2-135m"]["context"] == 8192
     assert listed["gemma3-270m"]["licence"] == "Gemma Terms of Use"
+    # the checkpoint evaluations, each with its checkpoint; the long ones say their hours
+    frontier = listing["accuracy_presets"]["frontier-qwen-16k-cpu"]
+    assert frontier["model"] == "qwen2.5-coder-0.5b" and "hours" in frontier["doc"]
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"  {name} " in text for name in listing["accuracy_presets"])
 
 
 # -- one spec per layer type: a tiny Gemma 3 -----------------------------------------------------------

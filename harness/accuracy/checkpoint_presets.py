@@ -341,7 +341,8 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "retrieval-qwen-cpu": _retrieval_qwen(),
     # ~1 h a length of one core for Qwen at 4K in bfloat16, twice that at 8K; SmolLM2 minutes, Gemma 3 tens of minutes
     "probe-qwen-cpu": _probe("qwen2.5-coder-0.5b", "full", (4096, 8192, 16384),
-                             "Qwen2.5-Coder-0.5B: full attention on 8 examples of every RULER task at 4K, 8K and 16K"),
+                             "Qwen2.5-Coder-0.5B: full attention on 8 examples of every RULER task at 4K, 8K and 16K; "
+                             "~1 hour of one core at 4K in bfloat16, twice that at 8K"),
     "probe-gemma3-cpu": _probe("gemma3-270m", "sliding_attention=sliding_window:backend=blocked", (4096, 8192),
                                "Gemma 3 270M, its own pattern: 8 examples of every RULER task at 4K and 8K"),
     "probe-smollm2-cpu": _probe("smollm2-135m", "full", (4096,), "SmolLM2-135M: 8 examples of every RULER task at 4K"),
@@ -353,7 +354,11 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                               "RULER tasks its probe keeps: every press, the leaders, the oracle, "
                                               "quantized caches and full at 1/8, then 1/2-1/16, KVzip, the sized "
                                               "variants, the dynamic prefills, retrieval, continuation bits per byte, "
-                                              "the presses query-aware"),
+                                              "the presses query-aware. Measured on one core in bfloat16: ~1 min a 4K "
+                                              "passkey prompt, ~1.7 min a 4K RULER prompt (15 arms), ~6.5 min a 16K "
+                                              "prompt (27 arms), so the 1/8 grid (140 prompts a length) is ~4 hours "
+                                              "at 4K and ~15 at 16K (8K not yet measured), everything past 100 hours: "
+                                              "one process a length, resumable (--eval-lens L --resume)"),
     # Gemma 3's own pattern, the presses on its global layers (kvpress's rule); its probe keeps no RULER task at 4K
     # (full below 0.5 on each: passkey alone there) and niah_single_1 at 8K; KVzip refuses Gemma 3 (its rows say so).
     # About 6 hours of 2 cores.
