@@ -59,8 +59,13 @@ def press_method(row: Mapping[str, Any]) -> str:
 def subject(row: Mapping[str, Any]) -> str:
     """The model a row measures, with its dtype unless float32: cells of two dtypes are two subjects, never compared
     (a cost row names its model ``hf_config``)."""
-    dtype = row.get("dtype") if isinstance(row.get("dtype"), str) and row.get("dtype") else "float32"
+    dtype = dtype_of(row)
     return str(row.get("model", row.get("hf_config"))) + ("" if dtype == "float32" else f" ({dtype})")
+
+
+def dtype_of(row: Mapping[str, Any]) -> str:
+    """A row's dtype: rows written before the column existed ran in float32."""
+    return row["dtype"] if isinstance(row.get("dtype"), str) and row.get("dtype") else "float32"
 
 
 def one_draw_a_cell(row: Mapping[str, Any]) -> bool:

@@ -146,7 +146,8 @@ def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     pts_all, costs = FR.points(flat), cost_frame(_all(rows, FRONTIER_COST_FILES))
     size = {r.get("model"): r.get("params") or 0 for r in flat}
     lines = []
-    for subj in sorted(set(pts_all["model"]), key=lambda m: (size.get(m.split(" (")[0], 0), m)):
+    who = pts_all[["model", "checkpoint", "dtype"]].drop_duplicates().itertuples(index=False)
+    for subj, model, dtype in sorted(who, key=lambda s: (size.get(s.checkpoint, 0), s.model)):
         pts = pts_all[pts_all["model"] == subj]
         rk = FR.ranking(pts, AT)
         rk = rk.assign(s=rk["at"].fillna(rk["score"]), s_lo=rk["at_lo"].fillna(rk["score_lo"]),
@@ -159,7 +160,6 @@ def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         got = {frozenset((c.a, c.b)): c for c in C.pairwise(pts[pts["eval_len"] == L], AT)}
         row = {r.method: r for r in here.itertuples()}
         best = [m for m in here["method"] if row[m].kind not in ("reference", "oracle")][:3]
-        model = subj.split(" (")[0]
         train = next((r.get("train_len") for r in flat if r.get("model") == model and r.get("train_len")), None)
         r0 = here.iloc[0]
         parts = [f"full {_iv(row['full'].s, row['full'].s_lo, row['full'].s_hi)}"] if "full" in row else []
@@ -185,9 +185,9 @@ def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
                            for m in k})
             ties += [f"{', '.join(f'`{m}`' for m in tied)} at the {level}"] if tied else []
         parts.append("ties (every draw at 1.00 or 0.00: untestable): " + ("; ".join(ties) if ties else "none"))
-        dtype = f", in {subj.split(' (')[1].rstrip(')')}" if " (" in subj else ""
         end = " (the end of its trained context)" if train and L >= int(train) else ""
-        lines.append(f"- {subject(flat, model)}{dtype}, at {L} tokens{end}, with 1/8 of its KV cache ({r0['draws']} "
+        ran = "" if dtype == "float32" else f", in {dtype}"
+        lines.append(f"- {subject(flat, model)}{ran}, at {L} tokens{end}, with 1/8 of its KV cache ({r0['draws']} "
                      f"independent draws over {r0['tasks']} task{'s' if r0['tasks'] > 1 else ''}): " + "; ".join(parts)
                      + ".")
     return lines

@@ -25,7 +25,7 @@ from harness.analysis.effective import effective_length, effective_lines, kept_t
 from harness.analysis.paired import ALPHA, interval, paired_difference
 from harness.messages import one_line
 from harness.results import check_writable, scan_rows, write_atomic
-from harness.schema import declaration, one_draw_a_cell, press_method, subject
+from harness.schema import declaration, dtype_of, one_draw_a_cell, press_method, subject
 
 MIN_EXAMPLES = 20  # a cell on fewer (a run stopped inside it) is shown, not ranked
 
@@ -122,7 +122,8 @@ def _pool(cell: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) -> pd.DataFrame:
-    """One row per (model, eval_len, task, method, budget): score, interval, n, per_example, kv_bytes, kv_fraction,
+    """One row per (model, eval_len, task, method, budget) -- ``model`` the subject (the checkpoint with its dtype
+    unless float32), ``checkpoint`` and ``dtype`` apart: score, interval, n, per_example, kv_bytes, kv_fraction,
     kind, status (cells that did not run keep their error and no score), ranked / below_half (full's score)."""
     cells: dict[tuple, dict[float, dict[str, Any]]] = {}  # cell -> depth -> row
     for r in rows.to_dict("records") if isinstance(rows, pd.DataFrame) else rows:
@@ -134,8 +135,10 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
     out = []
     for (model, L, task, method, kind, budget), cell in cells.items():
         frac = _num(next(iter(cell.values())).get("budget_fraction")) if budget else float("nan")
-        family = str(next(iter(cell.values())).get("task"))
-        out.append({"model": model, "eval_len": L, "task": task, "family": family, "method": method, "kind": kind,
+        first = next(iter(cell.values()))
+        family = str(first.get("task"))
+        out.append({"model": model, "checkpoint": first.get("model"), "dtype": dtype_of(first), "eval_len": L,
+                    "task": task, "family": family, "method": method, "kind": kind,
                     "budget": budget, "budget_fraction": frac, **_pool(list(cell.values()))})
     df = pd.DataFrame(out)
     full = df[(df["kind"] == "reference") & (df["status"] == "ok")].set_index(["model", "eval_len", "task"])
