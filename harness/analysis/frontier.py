@@ -134,9 +134,8 @@ def points(rows: Iterable[dict[str, Any]] | pd.DataFrame, floor: float = 0.5) ->
         raise ValueError("no memory-quality frontier rows (passkey or RULER rows with a press or a budget)")
     out = []
     for (model, L, task, method, kind, budget), cell in cells.items():
-        frac = _num(next(iter(cell.values())).get("budget_fraction")) if budget else float("nan")
         first = next(iter(cell.values()))
-        family = str(first.get("task"))
+        frac, family = _num(first.get("budget_fraction")) if budget else float("nan"), str(first.get("task"))
         out.append({"model": model, "checkpoint": first.get("model"), "dtype": dtype_of(first), "eval_len": L,
                     "task": task, "family": family, "method": method, "kind": kind,
                     "budget": budget, "budget_fraction": frac, **_pool(list(cell.values()))})
