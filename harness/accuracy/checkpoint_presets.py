@@ -292,9 +292,10 @@ def _retrieval_qwen() -> CheckpointPreset:
 # which probe chose each). Passkey: 5 depths x 4 haystacks, 20 independent draws a cell. The press grid at 1/8
 # first at every length (16K first: a cut run drops lengths from the shorter end, never 16K), then the other budgets
 # (512 tokens only at 16K: at 4K and 8K it is 1/8 and 1/16 again), the leaders the leaderboard ranks first (AdaKV
-# around ExpectedAttention and SnapKV, ChunkKV, CriticalKV), KVzip in groups of its own (its prefill is its own, two
-# to three times a plain one), then the sized variants, the dynamic prefills and retrieval at 1/8, the text read after
-# a compressed context (continuation, bits per byte: 20 windows) and the presses query-aware.
+# around ExpectedAttention and SnapKV, ChunkKV, CriticalKV), KVzip in groups of its own right after the 1/8 grid (its
+# prefill is its own, two to three times a plain one; the other presses that prefill themselves come after the
+# budgets), then the sized variants, the dynamic prefills and retrieval at 1/8, the text read after a compressed
+# context (continuation, bits per byte: 20 windows) and the presses query-aware.
 LEADERS = ("adakv(expected_attention)", "adakv(snapkv)", "chunkkv(snapkv)", "criticalkv(snapkv)")
 # every other kvpress press, at 1/8 after the grid: the ones that replay the shared prefill (cheap arms), DuoAttention,
 # ThinK and SimLayerKV as given (their budget is not a share of the tokens; DuoAttention's head patterns and
@@ -321,9 +322,10 @@ def _frontier_probed(probed: dict[int, tuple[str, ...]], variant: str = "full", 
 
     families = (("sliding_window", "sinks", "block_sparse", "moba", "quest"), PREFILL_METHODS) if sized else ()
     return (*(group(L, arms, ("1/8", *(("512",) if L >= 16384 else ()))) for L in order),
+            *(group(L, OWN_PREFILL[:1]) for L in order),  # KVzip, the leaderboard's first, before the rest
             *(group(L, OTHERS) for L in order),
             *(group(L, arms, ("1/2", "1/4", "1/16")) for L in order),
-            *(group(L, OWN_PREFILL) for L in order),
+            *(group(L, OWN_PREFILL[1:]) for L in order),
             *(group(L, sized=f) for f in families for L in order),
             *(group(L, (*RETRIEVERS, "none")) for L in order),
             *(Group(("continuation",), (variant,), (L,), examples=20, presses=arms, budgets=("1/8",)) for L in order),
