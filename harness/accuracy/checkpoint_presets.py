@@ -354,13 +354,14 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
     "frontier-qwen-16k-cpu": CheckpointPreset("qwen2.5-coder-0.5b", _frontier_probed(PROBED),
                                               "Qwen2.5-Coder-0.5B at 16K, 4K and 8K on passkey (20 haystacks) and the "
                                               "RULER tasks its probe keeps: every press, the leaders, the oracle, "
-                                              "quantized caches and full at 1/8, then 1/2-1/16, KVzip, the sized "
+                                              "quantized caches and full at 1/8, then KVzip, 1/2-1/16, the sized "
                                               "variants, the dynamic prefills, retrieval, continuation bits per byte, "
                                               "the presses query-aware. Measured on one core in bfloat16: ~1 min a 4K "
                                               "passkey prompt, ~1.7 min a 4K RULER prompt (15 arms), ~6.5 min a 16K "
-                                              "prompt (27 arms), so the 1/8 grid (140 prompts a length) is ~4 hours "
-                                              "at 4K and ~15 at 16K (8K not yet measured), everything past 100 hours: "
-                                              "one process a length, resumable (--eval-lens L --resume)"),
+                                              "prompt (27 arms), ~2 min a 4K prompt for KVzip alone, so the 1/8 grid "
+                                              "(140 prompts a length) is ~4 hours at 4K and ~15 at 16K (8K not yet "
+                                              "measured), everything past 100 hours: one process a length, resumable "
+                                              "(--eval-lens L --resume)"),
     # Gemma 3's own pattern, the presses on its global layers (kvpress's rule); its probe keeps no RULER task at 4K
     # (full below 0.5 on each: passkey alone there) and niah_single_1 at 8K; KVzip refuses Gemma 3 (its rows say so).
     # About 6 hours of 2 cores.
