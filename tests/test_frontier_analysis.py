@@ -268,6 +268,16 @@ def test_effective_length_is_the_longest_length_keeping_85_percent_of_full():
     assert "| method | 1/8 |\n|---|---|\n" in text and "| tova | < 4096 |" in text and "| oracle | 8192 |" in text
 
 
+def test_a_method_that_missed_a_ranked_task_at_every_length_has_no_effective_length():
+    """Its mean over the tasks it answered is not full's over all of them: no estimate, rather than '< 4096'."""
+    rows = grid({"oracle": {"1/8": ones(20)}, "kvzip": {"1/8": ones(20)}}, ones(20))
+    rows += grid({"oracle": {"1/8": ones(18)}}, ones(18), task="niah_multikey_2")  # kvzip stopped before this task
+    eff = effective_length(FR.points(rows))
+    assert set(eff["method"]) == {"oracle"}
+    text = FR.markdown(FR.points(rows), FR.FrontierConfig())
+    assert "| oracle | 4096 |" in text and "| kvzip | < 4096 |" not in text and "| kvzip | - |" in text
+
+
 def test_above_the_oracle_is_every_kind_tested_with_holm():
     rows = grid({"oracle": {"1/8": ones(4)}, "streaming_llm": {"1/8": ones(20)}, "tova": {"1/8": ones(6)}}, ones(20),
                 task="niah_single_1")

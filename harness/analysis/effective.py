@@ -28,20 +28,26 @@ def _common(pts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, se
 
 def effective_length(pts: pd.DataFrame, keep: float = 0.85) -> pd.DataFrame:
     """Per (model, method, budget) the longest eval_len whose mean score over the tasks ranked at every length of the
-    model is >= keep x full's there (None: at no length tried). A length where the method misses one is not counted."""
+    model is >= keep x full's there (None: at none of the lengths where it answered every one of those tasks). A
+    method that answered them all at no length (a run stopped partway through its tasks) has no row: a mean over some
+    of the tasks is not comparable with full's over all of them, and missing is not below."""
     (ok, refs, common), out = _common(pts), []
     for (model, method, budget), g in ok[ok["kind"] != "reference"].groupby(["model", "method", "budget"], sort=True):
         if not common.get(model):  # no task ranked at every length (a run stopped in its first cell): nothing to say
             continue
-        lengths = sorted(set(ok[ok["model"] == model]["eval_len"]))
-        passed = []
-        for L in lengths:
+        answered, passed = [], []
+        for L in sorted(set(ok[ok["model"] == model]["eval_len"])):
             ranked = refs[(refs["model"] == model) & (refs["eval_len"] == L) & refs["task"].isin(common.get(model, ()))]
             mine = g[(g["eval_len"] == L) & g["task"].isin(ranked["task"])]
-            if len(ranked) and len(mine) == len(ranked) and mine["score"].mean() >= keep * ranked["score"].mean():
+            if not len(ranked) or len(mine) != len(ranked):
+                continue
+            answered.append(int(L))
+            if mine["score"].mean() >= keep * ranked["score"].mean():
                 passed.append(int(L))
+        if not answered:
+            continue
         out.append({"model": model, "method": method, "budget": budget, "effective_len": max(passed) if passed else None,
-                    "shortest": int(lengths[0]), "fraction": -float(Fraction(budget)) if budget else 0.0})
+                    "shortest": answered[0], "fraction": -float(Fraction(budget)) if budget else 0.0})
     df = pd.DataFrame(out, columns=["model", "method", "budget", "effective_len", "shortest", "fraction"])
     return df.sort_values(["model", "method", "fraction"], ignore_index=True).drop(columns="fraction")
 
