@@ -61,7 +61,7 @@ KEEP_FILES = ("frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier
               "retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl", "retrieval-qwen-cpu.jsonl",
               "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl",
               "frontier-qwen-probed-4k-cpu.jsonl", "frontier-qwen-probed-16k-cpu.jsonl", "frontier-gemma3-probed-cpu.jsonl")
-FRONTIER_COST_FILES = ("frontier-cost-cpu.jsonl", "frontier-cost-16k-cpu.jsonl")  # a decoded token's cost, per method
+FRONTIER_COST_FILES = ("frontier-cost-cpu.jsonl", "frontier-cost-16k-prefill-cpu.jsonl")  # a decoded token's cost, per method
 
 
 def keep_at(rows: list[dict[str, Any]], model: str,

@@ -53,7 +53,10 @@ def cost_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _ms(v: float, full: float) -> str:
-    return f"{v:.1f} ms ({v / full:.2f}x)" if v == v else "-"
+    """A time and its ratio to full's; seconds from 10 s (a long prefill)."""
+    if v != v:
+        return "-"
+    return (f"{v / 1e3:.1f} s" if v >= 1e4 else f"{v:.1f} ms") + f" ({v / full:.2f}x)"
 
 
 def cost_lines(cost_rows: Iterable[dict[str, Any]], pts: pd.DataFrame, at: str = "1/8", head: str = "##") -> list[str]:
