@@ -220,3 +220,27 @@ def test_a_press_that_refuses_the_model_is_unsupported_and_the_others_go_on(mode
     err = cache.failed["observed_attention:compression_ratio=0.5"]
     assert type(err).__name__ == "UnsupportedBackend" and "cannot run here: AssertionError" in str(err)
     assert len(got["none"]) == 2 and "none" not in cache.failed
+
+
+def test_an_arm_that_failed_in_one_cell_runs_in_the_next_and_one_that_refused_does_not(model, monkeypatch):
+    """A failure that may pass (memory, oneDNN's "could not create a primitive") costs its arm one cell, not every
+    later cell of the setting: a run that failed once wrote `error` rows for five cells it never tried. A refusal
+    (`unsupported`) stays. The kept exception holds no traceback (its frames hold every arm's cache)."""
+    snap, refuses = "snapkv:compression_ratio=0.5", "observed_attention:compression_ratio=0.5"
+    cache = SharedPrefill([presses.parse_press(snap), presses.parse_press(refuses), presses.parse_press("none")])
+    arm = next(a for a in cache.members if a.label == snap)
+    real, calls = arm.branch, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("could not create a primitive")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(arm, "branch", flaky)
+    config = GenerationConfig(max_new_tokens=2, min_new_tokens=2)
+    got = cache.answers(model, prompt(12), CONTEXT, config)
+    assert got[snap] == [] and set(cache.failed) == {snap, refuses} and cache.failed[snap].__traceback__ is None
+    cache.next_cell()
+    got = cache.answers(model, prompt(13), CONTEXT, config)
+    assert len(got[snap]) == 2 and len(got["none"]) == 2 and set(cache.failed) == {refuses} and len(calls) == 2

@@ -240,9 +240,20 @@ class SharedPrefill:
         return [a for a in self.members if a.label not in self.failed]
 
     def fail(self, arm: Arm, e: BaseException) -> None:
+        """The arm is out for the rest of this cell. Its exception is kept without its traceback, whose frames hold
+        every arm's cache of the prompt it failed on."""
         from harness.presses import press_refusal
 
-        self.failed[arm.label] = press_refusal(arm.label, e)
+        err = press_refusal(arm.label, e)
+        err.__traceback__ = err.__context__ = err.__cause__ = None
+        self.failed[arm.label] = err
+
+    def next_cell(self) -> None:
+        """A new cell: an arm that failed in the last one tries again (running out of memory, oneDNN's "could not
+        create a primitive" may pass), except one that refused (``unsupported``: a press that cannot run here)."""
+        from attn.attention.base import UnsupportedBackend
+
+        self.failed = {a: e for a, e in self.failed.items() if isinstance(e, UnsupportedBackend)}
 
     def take_stats(self, arm: str | None) -> dict[str, Any]:
         """Row columns over the prompts answered since the last call: the cache class the arm decoded against

@@ -357,6 +357,7 @@ class CheckpointRun:
             return
         for arm in self.cache.arms:  # arms already on record were answered too: their statistics are dropped
             self.cache.take_stats(arm)
+        self.cache.next_cell()
         if self.answered is not None:  # its rows are on record: its prompts' answers are no longer needed
             self.answered.drop(self.cache.scope)
 
