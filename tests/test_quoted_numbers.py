@@ -345,7 +345,8 @@ quote(RESULTS, "Its own pattern finds {}, missing the three keys placed first (d
 FS, FQ, FC = "frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-cost-cpu.jsonl"
 FG, QWEN = "frontier-gemma3-cpu.jsonl", "qwen2.5-coder-0.5b"
 # files read with a frontier file (the same prompts, its rows paired with these): retrieval's arms (issue 51)
-FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",)}
+FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",),
+                 "frontier-qwen-probed-16k-cpu.jsonl": ("frontier-qwen-probed-4k-cpu.jsonl",)}  # 16K beside 4K: lengths
 
 
 # -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
