@@ -96,3 +96,36 @@ def test_bits_are_read_back_as_they_were_scored(ckpt, tmp_path):
     assert again.resumed == 1 and again.take_stats(PRESSES[1]) == first.take_stats(PRESSES[1])
     again.answered.drop("cell")
     assert not (tmp_path / "a.answers").exists()
+
+
+def test_a_refusal_is_kept_with_the_answers_and_refused_again_on_resume(ckpt, tmp_path):
+    """A press that refuses the model (``unsupported``) leaves the other arms' answers resumable, and a resumed cell
+    records the same refusal without asking the model; an arm that failed otherwise keeps nothing (it runs again)."""
+    pytest.importorskip("kvpress")
+    from attn.attention.base import UnsupportedBackend
+    from attn.hf.presses import parse_press
+
+    def refuses(*a, **kw):
+        raise NotImplementedError("needs eager attention")
+
+    model = hf.load_model(ckpt, "full")
+    prompt = torch.randint(0, 256, (90,), generator=torch.Generator().manual_seed(2)).tolist()
+    first = SharedPrefill([parse_press(p) for p in PRESSES])
+    first.answered, first.scope = Answered(tmp_path / "a.answers"), "cell"
+    first.members[1].branch = refuses
+    scored = first.bits(model, prompt, 60)
+    assert list(scored) == [PRESSES[0]] and isinstance(first.failed[PRESSES[1]], UnsupportedBackend)
+    again = SharedPrefill([parse_press(p) for p in PRESSES])
+    again.answered, again.scope = Answered(tmp_path / "a.answers"), "cell"
+    recalled = again.bits(None, prompt, 60)  # no model: it must not be asked
+    assert torch.equal(recalled[PRESSES[0]], scored[PRESSES[0]]) and PRESSES[1] not in recalled
+    assert str(again.failed[PRESSES[1]]) == str(first.failed[PRESSES[1]])
+
+    def breaks(*a, **kw):
+        raise RuntimeError("could not create a primitive")
+
+    other = SharedPrefill([parse_press(p) for p in PRESSES])
+    other.answered, other.scope = Answered(tmp_path / "b.answers"), "cell"
+    other.members[1].branch = breaks
+    other.bits(model, prompt, 60)
+    assert not (tmp_path / "b.answers").exists()

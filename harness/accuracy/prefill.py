@@ -115,11 +115,22 @@ class SharedPrefill:
         self.stats[arm.label].append(arm.after({"context_tokens": context, "kv_cache": type(b.cache).__name__,
                                                 **b.columns}))
 
+    def _transient(self) -> bool:
+        """An arm failed in this cell other than by refusing: its prompts are answered again, and none is kept."""
+        from attn.attention.base import UnsupportedBackend
+
+        return any(not isinstance(e, UnsupportedBackend) for e in self.failed.values())
+
     def _recall(self, parts: Any) -> dict[str, Any] | None:
-        """A prompt's line from before a cut, its statistics taken as if answered now (None: answer it)."""
-        got = self.answered.get(self.scope, parts) if self.answered is not None and not self.failed else None
+        """A prompt's line from before a cut, its statistics taken as if answered now, and the arms that refused it
+        refused again (None: answer it)."""
+        from attn.attention.base import UnsupportedBackend
+
+        got = self.answered.get(self.scope, parts) if self.answered is not None and not self._transient() else None
         if got is None:
             return None
+        for arm, why in got.get("refused", []):
+            self.failed.setdefault(arm, UnsupportedBackend(why))
         for arm, stats in zip(self.arms, got["stats"], strict=True):
             if stats is not None and not self.plain:
                 self.stats[arm].append(stats)
@@ -127,12 +138,13 @@ class SharedPrefill:
         return got
 
     def _keep(self, parts: Any, out: list[Any], counted: dict[str | None, int]) -> None:
-        """Append a prompt's answers (``out``, per arm in order) and statistics, unless an arm failed (a resumed
-        cell fails it again)."""
-        if self.answered is None or self.failed:
+        """Append a prompt's answers (``out``, per arm in order), statistics and refusals, unless an arm failed
+        otherwise (a resumed cell tries it again)."""
+        if self.answered is None or self._transient():
             return
         stats = [self.stats[a][-1] if len(self.stats[a]) > counted[a] else None for a in self.arms]
-        self.answered.put(self.scope, parts, {"out": out, "stats": stats})
+        refused = [[a, str(e)] for a, e in self.failed.items()]
+        self.answered.put(self.scope, parts, {"out": out, "stats": stats, "refused": refused})
 
     # -- the arms ------------------------------------------------------------------------------------------------
     def answers(self, model: Any, prompt: list[int], question_at: int, config: Any,
