@@ -310,7 +310,9 @@ QWEN_4K = ("niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiq
 # below 0.5), plus one at 4K's ceiling that 16K brings into range (niah_multikey_1: 5 of 8; niah_single_1 stays at 8
 # of 8), last: the grid's cells already run keep their order
 QWEN_16K = (*(t for t in QWEN_4K if t not in ("niah_multikey_3", "cwe")), "niah_multikey_1")
-PROBED = {4096: QWEN_4K, 8192: QWEN_4K, 16384: QWEN_16K}
+# 8K: 4K's six less the ones its probe puts out (niah_multikey_3 and cwe below 0.5); fwe, not reached yet, keeps 4K's
+QWEN_8K = tuple(t for t in QWEN_4K if t not in ("niah_multikey_3", "cwe"))
+PROBED = {4096: QWEN_4K, 8192: QWEN_8K, 16384: QWEN_16K}
 
 
 def _frontier_probed(probed: dict[int, tuple[str, ...]], variant: str = "full", sized: bool = True) -> tuple[Group, ...]:
