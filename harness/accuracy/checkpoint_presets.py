@@ -355,7 +355,7 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                "Gemma 3 270M, its own pattern: 8 examples of every RULER task at 4K and 8K"),
     "probe-smollm2-cpu": _probe("smollm2-135m", "full", (4096,), "SmolLM2-135M: 8 examples of every RULER task at 4K"),
     # estimated from the probe's prompt times (Qwen, one arm: ~40 s a 4K prompt on one core) and the arms' batched
-    # cost: about 30 hours of 2 cores for the 1/8 grid (140 prompts a length; 16K two thirds of it), over 100 for
+    # cost: about 30 hours of 2 cores for the 1/8 grid (100-140 prompts a length; 16K two thirds of it), over 100 for
     # everything -- past the 1/8 grid, a lent GPU's job (frontier-gpu); bfloat16 where the machine runs it faster
     "frontier-qwen-16k-cpu": CheckpointPreset("qwen2.5-coder-0.5b", _frontier_probed(PROBED),
                                               "Qwen2.5-Coder-0.5B at 16K, 4K and 8K on passkey (20 haystacks) and the "
@@ -365,9 +365,9 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                               "the presses query-aware. Measured on one core in bfloat16: ~1 min a 4K "
                                               "passkey prompt, ~1.7 min a 4K RULER prompt (15 arms), ~6.5 min a 16K "
                                               "prompt (27 arms), ~2 min a 4K prompt for KVzip alone, so the 1/8 grid "
-                                              "(140 prompts a length) is ~4 hours at 4K and ~15 at 16K (8K not yet "
-                                              "measured), everything past 100 hours: one process a length, resumable "
-                                              "(--eval-lens L --resume)"),
+                                              "(20 prompts a task: 140 at 4K, 100 at 8K, 120 at 16K) is ~4 hours at 4K "
+                                              "and ~15 at 16K (8K not yet measured), everything past 100 hours: one "
+                                              "process a length, resumable (--eval-lens L --resume)"),
     # Gemma 3's own pattern, the presses on its global layers (kvpress's rule); its probe keeps no RULER task at 4K
     # (full below 0.5 on each: passkey alone there) and niah_single_1 at 8K; KVzip refuses Gemma 3 (its rows say so).
     # About 6 hours of 2 cores.
