@@ -12,6 +12,7 @@ pytest.importorskip("kvpress")
 
 import torch  # noqa: E402
 
+from attn.attention.base import UnsupportedBackend  # noqa: E402
 from harness.cli import main  # noqa: E402
 from harness.cost.cells import KEY_FIELDS, Cell  # noqa: E402
 from harness.cost.scopes.hf import build_hf  # noqa: E402
@@ -122,6 +123,7 @@ def test_nothing_pruned_runs_with_any_variant(tiny_config):
     (["--press", "snapkv:ratio=0.5"], "has no parameter"),
     (["--press", "none", "--mode", "train"], "mode train"),
     (["--press", "none", "--scope", "op"], "needs --scope hf"),
+    (["--pattern", "own"], "one layer type"),  # llama: no layer types to give specs to
 ])
 def test_bad_press_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys):
     out = tmp_path / "x.jsonl"
@@ -129,6 +131,35 @@ def test_bad_press_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and expected in err[0], err
     assert not out.exists()
+
+
+GEMMA = dict(model_type="gemma3_text", num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=1, head_dim=16, vocab_size=97, sliding_window=8, query_pre_attn_scalar=16,
+             layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=512)
+
+
+def test_a_model_with_layer_types_is_pressed_on_its_own_pattern(tmp_path):
+    """Gemma 3's pattern (``--pattern own``): a press prunes the global layer only, the sliding layers keep their last
+    window - 1 keys (what the evaluation's caches hold), each layer's attention is counted as its own variant's, and a
+    plain variant with a press is refused with the way to ask for the model's pattern."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA))
+    grid = dict(scope=["hf"], hf_config=[str(path)], lengths=[L], mode=["decode"])
+    own = {c.press_spec: c for c in expand(build_spec([("command line", dict(pattern=["own"], press=["none", SNAPKV],
+                                                                                  **grid))]))}
+    assert {(c.variant, c.variant_spec, c.position) for c in own.values()} == {("layers", "own", "checkpoint")}
+    torch.manual_seed(0)
+    pressed = build_hf(own[SNAPKV])
+    assert [int(layer.keys.shape[-2]) for layer in pressed.state.layers] == [7, 7, L // 2]
+    first = pressed.fn()
+    torch.testing.assert_close(first, pressed.fn())  # the cache put back after each step
+    assert pressed.columns()["kv_tokens_max"] == L // 2
+    unpressed = build_hf(own["none"])
+    (plain,) = expand(build_spec([("command line", dict(variant=["full"], **grid))]))  # every layer global
+    assert pressed.flops < unpressed.flops < build_hf(plain).flops
+    (refused,) = expand(build_spec([("command line", dict(variant=["full"], press=[SNAPKV], **grid))]))
+    with pytest.raises(UnsupportedBackend, match="--pattern own"):
+        build_hf(refused)
 
 
 def test_list_shows_the_presses_or_how_to_install_them(capsys, monkeypatch):

@@ -145,11 +145,12 @@ def register_layers(plan: LayerPlan, config: PreTrainedConfig) -> str:
                                          for t, v in variants.items())
 
     def attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+               attention_mask: torch.Tensor | None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        # dropout may come by position: kvpress's attention_patch wraps every registered function and passes it so
         layer_type = module.config.layer_types[module.layer_idx]  # the layer's own model, not one captured here
         if layer_type in lifted:
             kwargs["sliding_window"] = None  # the lifted window: the spec's own pattern rules
-        return functions[layer_type](module, query, key, value, attention_mask, **kwargs)
+        return functions[layer_type](module, query, key, value, attention_mask, dropout, **kwargs)
 
     attend.__name__ = attend.__qualname__ = re.sub(r"\W", "_", name)
     AttentionInterface.register(name, attend)

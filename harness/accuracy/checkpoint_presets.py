@@ -377,6 +377,13 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
         "(niah_single_1): every press and the leaders on its "
         "global layers, the oracle, quantized caches and full at 1/8, then 1/2-1/16, retrieval, continuation bits "
         "per byte, the presses query-aware"),
+    # SmolLM2 stays at 4K (8K is the end of its context): passkey's 20 haystacks and the one RULER task its probe keeps
+    "frontier-smollm2-4k-cpu": CheckpointPreset("smollm2-135m", _frontier_probed({4096: ("niah_multikey_1",)}),
+                                                "SmolLM2-135M at 4K on passkey (20 haystacks) and the RULER task its "
+                                                "probe keeps (niah_multikey_1): every press, the leaders, the oracle, "
+                                                "quantized caches and full at 1/8, then KVzip, the other presses, "
+                                                "1/2-1/16, the sized variants, the dynamic prefills, retrieval, "
+                                                "continuation bits per byte, the presses query-aware"),
 }
 
 

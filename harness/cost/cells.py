@@ -275,6 +275,11 @@ class Scope:
         """What a cell's label says about its scope, after the variant."""
         return []
 
+    def layer_variants(self, cell: Cell) -> list[str] | None:
+        """The variant of each layer of a layer-pattern cell when the scope reads the pattern its own way (hf: a
+        model's layer spec); None: our backbone's pattern (attn.patterns)."""
+        return None
+
     def build(self, cell: Cell) -> Measured:
         """Inputs, module and the measured callable of ``cell`` (seed the RNG before calling)."""
         raise NotImplementedError
@@ -323,6 +328,9 @@ def cell_classes(cell: Cell) -> list[type]:
 
     if cell.variant != LAYERS:
         return [ATTENTION.get(cell.variant).cls]
+    names = SCOPES[cell.scope].layer_variants(cell)
+    if names is not None:
+        return [ATTENTION.get(n).cls for n in dict.fromkeys(names)]
     unit = parse_pattern(cell.variant_params["pattern"]).unit
     return [ATTENTION.get(resolve_variant(s).name).cls for s in dict.fromkeys(unit)]
 

@@ -10,6 +10,9 @@
   timed step (:func:`rewind`).
 - ``train``: refused when the grid is read (training keeps no KV cache to compress).
 
+On a model with layer types a press runs on the model's own pattern (``--pattern own``: its sliding layers at their
+window, the others pressed), replayed on a recorded prefill (:func:`context_cache`), as the evaluation runs it.
+
 Rows carry the press (``press``, ``press_spec``, ``press_params``, ``compression_ratio``: Cell fields) and what the
 cache holds (attn.hf.presses.cache_columns). Presses that prune compose with our ``full`` variant only
 (attn.hf.presses.press_unsupported); such a cell, a press that compresses while decoding in a decode
@@ -45,19 +48,56 @@ def press_fields(text: str) -> dict[str, Any]:
 
 def check_press(cell: Cell, config: Any, arm: Any) -> None:
     """Refuse (UnsupportedBackend) what a press cannot time here: a pruning press on a variant that picks keys by
-    position or on a model with several layer types, and in decode a press that compresses while decoding (``arm``:
-    the spec's :class:`attn.hf.arms.Arm`)."""
+    position or on a model with several layer types outside its own pattern (``--pattern own``), and in decode a press
+    that compresses while decoding (``arm``: the spec's :class:`attn.hf.arms.Arm`). ``config``: the built model's."""
+    from attn.hf.layers import parse_layer_spec
     from attn.hf.presses import press_unsupported
+    from attn.patterns import LAYERS
 
     types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
-    layer_specs = {t: cell.variant_spec for t in types} if len(types) > 1 else None
+    layer_specs = None
+    if cell.variant == LAYERS:  # a layer spec: the spec each type runs (the model's own where it names none)
+        every, typed = parse_layer_spec(cell.variant_params["pattern"])
+        layer_specs = {t: typed.get(t) or every or own(t, config) for t in types}
+    elif len(types) > 1:
+        layer_specs = {t: cell.variant_spec for t in types}
     # none and quantized keep every key
-    why = press_unsupported(cell.variant, layer_specs) if arm.press is not None else None
+    why = (press_unsupported(cell.variant, layer_specs, getattr(config, "sliding_window", None))
+           if arm.press is not None else None)
+    if why is not None and layer_specs is not None and cell.variant != LAYERS:
+        why += " (--pattern own)"
     if why is None and cell.mode == "decode" and arm.decodes:
         why = (f"press {cell.press_spec} compresses while decoding too, so a decode step's cost changes from step to "
                "step: time it in forward")
     if why is not None:
         raise UnsupportedBackend(why)
+
+
+def own(layer_type: str, config: Any) -> str:
+    """The spec a layer type runs in the model's own pattern (attn.hf.layers)."""
+    from attn.hf.layers import SLIDING
+
+    return f"sliding_window:window={config.sliding_window}" if layer_type == SLIDING else "full"
+
+
+def context_cache(model: Any, spec: Any, arm: Any, idx: torch.Tensor) -> Any:
+    """The context ``idx`` prefilled into a cache as the press leaves it: by the press's own prefill (kvpress's
+    pipeline), except on a model whose sliding layers keep their window (Gemma 3), where kvpress's hooks would press
+    those layers too: there the press is replayed on a recorded prefill, its global layers pressed, as the evaluation
+    does it (attn.hf.replay.compress)."""
+    from transformers import DynamicCache
+
+    from attn.hf.layers import window_layers
+    from attn.hf.presses import language_model
+    from attn.hf.replay import Recorder, compress, prefill_with
+
+    if arm.press is None or not arm.replays or not window_layers(model.config):
+        return prefill_with(model, spec, arm.press, idx)
+    cache, recorder = DynamicCache(), Recorder(model)
+    with torch.no_grad(), recorder.recording():
+        language_model(model)(input_ids=idx, past_key_values=cache, use_cache=True)
+    return compress(model, spec, arm.press, [layer.keys for layer in cache.layers],
+                    [layer.values for layer in cache.layers], recorder)
 
 
 def rewind(cache: Any) -> Callable[[], None]:
@@ -84,12 +124,10 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
     ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward)."""
     from attn.hf.arms import arm
     from attn.hf.presses import cache_columns, kept_tokens, parse_press
-    from attn.hf.replay import prefill_with
     from harness.presses import press_refusal
 
     spec = parse_press(cell.press_spec or "")
     measured = arm(spec)
-    press = measured.press
     check_press(cell, model.config, measured)
     B, L = idx.shape
     if cell.mode == "forward":
@@ -98,13 +136,13 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
         def prefill() -> None:
             last.clear()  # the previous call's cache goes before this one fills: one cache alive, as in a pipeline
             try:
-                last.append(prefill_with(model, spec, press, idx))
+                last.append(context_cache(model, spec, measured, idx))
             except Exception as e:  # noqa: BLE001  (kept as the cell's status)
                 raise press_refusal(cell.press_spec or "", e) from e
 
         return Measured(prefill, flops(None), B * L, backend, columns=lambda: cache_columns(last[0]))
     try:
-        cache = prefill_with(model, spec, press, idx)  # untimed: the compressed context
+        cache = context_cache(model, spec, measured, idx)  # untimed: the compressed context
     except Exception as e:  # noqa: BLE001
         raise press_refusal(cell.press_spec or "", e) from e
     token = torch.randint(0, model.config.vocab_size, (B, 1), device=idx.device)
@@ -120,4 +158,4 @@ def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[],
     return Measured(decode_step, flops(kept_tokens(cache)), B, backend, cache, columns=lambda: columns)
 
 
-__all__ = ["build_press", "check_press", "press_fields", "press_labels", "rewind"]
+__all__ = ["build_press", "check_press", "context_cache", "press_fields", "press_labels", "rewind"]

@@ -103,7 +103,8 @@ class Grid:
     pattern: tuple[str, ...] = option((), parse=strs(split=False), multiple=True,  # ';' separates layers: no split
                                       help="--scope model: a layer pattern (attn-bench list), named (gemma3, qwen3-next) "
                                            "or 'SPEC*N; SPEC', repeated to --layers; each is one more series beside "
-                                           "the --variant ones. Repeatable.")
+                                           "the --variant ones. --scope hf: a model's layer spec (own, or "
+                                           "TYPE=SPEC;TYPE=SPEC) for a model with layer types. Repeatable.")
 
 
 @dataclass(frozen=True)
@@ -306,14 +307,23 @@ def _press_axis(grid: Grid, scopes: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _patterns(grid: Grid, scopes: dict[str, Any]) -> list[tuple[tuple[str, dict[str, Any], str], str]]:
-    """Each ``--pattern`` as a variant of the grid: ("layers", {"pattern": its unit}, "auto") and its label."""
+    """Each ``--pattern`` as a variant of the grid: ("layers", {"pattern": its unit}, "auto") and its label. On
+    --scope hf a pattern is a layer spec of a model with layer types (``own``, ``TYPE=SPEC;...``: attn.hf.layers),
+    checked against each model when the scope prepares the grid."""
     from attn.patterns import LAYERS, parse_pattern
 
     if not grid.pattern:
         return []
+    if set(scopes) == {"hf"}:
+        from attn.hf.layers import parse_layer_spec
+
+        for written in grid.pattern:
+            parse_layer_spec(written.strip())
+        return [((LAYERS, {"pattern": w.strip()}, "auto"), w.strip()) for w in grid.pattern]
     other = [name for name in scopes if name != "model"]
     if other:
-        raise ValueError(f"--pattern sets the layers of our backbone: it needs --scope model, not {other[0]}")
+        raise ValueError(f"--pattern is our backbone's layer pattern on --scope model and a transformers model's layer "
+                         f"spec on --scope hf: give it one of them, not {', '.join(scopes)}")
     out = []
     for written in grid.pattern:
         p = parse_pattern(written)

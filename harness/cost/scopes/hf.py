@@ -22,6 +22,12 @@ with the config's query heads, key/value heads (GQA) and head dim.
 the prefill; its FLOPs are the model's (no LM head in forward, where the base model prefills; a decode step attends
 over the tokens each layer kept), the press's own scoring not counted.
 
+``--pattern`` on a model with layer types (Gemma 3's sliding and global layers): a layer spec (:mod:`attn.hf.layers`;
+``own``, the model's own pattern, or ``TYPE=SPEC;TYPE=SPEC``) in place of one variant on every layer; its FLOPs and
+bytes are each layer's own variant's, and a press runs on the model's own pattern only (its global layers pressed,
+the sliding ones at their window), compressed from a recorded prefill as the evaluation does it (kvpress's own hooks
+would press the sliding layers too).
+
 Shapes (heads, key/value heads, head dim, layers) and positions come from each model config, read once per grid.
 transformers is imported only when an hf cell is resolved or built (``attn.hf`` imports it).
 """
@@ -34,6 +40,7 @@ import torch
 from torch import nn
 
 import attn
+from attn.patterns import LAYERS
 from harness.cost.cells import (
     DTYPES,
     Cell,
@@ -74,15 +81,25 @@ def load(hf_config: str, kv_heads: int | None = None):
     return config
 
 
+def own_rope(config: Any) -> tuple[str, dict[str, Any]]:
+    """A config's RoPE as a cell's position: ours (attn.hf.position_from_hf), or for a RoPE per layer type (Gemma 3's
+    local and global), which no one position of ours names, ``checkpoint`` with transformers' parameters."""
+    from attn.hf import position_from_hf
+
+    rope = getattr(config, "rope_parameters", None) or {}
+    if any(t in rope for t in getattr(config, "layer_types", None) or ()):
+        return "checkpoint", json_normal({"rope_parameters": rope})
+    return position_from_hf(config)
+
+
 def hf_position(hf_config: str, position: str | None) -> tuple[str, dict[str, Any]]:
     """The cell's position: the config's own RoPE (``position`` None or ``none``), or a rope spec to override it."""
-    from attn.hf import position_from_hf
     from attn.hf.rope import override_rope
 
     config = load(hf_config)
     if position not in (None, "none"):
         override_rope(config, position)
-    return position_from_hf(config)
+    return own_rope(config)
 
 
 def _spec_text(name: str, params: dict[str, Any]) -> str:
@@ -90,23 +107,52 @@ def _spec_text(name: str, params: dict[str, Any]) -> str:
 
 
 def _spec(cell: Cell) -> str:
+    """The spec the model is built with: the cell's variant, or its layer spec (``--pattern``)."""
+    if cell.variant == LAYERS:
+        return str(cell.variant_params["pattern"])
     backend = {"backend": cell.backend_requested} if cell.backend_requested != "auto" else {}
     return _spec_text(cell.variant, {**cell.variant_params, **backend})
 
 
+def layer_specs(config: Any, text: str) -> list[str]:
+    """Each layer's variant spec under the layer spec ``text`` (``--pattern``); ValueError for a model without layer
+    types (it takes ``--variant``) and for a spec the model cannot run (attn.hf.layers.layer_plan)."""
+    import copy
+
+    from attn.hf.layers import layer_plan
+
+    plan = layer_plan(copy.deepcopy(config), text)  # a plan may lift the window of the config it is given
+    if plan is None:
+        raise ValueError(f"--pattern {text} on --scope hf gives each layer type of a model its spec, and this model has "
+                         "one layer type (config.layer_types): give it --variant")
+    specs = dict(plan.specs)
+    return [specs[t] for t in config.layer_types[:config.num_hidden_layers]]
+
+
+def layer_modules(cell: Cell, config: Any) -> list[Any]:
+    """Each layer's attention module of the cell's model, for its FLOPs and bytes (one module a distinct spec)."""
+    from attn.hf.interface import variant_of
+
+    if cell.variant != LAYERS:
+        return [attn.build_attention(cell.variant, **cell.variant_params)] * cell.layers
+    specs = layer_specs(config, _spec(cell))
+    built = {s: variant_of(s) for s in dict.fromkeys(specs)}
+    modules = {s: attn.build_attention(v.name, **dict(v.params)) for s, v in built.items()}
+    return [modules[s] for s in specs]
+
+
 def _position_spec(cell: Cell, config: Any) -> str | None:
     """The cell's RoPE as a spec to override ``config``'s with, or None when it is the config's own."""
-    from attn.hf import position_from_hf
-
-    name, params = position_from_hf(config)
+    name, params = own_rope(config)
     if (cell.position, cell.position_params) == (name, json_normal(params)):
         return None
     return _spec_text(cell.position, cell.position_params)
 
 
-def hf_flops(model: nn.Module, cell: Cell, module: Any, kept: list[int] | None = None) -> int:
+def hf_flops(model: nn.Module, cell: Cell, modules: list[Any], kept: list[int] | None = None) -> int:
     """Every nn.Linear per token it multiplies (the LM head on the last token only in forward, not at all in a press's
-    forward) + the attention; ``kept``: the tokens each layer's cache holds, which a decode step attends over."""
+    forward) + each layer's attention (``modules``: :func:`layer_modules`); ``kept``: the tokens each layer's cache
+    holds, which a decode step attends over."""
     head = model.get_output_embeddings()
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     body = sum(m.weight.numel() for m in linears if m is not head)
@@ -118,17 +164,18 @@ def hf_flops(model: nn.Module, cell: Cell, module: Any, kept: list[int] | None =
         head_tokens = 0
     weights = train_factor(cell.mode) * 2 * (tokens * body + head_tokens * head_w)
     if kept is None:
-        return weights + cell.layers * attention_flops(module, cell)
-    return weights + sum(attention_flops(module, dataclasses.replace(cell, seq_len=k)) for k in kept)
+        return weights + sum(attention_flops(m, cell) for m in modules)
+    return weights + sum(attention_flops(m, dataclasses.replace(cell, seq_len=k))
+                         for m, k in zip(modules, kept, strict=True))
 
 
-def hf_bytes(model: nn.Module, cell: Cell, module: Any) -> int | None:
+def hf_bytes(model: nn.Module, cell: Cell, modules: list[Any]) -> int | None:
     """Every nn.Linear's weights once (harness.cost.cells.weight_bytes) plus each layer's attention traffic; other
     activations are not counted (a lower bound outside decoding)."""
-    attention = attention_bytes(module, cell)
-    if attention is None:
+    attention = [attention_bytes(m, cell) for m in modules]
+    if None in attention:
         return None
-    return weight_bytes(linear_weights(model), cell) + cell.layers * attention
+    return weight_bytes(linear_weights(model), cell) + sum(attention)  # type: ignore[arg-type]
 
 
 def build_hf(cell: Cell) -> Measured:
@@ -146,10 +193,10 @@ def build_hf(cell: Cell) -> Measured:
         ran = sorted({m.last_backend for m in attention_modules(model) if m.last_backend})
         return ",".join(ran) or None
 
-    module = attn.build_attention(cell.variant, **cell.variant_params)
+    modules = layer_modules(cell, config)
     if cell.press is not None:
-        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, module, kept))
-    flops, moved = hf_flops(model, cell, module), hf_bytes(model, cell, module)
+        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, modules, kept))
+    flops, moved = hf_flops(model, cell, modules), hf_bytes(model, cell, modules)
     if cell.mode == "decode":
         cache = VariantCache(model.config)
         with torch.no_grad():
@@ -214,6 +261,9 @@ class HfScope(Scope):
             raise ValueError(f"scope hf needs transformers ({why}; pip install 'attn-bench[hf]')") from None
         if grid.docs != (1,):
             raise ValueError("--docs needs scope op or model (transformers models get packed documents another way)")
+        for text in grid.pattern:  # a layer spec: every model of the grid must have the layer types it names
+            for c in grid.hf_config:
+                layer_specs(load(c), text)
         return fields
 
     def shapes(self, grid: Any, prepared: Any, position: str, heads: int, head_dim: int, kv_heads: int | None,
@@ -223,8 +273,14 @@ class HfScope(Scope):
     def label(self, cell: Cell) -> list[str]:
         return [f"hf:{cell.hf_config}/{cell.position}"] + ([f"press={cell.press_spec}"] if cell.press else [])
 
+    def layer_variants(self, cell: Cell) -> list[str] | None:
+        from attn.hf.interface import variant_of
+
+        return [variant_of(s).name for s in layer_specs(load(cell.hf_config), _spec(cell))]
+
     def build(self, cell: Cell) -> Measured:
         return build_hf(cell)
 
 
-__all__ = ["HfScope", "build_hf", "hf_cell_fields", "hf_bytes", "hf_flops", "hf_grid_fields", "hf_position", "hf_shape", "load"]
+__all__ = ["HfScope", "build_hf", "hf_bytes", "hf_cell_fields", "hf_flops", "hf_grid_fields", "hf_position", "hf_shape",
+           "layer_modules", "layer_specs", "load", "own_rope"]
