@@ -155,6 +155,7 @@ def test_a_model_with_layer_types_is_pressed_on_its_own_pattern(tmp_path):
     torch.testing.assert_close(first, pressed.fn())  # the cache put back after each step
     assert pressed.columns()["kv_tokens_max"] == L // 2
     unpressed = build_hf(own["none"])
+    assert [int(layer.keys.shape[-2]) for layer in unpressed.state.layers] == [7, 7, L]  # the model's own cache
     (plain,) = expand(build_spec([("command line", dict(variant=["full"], **grid))]))  # every layer global
     assert pressed.flops < unpressed.flops < build_hf(plain).flops
     (refused,) = expand(build_spec([("command line", dict(variant=["full"], press=[SNAPKV], **grid))]))

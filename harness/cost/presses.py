@@ -81,17 +81,18 @@ def own(layer_type: str, config: Any) -> str:
 
 
 def context_cache(model: Any, spec: Any, arm: Any, idx: torch.Tensor) -> Any:
-    """The context ``idx`` prefilled into a cache as the press leaves it: by the press's own prefill (kvpress's
+    """The context ``idx`` prefilled into a cache as the arm leaves it: by the press's own prefill (kvpress's
     pipeline), except on a model whose sliding layers keep their window (Gemma 3), where kvpress's hooks would press
-    those layers too: there the press is replayed on a recorded prefill, its global layers pressed, as the evaluation
-    does it (attn.hf.replay.compress)."""
+    those layers too: there every arm that replays is replayed on a recorded prefill as the evaluation does it
+    (attn.hf.replay.compress): the sliding layers keep their last window - 1 keys, the global ones what the press
+    leaves (all of them for ``none`` and the quantized caches)."""
     from transformers import DynamicCache
 
     from attn.hf.layers import window_layers
     from attn.hf.presses import language_model
     from attn.hf.replay import Recorder, compress, prefill_with
 
-    if arm.press is None or not arm.replays or not window_layers(model.config):
+    if not arm.replays or not window_layers(model.config):
         return prefill_with(model, spec, arm.press, idx)
     cache, recorder = DynamicCache(), Recorder(model)
     with torch.no_grad(), recorder.recording():
