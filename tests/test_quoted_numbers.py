@@ -1381,6 +1381,15 @@ PD = "passkey-draws-smollm2-cpu.jsonl"
 quote(RESULTS, "the same depth-0 cell took {} s in the first run and {} s in the second",
       *(V(PD, {"press_spec": "none", "depth": 0.0, "draws": d}, "eval_seconds", "one", ".0f") for d in (None, 4)))
 
+GC = "frontier-cost-gemma3-cpu.jsonl"  # Gemma 3's decode step in its own pattern, float32, at 8K
+PRUNED = {"press": lambda p: p in ("snapkv", "keydiff", "expected_attention", "tova")}  # one cache shape
+quote(RESULTS, "took {} to {} ms, each close to its own samples (KeyDiff's interquartile range {} ms)",
+      V(GC, PRUNED, "latency_ms", "min", ".0f"), V(GC, PRUNED, "latency_ms", "max", ".0f"),
+      V(GC, {"press": "keydiff"}, "latency_iqr_ms", "one", ".1f"))
+quote(RESULTS, "a ratio under {}x between two cells is not resolved",
+      Calc(lambda: V(GC, PRUNED, "latency_ms", "max").number() / V(GC, PRUNED, "latency_ms", "min").number(), ".1f"))
+quote(RESULTS, "below full's {} ms", V(GC, {"press": "none"}, "latency_ms", "one", ".0f"))
+
 TIMED = (("`none` (every key)", "none"), ("SnapKV at 1/8", "snapkv:compression_ratio=0.875"),
          *((f"`retrieval:retriever={r}` at 1/8", f"retrieval:retriever={r},compression_ratio=0.875") for r in RETRIEVED))
 
@@ -1596,7 +1605,8 @@ def frontier_markdown(file: str) -> str:
 
 FC16 = "frontier-cost-16k-prefill-cpu.jsonl"  # the prefill and decode step at 16K, one machine's run
 FRONTIER_COST = {FS: FC, FQ: FC, "frontier-qwen-probed-4k-cpu.jsonl": FC16,
-                 "frontier-qwen-probed-16k-cpu.jsonl": FC16}  # a section's --cost file
+                 "frontier-qwen-probed-16k-cpu.jsonl": FC16, "frontier-gemma3-cpu.jsonl": GC,
+                 "frontier-smollm2-probed-cpu.jsonl": FC}  # a section's --cost file
 
 
 @pytest.mark.parametrize("file", frontier_files())
