@@ -50,7 +50,7 @@ def check_press(cell: Cell, config: Any, arm: Any) -> None:
     """Refuse (UnsupportedBackend) what a press cannot time here: a pruning press on a variant that picks keys by
     position or on a model with several layer types outside its own pattern (``--pattern own``), and in decode a press
     that compresses while decoding (``arm``: the spec's :class:`attn.hf.arms.Arm`). ``config``: the built model's."""
-    from attn.hf.layers import parse_layer_spec
+    from attn.hf.layers import own_spec, parse_layer_spec
     from attn.hf.presses import press_unsupported
     from attn.patterns import LAYERS
 
@@ -58,7 +58,7 @@ def check_press(cell: Cell, config: Any, arm: Any) -> None:
     layer_specs = None
     if cell.variant == LAYERS:  # a layer spec: the spec each type runs (the model's own where it names none)
         every, typed = parse_layer_spec(cell.variant_params["pattern"])
-        layer_specs = {t: typed.get(t) or every or own(t, config) for t in types}
+        layer_specs = {t: typed.get(t) or every or own_spec(t, config.sliding_window) for t in types}
     elif len(types) > 1:
         layer_specs = {t: cell.variant_spec for t in types}
     # none and quantized keep every key
@@ -71,13 +71,6 @@ def check_press(cell: Cell, config: Any, arm: Any) -> None:
                "step: time it in forward")
     if why is not None:
         raise UnsupportedBackend(why)
-
-
-def own(layer_type: str, config: Any) -> str:
-    """The spec a layer type runs in the model's own pattern (attn.hf.layers)."""
-    from attn.hf.layers import SLIDING
-
-    return f"sliding_window:window={config.sliding_window}" if layer_type == SLIDING else "full"
 
 
 def context_cache(model: Any, spec: Any, arm: Any, idx: torch.Tensor) -> Any:
