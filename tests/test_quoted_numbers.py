@@ -1605,8 +1605,7 @@ def frontier_markdown(file: str) -> str:
 
 FC16 = "frontier-cost-16k-prefill-cpu.jsonl"  # the prefill and decode step at 16K, one machine's run
 FRONTIER_COST = {FS: FC, FQ: FC, "frontier-qwen-probed-4k-cpu.jsonl": FC16,
-                 "frontier-qwen-probed-16k-cpu.jsonl": FC16, "frontier-gemma3-cpu.jsonl": GC,
-                 "frontier-smollm2-probed-cpu.jsonl": FC}  # a section's --cost file
+                 "frontier-qwen-probed-16k-cpu.jsonl": FC16, "frontier-gemma3-cpu.jsonl": GC}  # a section's --cost file
 
 
 @pytest.mark.parametrize("file", frontier_files())
