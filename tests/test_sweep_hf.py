@@ -67,7 +67,7 @@ def test_a_sweep_writes_ok_rows_whose_flops_follow_the_rule(tiny_config, tmp_pat
         import attn
 
         m = attn.hf.build_model(attn.hf.load_config(tiny_config), "full")
-        assert r["flops"] == hf_flops(m, cell, attn.build_attention(cell.variant, **cell.variant_params))
+        assert r["flops"] == hf_flops(m, cell, [attn.build_attention(cell.variant, **cell.variant_params)] * 2)
 
 
 def test_flops_count_the_lm_head_once_in_forward_and_per_token_in_train(tiny_config):
@@ -77,8 +77,8 @@ def test_flops_count_the_lm_head_once_in_forward_and_per_token_in_train(tiny_con
     cell = lambda mode: Cell(variant="full", variant_params={}, backend_requested="auto", position="rope",
                              position_params={}, scope="hf", mode=mode, device="cpu", dtype="float32", batch_size=1,
                              num_heads=4, head_dim=16, seq_len=32, layers=2, num_kv_heads=2, hf_config=tiny_config)
-    full = attn.build_attention("full")
-    attention = {mode: 2 * full.mode_flops(mode, 1, 4, 32, 16) for mode in ("forward", "train", "decode")}
+    full = [attn.build_attention("full")] * 2  # each layer's module
+    attention = {mode: 2 * full[0].mode_flops(mode, 1, 4, 32, 16) for mode in ("forward", "train", "decode")}
     head = 128 * 64
     body = sum(p.numel() for n, p in m.named_parameters() if n.endswith("proj.weight"))
     assert hf_flops(m, cell("forward"), full) == 2 * (32 * body + head) + attention["forward"]
