@@ -310,13 +310,11 @@ def _patterns(grid: Grid, scopes: dict[str, Any]) -> list[tuple[tuple[str, dict[
     """Each ``--pattern`` as a variant of the grid: ("layers", {"pattern": its unit}, "auto") and its label; on --scope
     hf a model's layer spec (attn.hf.layers), checked against each model when the scope prepares the grid."""
     from attn.patterns import LAYERS, parse_pattern
+
     if not grid.pattern:
         return []
-    if set(scopes) == {"hf"}:
-        from attn.hf.layers import parse_layer_spec
-
-        return [((LAYERS, {"pattern": w.strip()}, "auto"), w.strip()) for w in grid.pattern
-                if parse_layer_spec(w.strip()) is not None]  # always a pair: the syntax checked here
+    if set(scopes) == {"hf"}:  # validated by HfScope.prepare, against each model of the grid
+        return [((LAYERS, {"pattern": w.strip()}, "auto"), w.strip()) for w in grid.pattern]
     other = [name for name in scopes if name != "model"]
     if other:
         raise ValueError(f"--pattern is our backbone's layer pattern on --scope model and a transformers model's layer "
