@@ -346,15 +346,21 @@ def read_files(paths: Sequence[str]) -> list[dict[str, Any]]:
               "each one's decode step and prefill against full's, beside its score (repeatable).")
 def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int, costs: tuple[str, ...]) -> None:
     """The memory-quality frontier of accuracy FILES: per model and length, each method's AUC over the budgets and its
-    gap to the oracle, effective lengths, and what did not run, as markdown."""
+    gap to the oracle, effective lengths, what did not run, and the text each keeps (continuation bpb), as markdown."""
+    from harness.analysis import continuation
     from harness.analysis.frontier_cost import cost_lines
 
     if out is not None:
         check_writable(out, what="markdown file")
     config = FrontierConfig(level=heading_level)
-    pts = points(read_files(files), config.floor)
-    text = markdown(pts, config) + "".join(f"{line}\n" for line in cost_lines(read_files(costs), pts, config.at,
-                                                                             "#" * (config.level + 1)))
+    rows, head = read_files(files), "#" * (config.level + 1)
+    text = "".join(f"{line}\n" for line in continuation.lines(rows, head, config.seed))  # bpb: not a ranked score
+    if text and not any(task_of(r) is not None and arm(r) is not None for r in rows):
+        text = f"{'#' * config.level} Memory-quality frontier\n" + text  # the text read after compression alone
+    else:
+        pts = points(rows, config.floor)
+        text = markdown(pts, config) + text + "".join(f"{line}\n" for line in cost_lines(read_files(costs), pts,
+                                                                                          config.at, head))
     if out is None:
         return click.echo(text, nl=False)
     write_atomic(out, text)
