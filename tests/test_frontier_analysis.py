@@ -530,3 +530,22 @@ def test_the_summary_gives_each_model_s_three_best_at_its_longest_length_with_co
     assert line.endswith("ties (every draw at 1.00 or 0.00: untestable): `full`, `oracle` at the ceiling.")
     files[A.FRONTIER_COST_FILES[0]] = [c | {"dtype": "float32"} for c in cost]  # a cost of another dtype: not beside
     assert "one decoded token: not measured in this dtype" in A.summary(files)[0]
+
+
+def test_a_probed_frontier_is_the_model_s_frontier_at_its_lengths_and_its_summary_length():
+    """Where a probed frontier holds a model at a length, the other files' rows there (other prompts) are left out,
+    and the model's line reads the probed frontier's longest length, not the longest of any file."""
+    from harness.analysis import answers as A
+
+    old = [r | {"model_file": "/x/m-Q4_K_M.gguf"} for L in (4096, 8192)
+           for r in grid({"snapkv": {"1/8": ones(15)}}, ones(18), task="niah_single_1", eval_len=L)]
+    new = [r | {"model_file": "/x/m-Q4_K_M.gguf"}
+           for r in grid({"snapkv": {"1/8": ones(4)}}, ones(16), task="niah_multikey_1", eval_len=4096)]
+    files = {f: [] for f in (*A.KEEP_FILES, *A.FRONTIER_COST_FILES)}
+    files[A.KEEP_FILES[0]], files[A.PROBED_FILES[-1]] = old, new
+    kept = A.frontier_rows(files, A.KEEP_FILES)
+    assert {(r["eval_len"], r["subtask"]) for r in kept} == {(4096, "niah_multikey_1"), (8192, "niah_single_1")}
+    (line,) = A.summary(files)
+    assert "at 4096 tokens" in line and "full 0.80 [" in line and "`snapkv` 0.20 [" in line
+    files[A.PROBED_FILES[-1]] = []  # no probed frontier: the longest length of any file
+    assert "at 8192 tokens" in A.summary(files)[0]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness import schema
 from harness.analysis import claims as C
 from harness.analysis import frontier as FR
 
@@ -21,6 +22,20 @@ FAMILY = {"reference": "full", "oracle": "oracle", "press": "press", "variant": 
 
 def _all(rows: dict[str, list[dict[str, Any]]], files: Sequence[str] | None = None) -> list[dict[str, Any]]:
     return [r for f in (files or rows) for r in rows[f]]
+
+
+def probed(rows: dict[str, list[dict[str, Any]]]) -> set[tuple[str, int]]:
+    """The (subject, length) pairs a probed frontier holds."""
+    return {(schema.subject(r), int(r["eval_len"])) for f in PROBED_FILES for r in rows.get(f, ()) if r.get("eval_len")}
+
+
+def frontier_rows(rows: dict[str, list[dict[str, Any]]], files: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of ``files``, where a probed frontier holds a subject at a length only the probed files' rows there:
+    the other files asked that model other prompts at that length (passkey's keys shared a haystack), and the frontier
+    pairs arms prompt by prompt -- pooled, one file's cells would replace the other's, not add draws."""
+    there = probed(rows)
+    return [r for f in files for r in rows.get(f, ())
+            if f in PROBED_FILES or (schema.subject(r), int(r.get("eval_len") or 0)) not in there]
 
 
 def _iv(score: float, lo: float, hi: float) -> str:
@@ -57,10 +72,13 @@ def _order(rows: list[dict[str, Any]], models: Sequence[str]) -> list[str]:
 
 # -- what each method keeps --------------------------------------------------------------------------------------------
 
+# the frontiers on the tasks each model's probe chose (full half-solves them): where one holds a model at a length, it
+# is the model's frontier there, and a subject that has one is summarised at its longest probed length
+PROBED_FILES = ("frontier-qwen-probed-4k-cpu.jsonl", "frontier-qwen-probed-16k-cpu.jsonl",
+                "frontier-gemma3-probed-cpu.jsonl", "frontier-smollm2-probed-cpu.jsonl")
 KEEP_FILES = ("frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-gemma3-cpu.jsonl",
               "retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl", "retrieval-qwen-cpu.jsonl",
-              "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl",
-              "frontier-qwen-probed-4k-cpu.jsonl", "frontier-qwen-probed-16k-cpu.jsonl", "frontier-gemma3-probed-cpu.jsonl")
+              "prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl", *PROBED_FILES)
 FRONTIER_COST_FILES = ("frontier-cost-cpu.jsonl", "frontier-cost-16k-prefill-cpu.jsonl")  # a decoded token's cost, per method
 
 
@@ -112,7 +130,7 @@ def _keep_model(rows: list[dict[str, Any]], model: str) -> list[str]:
 
 
 def keep(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    flat = _all(rows)
+    flat = frontier_rows(rows, KEEP_FILES)
     lines = ["![What each method keeps at 1/8 of the KV cache, per model: score and 95 % interval, by family]"
              "(figures/frontier/frontier.png)", "",
              "Scores are pooled over the tasks full attention half-solves at that length; intervals are Wilson's at the "
@@ -137,12 +155,13 @@ def _versus(c: C.Claim | None, me: str, other: str) -> str:
 
 
 def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """One line a model (in each dtype it ran): at its longest length with a score at 1/8, full and the oracle, the
-    three best methods with their intervals and their test against full, what one decoded token costs with each
-    (against full's, from the frontier's cost runs), and the pairs among them that are ties."""
+    """One line a model (in each dtype it ran): at its longest length with a score at 1/8 (its probed frontier's where it
+    has one), full and the oracle, the three best methods with their intervals and their test against full, what one
+    decoded token costs with each (against full's, from the frontier's cost runs), and the pairs among them that are
+    ties."""
     from harness.analysis.frontier_cost import cost_frame
 
-    flat = _all(rows, KEEP_FILES)
+    flat, there = frontier_rows(rows, KEEP_FILES), probed(rows)
     pts_all, costs = FR.points(flat), cost_frame(_all(rows, FRONTIER_COST_FILES))
     size = {r.get("model"): r.get("params") or 0 for r in flat}
     lines = []
@@ -155,7 +174,8 @@ def summary(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
         scored = rk[rk["s"].notna() & (rk["kind"] != "reference")]
         if not len(scored):
             continue
-        L = int(scored["eval_len"].max())
+        lens = set(scored["eval_len"])
+        L = int(max({x for x in lens if (subj, x) in there} or lens))  # its probed frontier's longest, else its longest
         here = rk[(rk["eval_len"] == L) & rk["s"].notna()].sort_values(["s", "method"], ascending=[False, True])
         got = {frozenset((c.a, c.b)): c for c in C.pairwise(pts[pts["eval_len"] == L], AT)}
         row = {r.method: r for r in here.itertuples()}
@@ -353,5 +373,6 @@ def cost(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 __all__ = ["AT", "CHAT_FILES", "CHECKPOINT_FILES", "COST_FILES", "FRONTIER_COST_FILES", "KEEP_FILES", "PREFILL_FILES",
+           "PROBED_FILES", "frontier_rows", "probed",
            "chat", "cost", "keep",
            "keep_at", "prefill", "retrieval", "subject", "summary"]
