@@ -46,21 +46,14 @@ def press_fields(text: str) -> dict[str, Any]:
     return parse_press(text).columns()
 
 
-def check_press(cell: Cell, config: Any, arm: Any) -> None:
+def check_press(cell: Cell, config: Any, arm: Any, layer_specs: dict[str, str] | None) -> None:
     """Refuse (UnsupportedBackend) what a press cannot time here: a pruning press on a variant that picks keys by
     position or on a model with several layer types outside its own pattern (``--pattern own``), and in decode a press
-    that compresses while decoding (``arm``: the spec's :class:`attn.hf.arms.Arm`). ``config``: the built model's."""
-    from attn.hf.layers import own_spec, parse_layer_spec
+    that compresses while decoding (``arm``: the spec's :class:`attn.hf.arms.Arm`). ``config``: the built model's;
+    ``layer_specs``: the spec each of its layer types runs (None: one layer type), as the model was built."""
     from attn.hf.presses import press_unsupported
     from attn.patterns import LAYERS
 
-    types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
-    layer_specs = None
-    if cell.variant == LAYERS:  # a layer spec: the spec each type runs (the model's own where it names none)
-        every, typed = parse_layer_spec(cell.variant_params["pattern"])
-        layer_specs = {t: typed.get(t) or every or own_spec(t, config.sliding_window) for t in types}
-    elif len(types) > 1:
-        layer_specs = {t: cell.variant_spec for t in types}
     # none and quantized keep every key
     why = (press_unsupported(cell.variant, layer_specs, getattr(config, "sliding_window", None))
            if arm.press is not None else None)
@@ -113,16 +106,17 @@ def rewind(cache: Any) -> Callable[[], None]:
 
 
 def build_press(cell: Cell, model: Any, idx: torch.Tensor, backend: Callable[[], str | None],
-                flops: Callable[[list[int] | None], int]) -> Measured:
+                flops: Callable[[list[int] | None], int], layer_specs: dict[str, str] | None) -> Measured:
     """The measured callable of a press cell (forward or decode) on ``model`` with context ``idx`` (B, L).
-    ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward)."""
+    ``flops(kept)``: the cell's FLOPs, a decode step attending over ``kept`` tokens per layer (None in forward);
+    ``layer_specs``: the spec each layer type of ``model`` runs (:func:`check_press`)."""
     from attn.hf.arms import arm
     from attn.hf.presses import cache_columns, kept_tokens, parse_press
     from harness.presses import press_refusal
 
     spec = parse_press(cell.press_spec or "")
     measured = arm(spec)
-    check_press(cell, model.config, measured)
+    check_press(cell, model.config, measured, layer_specs)
     B, L = idx.shape
     if cell.mode == "forward":
         last: list[Any] = []

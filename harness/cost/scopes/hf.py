@@ -114,9 +114,9 @@ def _spec(cell: Cell) -> str:
     return _spec_text(cell.variant, {**cell.variant_params, **backend})
 
 
-def layer_specs(config: Any, text: str) -> list[str]:
-    """Each layer's variant spec under the layer spec ``text`` (``--pattern``); ValueError for a model without layer
-    types (it takes ``--variant``) and for a spec the model cannot run (attn.hf.layers.layer_plan)."""
+def type_specs(config: Any, text: str) -> dict[str, str]:
+    """Each layer type's variant spec under the layer spec ``text`` (``--pattern``; attn.hf.layers.layer_plan's rule);
+    ValueError for a model without layer types (it takes ``--variant``) and for a spec the model cannot run."""
     import copy
 
     from attn.hf.layers import layer_plan
@@ -125,8 +125,21 @@ def layer_specs(config: Any, text: str) -> list[str]:
     if plan is None:
         raise ValueError(f"--pattern {text} on --scope hf gives each layer type of a model its spec, and this model has "
                          "one layer type (config.layer_types): give it --variant")
-    specs = dict(plan.specs)
+    return dict(plan.specs)
+
+
+def layer_specs(config: Any, text: str) -> list[str]:
+    """Each layer's variant spec under the layer spec ``text`` (:func:`type_specs`)."""
+    specs = type_specs(config, text)
     return [specs[t] for t in config.layer_types[:config.num_hidden_layers]]
+
+
+def cell_type_specs(cell: Cell, config: Any) -> dict[str, str] | None:
+    """The spec each layer type of the cell's model runs (None: a model with one layer type, under ``--variant``)."""
+    if cell.variant == LAYERS:
+        return type_specs(config, _spec(cell))
+    types = list(dict.fromkeys(getattr(config, "layer_types", None) or ()))
+    return {t: cell.variant_spec for t in types} if len(types) > 1 else None
 
 
 def layer_modules(cell: Cell, config: Any) -> list[Any]:
@@ -195,7 +208,8 @@ def build_hf(cell: Cell) -> Measured:
 
     modules = layer_modules(cell, config)
     if cell.press is not None:
-        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, modules, kept))
+        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, modules, kept),
+                           cell_type_specs(cell, config))
     flops, moved = hf_flops(model, cell, modules), hf_bytes(model, cell, modules)
     if cell.mode == "decode":
         cache = VariantCache(model.config)
@@ -283,4 +297,4 @@ class HfScope(Scope):
 
 
 __all__ = ["HfScope", "build_hf", "hf_bytes", "hf_cell_fields", "hf_flops", "hf_grid_fields", "hf_position", "hf_shape",
-           "layer_modules", "layer_specs", "load", "own_rope"]
+           "layer_modules", "layer_specs", "load", "own_rope", "type_specs"]
