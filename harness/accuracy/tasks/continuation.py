@@ -104,7 +104,7 @@ class Continuation(BuiltOnTask):
     pretrained = OnCheckpoint
     main_metric = "bpb"
     declares = (Metric("bpb", "loss"),)
-    options = (EVAL_EXAMPLES, TaskOption("continuation", "continuation", "continuation: tokens scored after each "
+    options = (EVAL_EXAMPLES, TaskOption("continuation", "continuation", "tokens scored after each "
                                          "window's context.", click.IntRange(min=2)))
 
     @classmethod
