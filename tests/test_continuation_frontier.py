@@ -8,6 +8,7 @@ import pytest
 from test_frontier_analysis import press_row, ruler_row
 
 from harness.analysis import continuation as C
+from harness.analysis import frontier as FR
 from harness.cli import main
 
 RNG = np.random.default_rng(0)
@@ -27,7 +28,7 @@ def rows() -> list[dict]:
 
 
 def test_each_method_is_paired_with_full_on_its_windows_and_holm_adjusted():
-    recs = {r["method"]: r for r in C.against_full(C.cells(rows())[("m", 4096)])}
+    recs = {r["method"]: r for r in C.against_full(C.cells(rows(), FR.arm)[("m", 4096)])}
     assert set(recs) == {"full", "quantized 4-bit", "snapkv", "tova"}  # the error row is not compared
     assert recs["quantized 4-bit"]["tie"] and "p_adj" not in recs["quantized 4-bit"]
     snap = recs["snapkv"]
@@ -40,7 +41,7 @@ def test_each_method_is_paired_with_full_on_its_windows_and_holm_adjusted():
 
 
 def test_the_table_says_worse_not_resolved_tie_and_what_did_not_run():
-    text = "\n".join(C.lines(rows(), "##"))
+    text = "\n".join(C.lines(rows(), FR.arm, "##"))
     line = {m: next(s for s in text.splitlines() if s.startswith(f"| {m} |")) for m in ("full", "snapkv", "tova")}
     assert line["snapkv"].endswith("| worse than full |") and line["tova"].endswith("| not resolved |")
     assert "| tie: full's bpb on every window |" in text and line["full"].endswith("| reference |")

@@ -10,7 +10,7 @@ resolved". bpb is a loss (lower is better) and not in [0, 1], so none of the fro
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -32,11 +32,12 @@ def _t_interval(x: np.ndarray, floor: float = -np.inf) -> tuple[float, float, fl
     return m, max(m - half, floor), m + half
 
 
-def cells(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[tuple[str, str], dict[str, Any]]]:
-    """(subject, eval_len) -> (method, budget) -> its continuation row (a resumed run's later row replaces the
-    earlier one); methods named as the frontier names them."""
-    from harness.analysis.frontier import arm  # the frontier's names for the same arms
+Arm = Callable[[dict[str, Any]], "tuple[str, str, str] | None"]  # a row -> (method, kind, budget): frontier.arm
 
+
+def cells(rows: Iterable[dict[str, Any]], arm: Arm) -> dict[tuple[str, int], dict[tuple[str, str], dict[str, Any]]]:
+    """(subject, eval_len) -> (method, budget) -> its continuation row (a resumed run's later row replaces the
+    earlier one); methods named by ``arm``, as the frontier names them."""
     out: dict[tuple[str, int], dict[tuple[str, str], dict[str, Any]]] = {}
     for r in rows:
         a = arm(r) if r.get("task") == TASK and r.get("metric") == METRIC else None
@@ -83,10 +84,10 @@ def _p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
-def lines(rows: Iterable[dict[str, Any]], head: str = "##", seed: int = 0) -> list[str]:
+def lines(rows: Iterable[dict[str, Any]], arm: Arm, head: str = "##", seed: int = 0) -> list[str]:
     """Per model and length, the table of every method's bpb against full's, and the arms that did not run."""
     out: list[str] = []
-    for (model, L), arms in sorted(cells(rows).items()):
+    for (model, L), arms in sorted(cells(rows, arm).items()):
         recs = against_full(arms, seed)
         n = recs[0]["windows"] if recs else 0
         out += ["", f"{head} {model} at {L} tokens: the text read after a compressed context", "",

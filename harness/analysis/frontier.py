@@ -20,6 +20,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from harness.analysis import continuation
 from harness.analysis.claims import against_oracle, claim_lines
 from harness.analysis.effective import effective_length, effective_lines, kept_tests
 from harness.analysis.paired import ALPHA, interval, paired_difference
@@ -347,14 +348,13 @@ def read_files(paths: Sequence[str]) -> list[dict[str, Any]]:
 def frontier_command(files: tuple[str, ...], out: str | None, heading_level: int, costs: tuple[str, ...]) -> None:
     """The memory-quality frontier of accuracy FILES: per model and length, each method's AUC over the budgets and its
     gap to the oracle, effective lengths, what did not run, and the text each keeps (continuation bpb), as markdown."""
-    from harness.analysis import continuation
     from harness.analysis.frontier_cost import cost_lines
 
     if out is not None:
         check_writable(out, what="markdown file")
     config = FrontierConfig(level=heading_level)
     rows, head = read_files(files), "#" * (config.level + 1)
-    text = "".join(f"{line}\n" for line in continuation.lines(rows, head, config.seed))  # bpb: not a ranked score
+    text = "".join(f"{line}\n" for line in continuation.lines(rows, arm, head, config.seed))  # bpb: not a ranked score
     if text and not any(task_of(r) is not None and arm(r) is not None for r in rows):
         text = f"{'#' * config.level} Memory-quality frontier\n" + text  # the text read after compression alone
     else:
