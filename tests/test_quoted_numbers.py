@@ -1569,7 +1569,8 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "docs/hf.md": ("past 32 MiB a layer",),
     "docs/frontier.md": ("keeps at least 85% of `full`'s score", "both at 1.00 (or 0.00)",
                          "full scores between 0.5 and 0.95",  # the probe's bounds: settings, not results
-                         "minus 0.85 x `full`'s", "Keeping 85% of a"),  # the tested effective length's line
+                         "minus 0.85 x `full`'s", "Keeping 85% of a",  # the tested effective length's line
+                         "an adjusted p of 0.05 or more"),  # the continuation table's level
     MEAS: (
         "A call slower than 50 ms", "= 20 ms (a 0.2 ms decoding step", "one 4 KiB page",
         "an extra 64 MiB buffer during its call is reported 64 MiB (within 4 MiB)",
