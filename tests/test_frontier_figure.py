@@ -42,14 +42,14 @@ def _dots(ax) -> dict[str, tuple[float, float, object]]:
             for ln in ax.get_lines() if (ln.get_gid() or "").startswith(gid + ":")}
 
 
-def test_one_panel_per_model_in_the_readme_order_at_4k(drawn):
+def test_one_panel_per_model_in_the_readme_order_at_its_longest_length(drawn):
     _, _, panels, fig, out = drawn
     assert [p.model for p in panels] == ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"]
-    assert [p.eval_len for p in panels] == [4096, 4096, 4096]  # each model's shortest length run at 1/8
+    assert [p.eval_len for p in panels] == [8192, 8192, 8192]  # each model's longest length run at 1/8
     assert [ax.get_gid() for ax in _panels(fig)] == ["frontier:SmolLM2-135M", "frontier:Qwen2.5-Coder-0.5B",
                                                      "frontier:Gemma 3 270M"]
     titles = [t.get_text() for t in fig.findobj(lambda a: (getattr(a, "get_gid", lambda: "")() or "").startswith("title:"))]
-    assert len(titles) == 3 and all("at 4096 tokens" in t for t in titles)
+    assert len(titles) == 3 and all("at 8192 tokens" in t for t in titles)
     assert sorted(p.name for p in out.iterdir()) == ["frontier-curves.png", "frontier.png"]  # nothing per length
 
 
@@ -69,9 +69,10 @@ def test_dots_are_ranking_at_one_eighth_sorted_best_first_within_each_block(draw
             col = "score" if r.kind == "quantized" else "at"
             assert dots[r.method][0] == pytest.approx(mine.loc[r.method, col])
     smol = panels[0]
-    assert [b.tasks for b in smol.blocks] == [("passkey", "niah_multikey_1", "niah_single_1"), ("passkey",)]
-    assert {"vertical_slash", "xattention", "flexprefill", "sliding_window"} <= set(smol.blocks[1].rows["method"])
-    assert any("query-aware" in m for m, _ in smol.left_out)  # their passkey run stopped at 16 examples: said
+    assert [b.tasks for b in smol.blocks] == [("passkey", "niah_single_1"), ("passkey",)]
+    assert {"vertical_slash", "xattention", "flexprefill"} <= set(smol.blocks[0].rows["method"])
+    assert {"sliding_window", "sinks", "block_sparse", "moba"} == set(smol.blocks[1].rows["method"])
+    assert smol.passkey == (20, 5)  # full's passkey cell: 4 keys in each of 5 haystacks
 
 
 def test_every_family_has_its_colour_and_one_legend_entry(drawn):
@@ -118,11 +119,11 @@ def test_curves_draw_a_few_methods_per_model(drawn):
     _, pts, panels, _, out = drawn
     roles = [FC.curve_methods(p) for p in panels]
     assert roles[0] == {"full": "full", "oracle": "oracle", "press 1": "keydiff", "press 2": "tova",
-                        "retrieval": "retrieval (bm25)", "quantized": "quantized 4-bit"}
+                        "retrieval": "retrieval (dense)", "quantized": "quantized 4-bit"}
     assert all(len(r) <= 6 for r in roles)
     c = FC.curves(pts, panels[0])
-    kd = c[c["method"] == "keydiff"].set_index("budget")
-    assert list(kd.index) == ["1/16", "1/8", "1/4", "1/2"] and (kd["kv_fraction"].diff().dropna() > 0).all()
+    kd = c[c["method"] == "retrieval (dense)"].set_index("budget")  # at 8K the presses ran 1/8 alone
+    assert list(kd.index) == ["1/16", "1/8", "1/4"] and (kd["kv_fraction"].diff().dropna() > 0).all()
     assert (out / "frontier-curves.png").stat().st_size > 0
 
 
@@ -138,8 +139,9 @@ def test_curves_legend_is_at_most_six_entries():
 
 
 def test_synthetic_rows_a_variant_on_passkey_only_and_an_unranked_task(tmp_path):
-    """Two lengths: the forest takes the shorter; a task full fails is not ranked, so the variant on passkey alone is
-    in the complete block; a model with no cell at 1/8 is skipped."""
+    """Two lengths: the forest takes the longer; a task full fails is not ranked, so the variant on passkey alone is
+    in the complete block; a press cut short is left out, saying so; a model with no cell at 1/8 is skipped; a
+    subject's dtype is in its name."""
     rows = []
     for L in (4096, 8192):
         rows += grid({"oracle": {b: ones(18) for b in BUDGETS}, "snapkv": {b: ones(12) for b in BUDGETS}}, ones(19),
@@ -147,11 +149,16 @@ def test_synthetic_rows_a_variant_on_passkey_only_and_an_unranked_task(tmp_path)
         rows += grid({"oracle": {b: ones(5) for b in BUDGETS}}, ones(4), task="niah_multikey_1", eval_len=L)
         rows += [variant_row("sliding_window:window=512,backend=blocked", ones(1, 4), depth=d, eval_len=L)
                  for d in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    rows += passkey_rows("knorm", ones(3, 16), budget="1/8", eval_len=8192)[:4]  # 4 of 5 depths: left out
     rows += grid({"snapkv": {"1/2": ones(10)}}, ones(20), model="other")  # no 1/8: no panel
+    rows = [r | {"dtype": "bfloat16"} for r in rows]
     fig = FF.plot_frontier(pd.DataFrame(rows), tmp_path)
     FC.plot_frontier_curves(pd.DataFrame(rows), tmp_path)
     (panel,) = FF.forest(FR.points(rows))
-    assert (panel.model, panel.eval_len, panel.tasks) == ("m", 4096, ("passkey",))
+    assert (panel.model, panel.eval_len, panel.tasks) == ("m (bfloat16)", 8192, ("passkey",))
     assert len(panel.blocks) == 1 and list(panel.blocks[0].rows["method"]) == ["snapkv", "sliding_window"]
-    assert [ax.get_gid() for ax in _panels(fig)] == ["frontier:m"]
+    assert panel.left_out == [("knorm", "16 of full's 20 passkey examples: a run cut short, not paired")]
+    assert [ax.get_gid() for ax in _panels(fig)] == ["frontier:m (bfloat16)"]
+    caption = next(t for t in fig.texts if t.get_gid() == "caption").get_text().replace("\n", " ")
+    assert "(passkey: 5 haystacks of 4 keys)" in caption and "Left out: m (bfloat16)'s knorm (16 of full's 20" in caption
     assert sorted(p.name for p in tmp_path.iterdir()) == ["frontier-curves.png", "frontier.png"]

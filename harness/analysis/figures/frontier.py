@@ -2,7 +2,7 @@
 and dynamic sparse prefill rows run on the same prompts), as two figures that answer *what keeps the most at 1/8*.
 
 ``frontier.<fmt>``, a forest: one panel per model (SmolLM2, Qwen, Gemma 3; another model after them, by size), at
-its shortest length run at the budget the text quotes (:data:`AT`, 1/8). Each method is one row: a dot at its score
+its longest length run at the budget the text quotes (:data:`AT`, 1/8). Each method is one row: a dot at its score
 at 1/8 pooled over the model's ranked tasks there (full >= 0.5), a line for its 95 % interval, sorted best first,
 coloured by family with a fixed map (:data:`FAMILY`: press, variant, quantized, retrieval, sparse prefill). Full and
 the oracle are vertical lines, their intervals light bands. A method run on only some ranked tasks is drawn hollow in
@@ -79,15 +79,22 @@ class Panel:
     blocks: list[Block]
     press_bytes: float  # the presses' mean share of full's KV bytes at the budget (Gemma 3: its windows stay)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (method, why)
+    passkey: tuple[int, int] | None = None  # full's passkey cell: (examples, independent draws)
+
+
+def _split(model: str) -> tuple[str, str]:
+    """(checkpoint, " (dtype)" or ""): a subject names its dtype unless float32 (harness.schema.subject)."""
+    m = re.fullmatch(r"(.*?)( \([a-z0-9]+\))?", str(model))
+    return Path(m[1]).name, m[2] or ""
 
 
 def model_name(model: str) -> str:
-    base = Path(str(model)).name
-    return MODEL_NAME.get(base, base)
+    base, dtype = _split(model)
+    return MODEL_NAME.get(base, base) + dtype
 
 
 def _model_key(model: str) -> tuple[int, float, str]:
-    base = Path(str(model)).name
+    base = _split(model)[0]
     if base in MODEL_ORDER:
         return (0, float(MODEL_ORDER.index(base)), base)
     size = re.search(r"(\d+(?:\.\d+)?)([mb])(?![a-z])", base.lower())  # 135m, 0.5b: parameters
@@ -144,7 +151,8 @@ def _block(pts: pd.DataFrame, rk: pd.DataFrame, methods: list[tuple[str, str]], 
 
 
 def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) -> list[Panel]:
-    """Per model (:func:`_model_key`'s order), at its shortest length with a cell at ``at``: its methods' pooled scores
+    """Per model (:func:`_model_key`'s order), at its longest length with a cell at ``at`` (the length the README's
+    line a model quotes, given the files it reads): its methods' pooled scores
     at ``at`` over the ranked tasks (``rank``: :func:`harness.analysis.frontier.ranking` of ``pts`` at ``at``), then
     those run on fewer tasks, ranked on those tasks."""
     ok = pts[pts["status"] == "ok"]
@@ -155,7 +163,7 @@ def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) ->
         lengths = sorted(set(mine[mine["budget"] == at]["eval_len"]))
         if not lengths:
             continue
-        L = int(lengths[0])
+        L = int(lengths[-1])
         g = mine[mine["eval_len"] == L]
         ref = g[g["kind"] == "reference"]
         whole = set(g["family"])  # a task scored whole (passkey) before the subtasks of one (RULER's), then by name
@@ -180,7 +188,9 @@ def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) ->
             blocks += [b] if b is not None else []
         if blocks:
             press = g[(g["kind"] == "press") & (g["budget"] == at) & g["task"].isin(tasks)]["kv_fraction"]
-            panels.append(Panel(model, L, tasks, blocks, float(press.mean()) if len(press) else float("nan"), left_out))
+            pk = ref[ref["family"] == "passkey"]
+            panels.append(Panel(model, L, tasks, blocks, float(press.mean()) if len(press) else float("nan"), left_out,
+                                (int(pk["n"].iloc[0]), int(pk["draws"].iloc[0])) if len(pk) else None))
     return panels
 
 
@@ -190,8 +200,12 @@ def _rows(panel: Panel) -> float:
     return sum(len(b.rows) for b in panel.blocks) + 1.2 * (len(panel.blocks) - 1)
 
 
+TITLE_CHARS = 100  # a panel title's line at 8.5 pt across WIDTH
+
+
 def _title(panel: Panel, at: str) -> str:
-    title = f"{model_name(panel.model)} at {panel.eval_len} tokens · ranked tasks: {', '.join(panel.tasks)}"
+    title = "\n".join(textwrap.wrap(f"{model_name(panel.model)} at {panel.eval_len} tokens · ranked tasks: "
+                                     f"{', '.join(panel.tasks)}", TITLE_CHARS, subsequent_indent="  "))
     if panel.press_bytes == panel.press_bytes and panel.press_bytes > 1.5 * float(Fraction(at)):
         title += (f"\n{at} of the context's keys is {panel.press_bytes:.2f} of full's KV bytes here: "
                   "its sliding layers keep their window")
@@ -206,7 +220,8 @@ def _draw_panel(ax: Axes, panel: Panel) -> None:
         if not block.complete:  # a divider naming the tasks, then the block
             ax.axhline(y - 0.1, color="0.55", lw=0.8, gid=f"divider:{gid}")
             ax.text(0.01, y + 0.35, f"run on {', '.join(block.tasks)} only (hollow); full and the oracle there:",
-                    transform=ax.get_yaxis_transform(), fontsize=7, style="italic", color="0.3", va="center")
+                    transform=ax.get_yaxis_transform(), fontsize=7, style="italic", color="0.3", va="center",
+                    clip_on=True, in_layout=False)  # inside the panel: never what sizes it
             y += 1.2
         top, bottom = y - 0.5, y + len(block.rows) - 0.5
         for kind, (score, lo, hi) in block.lines.items():
@@ -279,12 +294,16 @@ def _left_out(panels: list[Panel]) -> str:
 
 def _caption(panels: list[Panel], at: str) -> str:
     n = sorted({int(v) for p in panels for b in p.blocks for v in b.rows["n"]})
+    hay = sorted({"one haystack a key" if k == d else f"{d} haystacks of {k // d} keys"
+                  for p in panels if p.passkey for k, d in [p.passkey]})
     text = (f"Each row: a method's score with {at} of the KV cache, pooled over the model's ranked tasks at that length "
             f"(full >= 0.5 there), and its 95 % interval, as `attn-bench frontier` tables it (right: the numbers); "
-            f"{'/'.join(map(str, n))} examples a task (passkey: 5 haystacks of 4 keys). Lines: full and the oracle "
-            f"on the same tasks, shaded: their intervals. A quantized cache has no "
-            f"budget: every token at fewer bits. A sparse prefill computes {at} of the prompt's attention pairs and "
-            f"keeps the whole cache.")
+            f"{'/'.join(map(str, n))} examples a task{' (passkey: ' + ' or '.join(hay) + ')' if hay else ''}. "
+            f"Lines: full and the oracle on the same tasks, shaded: their intervals.")
+    kinds = {k for p in panels for b in p.blocks for k in b.rows["kind"]}
+    text += " A quantized cache has no budget: every token at fewer bits." if "quantized" in kinds else ""
+    text += (f" A sparse prefill computes {at} of the prompt's attention pairs and keeps the whole cache."
+             if "prefill" in kinds else "")
     left = _left_out(panels)
     return text + (f" Left out: {left}." if left else "")
 
