@@ -60,3 +60,13 @@ def test_the_frontier_command_renders_continuation_alone_and_beside_the_ranking(
     assert main(["frontier", str(both), str(alone)]) == 0
     out = capsys.readouterr().out
     assert "Ranked tasks: niah_single_1" in out and out.index("Ranked tasks") < out.index("text read after")
+
+
+def test_the_text_answer_renders_the_table_from_the_continuation_files():
+    from harness.analysis import answers as A
+    from harness.analysis.questions import QUESTIONS
+
+    assert QUESTIONS["text"].files == A.CONTINUATION_FILES
+    out = "\n".join(A.text({A.CONTINUATION_FILES[0]: rows(), A.CONTINUATION_FILES[1]: []}))
+    assert "#### m at 4096 tokens: the text read after a compressed context" in out
+    assert out.count("| worse than full |") == 1 and out.count("| not resolved |") == 1

@@ -255,6 +255,20 @@ def retrieval(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines + ["", "Each comparison with its test:", ""] + sentences
 
 
+# -- what each method keeps of the text --------------------------------------------------------------------------------
+
+CONTINUATION_FILES = ("continuation-smollm2-4k-cpu.jsonl", "continuation-budgets-smollm2-4k-cpu.jsonl")
+
+
+def text(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The continuation table per model and length (:mod:`harness.analysis.continuation`): not retrieval, the text."""
+    from harness.analysis import continuation
+
+    return ["Retrieval asks for one fact; this asks how well the model goes on reading real text after each method's "
+            "cache of the context: bits per byte of the continuation (lower is better), each method against full on "
+            "the same windows."] + continuation.lines(_all(rows), FR.arm, "####")
+
+
 # -- what the prefill sparsity buys ------------------------------------------------------------------------------------
 
 PREFILL_FILES = ("prefill-passkey-smollm2-cpu.jsonl", "prefill-ruler-smollm2-cpu.jsonl", "frontier-smollm2-cpu.jsonl")
@@ -372,7 +386,6 @@ def cost(rows: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
-__all__ = ["AT", "CHAT_FILES", "CHECKPOINT_FILES", "COST_FILES", "FRONTIER_COST_FILES", "KEEP_FILES", "PREFILL_FILES",
-           "PROBED_FILES", "frontier_rows", "probed",
-           "chat", "cost", "keep",
-           "keep_at", "prefill", "retrieval", "subject", "summary"]
+__all__ = ["AT", "CHAT_FILES", "CHECKPOINT_FILES", "CONTINUATION_FILES", "COST_FILES", "FRONTIER_COST_FILES",
+           "KEEP_FILES", "PREFILL_FILES", "PROBED_FILES", "chat", "cost", "frontier_rows", "keep", "keep_at", "prefill",
+           "probed", "retrieval", "subject", "summary", "text"]

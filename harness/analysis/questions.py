@@ -56,6 +56,7 @@ QUESTIONS: dict[str, Question] = {q.name: q for q in (
     Question("keep", "What does each method keep at a budget, per model?", A.KEEP_FILES, A.keep),
     Question("prefill", "What does the prefill sparsity buy?", A.PREFILL_FILES, A.prefill),
     Question("retrieval", "What does retrieval do?", A.KEEP_FILES[:6], A.retrieval),
+    Question("text", "What does each method keep of the text read after it?", A.CONTINUATION_FILES, A.text),
     Question("chat", "Does the chat template change what full attention finds?", A.CHAT_FILES, A.chat),
     Question("summary", "What does each method keep at 1/8, in one line a model?",
              A.KEEP_FILES + A.FRONTIER_COST_FILES + A.CHECKPOINT_FILES, A.summary, short=True),
@@ -92,7 +93,7 @@ def fill(doc: str, folder: Path) -> str:
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a block differs from its rendering.")
 def answers_command(docs: tuple[str, ...], folder: str, check: bool) -> None:
     """Render the answer blocks (<!-- answer: NAME --> ... <!-- end answer: NAME -->) of DOCS from the results files
-    under --results: cost, keep, prefill, retrieval, chat, summary."""
+    under --results: cost, keep, prefill, retrieval, text, chat, summary."""
     stale = []
     for path in docs:
         old = Path(path).read_text()
