@@ -196,6 +196,13 @@ def test_the_sign_flip_test_on_unequal_weights_is_exact():
     assert how == "exact sign-flip" and p == pytest.approx(brute)
 
 
+def test_differences_whose_common_unit_is_past_any_integer_width_take_the_monte_carlo_test():
+    """Real-valued draws (bits per byte) can each be a small fraction and share a denominator of dozens of digits."""
+    primes = [p for p in range(2, 100) if all(p % q for q in range(2, p))]
+    p, how = paired.sign_flip_p(np.array([1 / q for q in primes]))
+    assert how == "Monte Carlo" and p < 0.001  # all 25 of one sign
+
+
 def test_newcombe_interval_never_collapses_and_holds_the_difference():
     same = np.array([1.0, 0.0] * 10)
     d, lo, hi = paired.paired_difference(same, same)

@@ -120,8 +120,8 @@ def _units(d: np.ndarray) -> np.ndarray | None:
     if any(abs(float(f) - x) > 1e-9 for f, x in zip(fr, d, strict=True)):
         return None
     den = math.lcm(*(f.denominator for f in fr))
-    units = np.array([int(f * den) for f in fr], dtype=np.int64)
-    return units if int(units.sum()) <= MAX_UNITS else None
+    units = [int(f * den) for f in fr]  # Python ints: a common denominator of many can pass any fixed width
+    return np.array(units, dtype=np.int64) if sum(units) <= MAX_UNITS else None
 
 
 def sign_flip_p(d: np.ndarray, seed: int = 0) -> tuple[float, str]:
