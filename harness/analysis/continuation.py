@@ -5,8 +5,9 @@ A row holds one bpb per window of real text (``per_example``), each window an in
 setting reads the same windows, so each method is compared with full by the paired per-window difference: its mean
 with a Student t interval, the sign-flip test of the differences (:func:`harness.analysis.paired.sign_flip_p`; a
 seeded Monte Carlo, since bpb differences share no unit) and Holm's adjustment over the table's comparisons. A method
-whose every window reads exactly full's bpb is a tie, not a finding; one whose adjusted p is 0.05 or more is "not
-resolved". bpb is a loss (lower is better) and not in [0, 1], so none of the frontier's score intervals apply.
+whose every window reads exactly full's bpb is a tie, not a finding; one whose adjusted p is 0.05 or more, or whose
+interval holds 0, is "not resolved". bpb is a loss (lower is better) and not in [0, 1], so none of the frontier's
+score intervals apply.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def _verdict(r: dict[str, Any]) -> str:
         return "reference"
     if r["tie"]:
         return "tie: full's bpb on every window"
-    if r["p_adj"] >= ALPHA:
+    if r["p_adj"] >= ALPHA or r["diff"][1] <= 0 <= r["diff"][2]:  # the frontier's rule: the test and the interval
         return "not resolved"
     return "worse than full" if r["diff"][0] > 0 else "better than full"
 
