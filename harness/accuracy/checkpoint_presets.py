@@ -383,7 +383,10 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                                 "probe keeps (niah_multikey_1): every press, the leaders, the oracle, "
                                                 "quantized caches and full at 1/8, then KVzip, the other presses, "
                                                 "1/2-1/16, the sized variants, the dynamic prefills, retrieval, "
-                                                "continuation bits per byte, the presses query-aware"),
+                                                "continuation bits per byte, the presses query-aware. Measured on one "
+                                                "core in float32 (AVX2): under a minute a prompt for the 1/8 grid's 15 "
+                                                "arms (40 prompts), ~2.5 min a prompt for KVzip alone, ~2.5 min a "
+                                                "continuation window for its 16 arms with KVzip (20 windows)"),
 }
 
 
