@@ -24,7 +24,8 @@ def rows() -> list[dict]:
     return [bpb_row("none", FULL), bpb_row("quantized", list(FULL), nbits=4),  # every window full's: a tie
             bpb_row("snapkv", [b + 0.1 + 0.01 * i for i, b in enumerate(FULL)], budget="1/8"),  # worse on all 20
             bpb_row("tova", mixed, budget="1/8"),  # 10 worse, 10 better by as much: no difference
-            bpb_row("kvzip", [], budget="1/8", status="error", error="no tokenizer\nin its .gguf file")]
+            bpb_row("kvzip", [], budget="1/8", status="error", error="no tokenizer\nin its .gguf file"),
+            bpb_row("knorm", FULL[:12], budget="1/8")]  # a run cut short: 12 of the 20 windows
 
 
 def test_each_method_is_paired_with_full_on_its_windows_and_holm_adjusted():
@@ -47,6 +48,7 @@ def test_the_table_says_worse_not_resolved_tie_and_what_did_not_run():
     assert "| tie: full's bpb on every window |" in text and line["full"].endswith("| reference |")
     assert "- kvzip at 1/8: error: no tokenizer in its .gguf file" in text  # one line
     assert "Holm over the 2 methods compared" in text
+    assert "Not paired (not full's 20 windows: a run cut short): knorm at 1/8 (12 windows)." in text
 
 
 def test_the_frontier_command_renders_continuation_alone_and_beside_the_ranking(tmp_path, capsys):

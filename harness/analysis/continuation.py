@@ -107,6 +107,10 @@ def lines(rows: Iterable[dict[str, Any]], arm: Arm, head: str = "##", seed: int 
                        f"{_verdict(r)} |")
         if not recs:
             out.append("| full | - | - | did not run | - | - | - | - |")
+        paired = {(r["method"], r["budget"]) for r in recs}
+        cut = [f"{m}{' at ' + b if b else ''} ({len(r.get('per_example') or ())} windows)" for (m, b), r in arms.items()
+               if r.get("status") == "ok" and (m, b) not in paired]
+        out += ["", f"Not paired (not full's {n} windows: a run cut short): {', '.join(cut)}."] if cut and recs else []
         failed = [(k, r) for k, r in arms.items() if r.get("status") != "ok"]
         out += ["", "Did not run:"] + [f"- {m}{' at ' + b if b else ''}: {r.get('status')}: "
                                        f"{one_line(r.get('error') or 'no reason given')}" for (m, b), r in failed] \
