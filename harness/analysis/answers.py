@@ -124,7 +124,7 @@ def _keep_model(rows: list[dict[str, Any]], model: str) -> list[str]:
                   & ~pts["method"].isin(set(cells)) & pts["task"].isin(tasks)]
     if len(missing):
         lines += ["", "Not pooled (no score at 1/8 on every ranked task): " + "; ".join(
-            f"{m} ({', '.join(f'{t.task} {_iv(t.score, t.ci_low, t.ci_high)}, {t.draws} draws' for t in g.itertuples())})"
+            f"{m} ({', '.join(f'{t.task} {_iv(t.score, t.ci_low, t.ci_high)}, {t.draws:.0f} draws' for t in g.itertuples())})"
             for m, g in missing.groupby("method", sort=True)) + "."]
     return lines
 

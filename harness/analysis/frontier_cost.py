@@ -103,7 +103,7 @@ def task_lines(pts: pd.DataFrame, at: str = "1/8", head: str = "##") -> list[str
         lines += ["", f"{head} {model} at {L} tokens: each task at {at} of the cache", "",
                   "| method | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
         for method, m in g.groupby("method", sort=False):
-            cell = {r.task: f"{r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (n {r.n}, {r.draws} draws)"
+            cell = {r.task: f"{r.score:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] (n {r.n:.0f}, {r.draws:.0f} draws)"
                     for r in m.itertuples()}
             lines.append(f"| {method} | " + " | ".join(cell.get(t, "-") for t in tasks) + " |")
     return lines
