@@ -80,21 +80,17 @@ class Panel:
     press_bytes: float  # the presses' mean share of full's KV bytes at the budget (Gemma 3: its windows stay)
     left_out: list[tuple[str, str]] = field(default_factory=list)  # (method, why)
     passkey: tuple[int, int] | None = None  # full's passkey cell: (examples, independent draws)
+    name: str = ""  # as the figure names the model: model_name of its checkpoint and dtype
 
 
-def _split(model: str) -> tuple[str, str]:
-    """(checkpoint, " (dtype)" or ""): a subject names its dtype unless float32 (harness.schema.subject)."""
-    m = re.fullmatch(r"(.*?)( \([a-z0-9]+\))?", str(model))
-    return Path(m[1]).name, m[2] or ""
-
-
-def model_name(model: str) -> str:
-    base, dtype = _split(model)
-    return MODEL_NAME.get(base, base) + dtype
+def model_name(checkpoint: str, dtype: str = "float32") -> str:
+    """The checkpoint's display name, with its dtype unless float32 (as harness.schema.subject names a subject)."""
+    base = Path(str(checkpoint)).name
+    return MODEL_NAME.get(base, base) + ("" if dtype == "float32" else f" ({dtype})")
 
 
 def _model_key(model: str) -> tuple[int, float, str]:
-    base = _split(model)[0]
+    base = Path(str(model)).name
     if base in MODEL_ORDER:
         return (0, float(MODEL_ORDER.index(base)), base)
     size = re.search(r"(\d+(?:\.\d+)?)([mb])(?![a-z])", base.lower())  # 135m, 0.5b: parameters
@@ -158,7 +154,8 @@ def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) ->
     ok = pts[pts["status"] == "ok"]
     rank = FR.ranking(pts, at=at) if rank is None else rank
     panels = []
-    for model in sorted(set(ok["model"]), key=_model_key):
+    who = ok[["model", "checkpoint", "dtype"]].drop_duplicates().itertuples(index=False)
+    for model, checkpoint, dtype in sorted(who, key=lambda w: (_model_key(w.checkpoint), w.model)):
         mine = ok[ok["model"] == model]
         lengths = sorted(set(mine[mine["budget"] == at]["eval_len"]))
         if not lengths:
@@ -190,7 +187,8 @@ def forest(pts: pd.DataFrame, at: str = AT, rank: pd.DataFrame | None = None) ->
             press = g[(g["kind"] == "press") & (g["budget"] == at) & g["task"].isin(tasks)]["kv_fraction"]
             pk = ref[ref["family"] == "passkey"]
             panels.append(Panel(model, L, tasks, blocks, float(press.mean()) if len(press) else float("nan"), left_out,
-                                (int(pk["n"].iloc[0]), int(pk["draws"].iloc[0])) if len(pk) else None))
+                                (int(pk["n"].iloc[0]), int(pk["draws"].iloc[0])) if len(pk) else None,
+                                model_name(checkpoint, dtype)))
     return panels
 
 
@@ -204,7 +202,7 @@ TITLE_CHARS = 100  # a panel title's line at 8.5 pt across WIDTH
 
 
 def _title(panel: Panel, at: str) -> str:
-    title = "\n".join(textwrap.wrap(f"{model_name(panel.model)} at {panel.eval_len} tokens · ranked tasks: "
+    title = "\n".join(textwrap.wrap(f"{panel.name} at {panel.eval_len} tokens · ranked tasks: "
                                      f"{', '.join(panel.tasks)}", TITLE_CHARS, subsequent_indent="  "))
     if panel.press_bytes == panel.press_bytes and panel.press_bytes > 1.5 * float(Fraction(at)):
         title += (f"\n{at} of the context's keys is {panel.press_bytes:.2f} of full's KV bytes here: "
@@ -213,7 +211,7 @@ def _title(panel: Panel, at: str) -> str:
 
 
 def _draw_panel(ax: Axes, panel: Panel) -> None:
-    gid = f"frontier:{model_name(panel.model)}"
+    gid = f"frontier:{panel.name}"
     ax.set_gid(gid)
     y, ticks, labels, numbers = 0.0, [], [], []
     for block in panel.blocks:
@@ -288,7 +286,7 @@ def _left_out(panels: list[Panel]) -> str:
             suffix = re.search(r" \([^()]*\)$", methods[0])
             common = suffix[0] if suffix and len(methods) > 1 and all(m.endswith(suffix[0]) for m in methods) else ""
             names = ", ".join(m[:len(m) - len(common)] for m in methods)
-            parts.append(f"{model_name(p.model)}'s {names}{common} ({why})")
+            parts.append(f"{p.name}'s {names}{common} ({why})")
     return "; ".join(parts)
 
 

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from harness.analysis import frontier as FR
-from harness.analysis.figures.frontier import AT, FAMILY, WIDTH, Panel, forest, frontier_points, model_name
+from harness.analysis.figures.frontier import AT, FAMILY, WIDTH, Panel, forest, frontier_points
 from harness.analysis.figures.registry import register_figure
 from harness.analysis.figures.style import Skip, figure_style, save
 
@@ -71,7 +71,7 @@ def save_curves(pts: pd.DataFrame, panels: list[Panel], out: str | Path | None, 
         fig = Figure(figsize=(WIDTH, 3.5), layout="constrained")
         axes = fig.subplots(1, len(panels), sharey=True, squeeze=False).ravel().tolist()
         for ax, panel, c in zip(axes, panels, data, strict=True):
-            gid = f"curves:{model_name(panel.model)}"
+            gid = f"curves:{panel.name}"
             ax.set_gid(gid)
             for role, g in c.groupby("role", sort=False):
                 colour, dash, marker = CURVE_STYLE[role]
@@ -94,7 +94,7 @@ def save_curves(pts: pd.DataFrame, panels: list[Panel], out: str | Path | None, 
             ax.xaxis.set_minor_locator(NullLocator())
             ax.tick_params(labelsize=7)
             ax.set_ylim(-0.03, 1.05)
-            ax.set_title(f"{model_name(panel.model)}\n{panel.eval_len} tokens", fontsize=8)
+            ax.set_title(f"{panel.name}\n{panel.eval_len} tokens", fontsize=8)
             ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False, handlelength=2.0,
                       borderaxespad=0, labelspacing=0.2)
         axes[0].set_ylabel("score (mean over ranked tasks)", fontsize=7.5)

@@ -128,10 +128,13 @@ def type_specs(config: Any, text: str) -> dict[str, str]:
     return dict(plan.specs)
 
 
+def _per_layer(config: Any, typed: dict[str, str]) -> list[str]:
+    return [typed[t] for t in config.layer_types[:config.num_hidden_layers]]
+
+
 def layer_specs(config: Any, text: str) -> list[str]:
     """Each layer's variant spec under the layer spec ``text`` (:func:`type_specs`)."""
-    specs = type_specs(config, text)
-    return [specs[t] for t in config.layer_types[:config.num_hidden_layers]]
+    return _per_layer(config, type_specs(config, text))
 
 
 def cell_type_specs(cell: Cell, config: Any) -> dict[str, str] | None:
@@ -142,13 +145,14 @@ def cell_type_specs(cell: Cell, config: Any) -> dict[str, str] | None:
     return {t: cell.variant_spec for t in types} if len(types) > 1 else None
 
 
-def layer_modules(cell: Cell, config: Any) -> list[Any]:
-    """Each layer's attention module of the cell's model, for its FLOPs and bytes (one module a distinct spec)."""
+def layer_modules(cell: Cell, config: Any, typed: dict[str, str] | None) -> list[Any]:
+    """Each layer's attention module of the cell's model, for its FLOPs and bytes (one module a distinct spec);
+    ``typed``: :func:`cell_type_specs`."""
     from attn.hf.interface import variant_of
 
-    if cell.variant != LAYERS:
+    if cell.variant != LAYERS or typed is None:
         return [attn.build_attention(cell.variant, **cell.variant_params)] * cell.layers
-    specs = layer_specs(config, _spec(cell))
+    specs = _per_layer(config, typed)
     built = {s: variant_of(s) for s in dict.fromkeys(specs)}
     modules = {s: attn.build_attention(v.name, **dict(v.params)) for s, v in built.items()}
     return [modules[s] for s in specs]
@@ -206,10 +210,10 @@ def build_hf(cell: Cell) -> Measured:
         ran = sorted({m.last_backend for m in attention_modules(model) if m.last_backend})
         return ",".join(ran) or None
 
-    modules = layer_modules(cell, config)
+    typed = cell_type_specs(cell, config)  # the layer plan, once: the modules' FLOPs and the press's check read it
+    modules = layer_modules(cell, config, typed)
     if cell.press is not None:
-        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, modules, kept),
-                           cell_type_specs(cell, config))
+        return build_press(cell, model, idx, backend, lambda kept: hf_flops(model, cell, modules, kept), typed)
     flops, moved = hf_flops(model, cell, modules), hf_bytes(model, cell, modules)
     if cell.mode == "decode":
         cache = VariantCache(model.config)
