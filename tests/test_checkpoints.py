@@ -331,6 +331,28 @@ def test_checkpoint_presets_validate_and_fix_their_grid(smollm2, tmp_path, capsy
     said = capsys.readouterr().err
     picked = [g for g in CHECKPOINT_PRESETS["smollm2-cpu"].groups if at in g.eval_lens]
     assert said.count("smollm2-135m (llama, trained at 8192") == len(picked) < len(CHECKPOINT_PRESETS["smollm2-cpu"].groups)
+    # --task and --subtask pick some of its tasks the same way; one it does not have is refused, naming what it has
+    assert main(["accuracy", "--preset", "smollm2-cpu", "--subtask", "cwe", "--out", str(out)]) == 2
+    assert ("--subtask cwe is not a task of --preset smollm2-cpu (niah_multikey_1, niah_single_1, vt)"
+            in capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_a_preset_split_by_task_keeps_each_group_s_cells():
+    """A split run's process takes some of a preset's tasks: each group keeps the chosen ones (RULER's chosen
+    subtasks), a group left without RULER tasks runs without RULER, and a group left with none is dropped."""
+    from harness.accuracy.checkpoint_presets import CHECKPOINT_PRESETS, PROBED
+    from harness.accuracy.cli import some_of
+
+    g = CHECKPOINT_PRESETS["frontier-qwen-16k-cpu"].groups[0]
+    assert g.tasks == ("passkey", "ruler") and g.params()["ruler"]["tasks"] == PROBED[16384]
+    one = some_of(g, [16384], (), ("niah_multivalue",))
+    assert one.tasks == ("passkey", "ruler") and one.params()["ruler"]["tasks"] == ("niah_multivalue",)
+    assert one.params()["passkey"] == g.params()["passkey"] and one.presses == g.presses
+    assert some_of(g, [16384], ("passkey",), ()).tasks == ("passkey",)
+    assert some_of(g, [16384], (), ("vt",)).tasks == ("passkey",)  # none of its RULER tasks: passkey alone
+    assert some_of(g, [16384], ("ruler",), ("vt",)).tasks == ()
+    assert some_of(g, [4096], (), ()).eval_lens == () and some_of(g, [16384], (), ()) == g
 
 
 def test_kvzip_reads_the_checkpoint_s_tokenizer_from_its_gguf_file(smollm2):

@@ -346,7 +346,10 @@ FS, FQ, FC = "frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-
 FG, QWEN = "frontier-gemma3-cpu.jsonl", "qwen2.5-coder-0.5b"
 # files read with a frontier file (the same prompts, its rows paired with these): retrieval's arms (issue 51)
 FRONTIER_WITH = {FS: ("retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl"), FQ: ("retrieval-qwen-cpu.jsonl",),
-                 "frontier-qwen-probed-16k-cpu.jsonl": ("frontier-qwen-probed-4k-cpu.jsonl",)}  # 16K beside 4K: lengths
+                 "frontier-qwen-probed-16k-cpu.jsonl": ("frontier-qwen-probed-4k-cpu.jsonl",),  # 16K beside 4K: lengths
+                 # Qwen at 8K in float32: a split run's two files (passkey; the RULER task), one frontier
+                 "frontier-qwen-8k-passkey-cpu.jsonl": ("frontier-qwen-8k-ruler-cpu.jsonl",),
+                 "frontier-qwen-8k-ruler-cpu.jsonl": ("frontier-qwen-8k-passkey-cpu.jsonl",)}
 
 
 # -- the quotes: results/README.md, run by run ----------------------------------------------------------------------
@@ -1606,7 +1609,8 @@ def frontier_markdown(file: str) -> str:
 
 FC16 = "frontier-cost-16k-prefill-cpu.jsonl"  # the prefill and decode step at 16K, one machine's run
 FRONTIER_COST = {FS: FC, FQ: FC, "frontier-qwen-probed-4k-cpu.jsonl": FC16,
-                 "frontier-qwen-probed-16k-cpu.jsonl": FC16, "frontier-gemma3-cpu.jsonl": GC}  # a section's --cost file
+                 "frontier-qwen-probed-16k-cpu.jsonl": FC16, "frontier-gemma3-cpu.jsonl": GC,  # a section's --cost file
+                 "frontier-qwen-8k-passkey-cpu.jsonl": FC, "frontier-qwen-8k-ruler-cpu.jsonl": FC}
 
 
 @pytest.mark.parametrize("file", frontier_files())

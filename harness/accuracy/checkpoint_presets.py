@@ -366,8 +366,10 @@ CHECKPOINT_PRESETS: dict[str, CheckpointPreset] = {
                                               "passkey prompt, ~1.7 min a 4K RULER prompt (15 arms), ~6.5 min a 16K "
                                               "prompt (27 arms), ~2 min a 4K prompt for KVzip alone, so the 1/8 grid "
                                               "(20 prompts a task: 140 at 4K, 100 at 8K, 120 at 16K) is ~4 hours at 4K "
-                                              "and ~15 at 16K (8K not yet measured), everything past 100 hours: one "
-                                              "process a length, resumable (--eval-lens L --resume)"),
+                                              "and ~15 at 16K; in float32 on one AVX2 core ~3.5 min an 8K passkey "
+                                              "prompt, ~4 min an 8K RULER prompt (15 arms); everything past 100 "
+                                              "hours: one process a length (--eval-lens L) or a task (--task, "
+                                              "--subtask), resumable (--resume)"),
     # Gemma 3's own pattern, the presses on its global layers (kvpress's rule); its probe keeps no RULER task at 4K
     # (full below 0.5 on each: passkey alone there) and niah_single_1 at 8K; KVzip refuses Gemma 3 (its rows say so).
     # About 6 hours of 2 cores.

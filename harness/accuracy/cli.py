@@ -156,11 +156,12 @@ def build_hf_plan(path: str, opts: dict[str, Any]) -> HFPlan:
 
 def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     """A checkpoint preset: its groups as plans. It fixes the grid, so only --hf-model (the same checkpoint elsewhere:
-    a .gguf file or folder), --eval-lens (some of its lengths: each process of a split run its own file, the same
-    cells and run ids) and the run's own options go with it."""
+    a .gguf file or folder), --eval-lens, --task and --subtask (some of its lengths, tasks and RULER tasks: each
+    process of a split run its own file, the same cells and run ids) and the run's own options go with it."""
     from harness.accuracy import budgets
 
-    given = [k for k, v in opts.items() if k not in ("preset", "dtype", "eval_lens") and v not in (None, (), False)]
+    given = [k for k, v in opts.items()
+             if k not in ("preset", "dtype", "eval_lens", "tasks", "subtasks") and v not in (None, (), False)]
     if given:
         raise click.UsageError(f"{_flag(given[0])} does not apply to --preset {opts['preset']} (it fixes "
                                "the grid: run without the preset to choose it)")
@@ -170,11 +171,26 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     if other := [L for L in lens if L not in has]:
         raise click.UsageError(f"--eval-lens {other[0]} is not a length of --preset {opts['preset']} "
                                f"({', '.join(map(str, has))})")
-    groups = [dataclasses.replace(g, eval_lens=tuple(L for L in g.eval_lens if L in lens)) for g in preset.groups]
+    groups = [some_of(g, lens, opts["tasks"], opts["subtasks"]) for g in preset.groups]
+    for flag, asked, has in (("--task", opts["tasks"], {t for g in preset.groups for t in g.tasks}),
+                             ("--subtask", opts["subtasks"], {t for g in preset.groups for t in g.params().get(
+                                 "ruler", {}).get("tasks", ())})):
+        if other := [t for t in asked if t not in has]:
+            raise click.UsageError(f"{flag} {other[0]} is not a task of --preset {opts['preset']} "
+                                   f"({', '.join(sorted(has)) or 'none'})")
     return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          preset_configs(g), g.presses,
                          query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "auto",
-                         budgets=g.budgets, families=g.sized) for g in groups if g.eval_lens]
+                         budgets=g.budgets, families=g.sized) for g in groups if g.eval_lens and g.tasks]
+
+
+def some_of(g: Group, lens: list[int], tasks: tuple[str, ...], subtasks: tuple[str, ...]) -> Group:
+    """A preset's group at some of its lengths, tasks and RULER tasks (none given: all); a group left with no RULER
+    task runs without RULER."""
+    ruler = tuple(t for t in g.params().get("ruler", {}).get("tasks", ()) if not subtasks or t in subtasks)
+    kept = tuple(t for t in g.tasks if (not tasks or t in tasks) and (t != "ruler" or ruler))
+    config = {**g.config, "ruler": {**g.config.get("ruler", {}), "tasks": ruler}} if "ruler" in kept else g.config
+    return dataclasses.replace(g, eval_lens=tuple(L for L in g.eval_lens if L in lens), tasks=kept, config=config)
 
 
 def preset_configs(g: Group) -> dict[str, Any]:
@@ -207,7 +223,8 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 @click.option("--variant", "variants", multiple=True, help="Attention spec name[:k=v,...] (repeatable).")
 @click.option("--position", "positions", multiple=True, help="Position spec name[:k=v,...] (repeatable).")
 @click.option("--train-len", type=click.IntRange(min=1), help="Training sequence length.")
-@click.option("--eval-lens", help="Comma-separated evaluation lengths (with a checkpoint preset: some of its lengths).")
+@click.option("--eval-lens", help="Comma-separated evaluation lengths (with a checkpoint preset: some of its lengths; "
+                                  "--task and --subtask pick some of its tasks).")
 @click.option("--seeds", help="Comma-separated training seeds, e.g. 0,1,2.")
 @click.option("--steps", type=click.IntRange(min=0), help="Training steps.")
 @click.option("--batch-size", type=click.IntRange(min=1))

@@ -75,6 +75,7 @@ def _order(rows: list[dict[str, Any]], models: Sequence[str]) -> list[str]:
 # the frontiers on the tasks each model's probe chose (full half-solves them): where one holds a model at a length, it
 # is the model's frontier there, and a subject that has one is summarised at its longest probed length
 PROBED_FILES = ("frontier-qwen-probed-4k-cpu.jsonl", "frontier-qwen-probed-16k-cpu.jsonl",
+                "frontier-qwen-8k-passkey-cpu.jsonl", "frontier-qwen-8k-ruler-cpu.jsonl",
                 "frontier-gemma3-probed-cpu.jsonl", "frontier-smollm2-probed-cpu.jsonl")
 KEEP_FILES = ("frontier-smollm2-cpu.jsonl", "frontier-qwen-cpu.jsonl", "frontier-gemma3-cpu.jsonl",
               "retrieval-smollm2-cpu.jsonl", "retrieval-smollm2-4k-cpu.jsonl", "retrieval-qwen-cpu.jsonl",
