@@ -25,13 +25,30 @@ def parse_presses(texts: Iterable[str], where: str = "--press") -> list[PressSpe
 
 def press_refusal(label: str, err: BaseException) -> BaseException:
     """A press that refuses a model or an attention is ``unsupported``, with its reason (kvpress asserts what it needs,
-    e.g. eager attention weights: AssertionError, NotImplementedError); anything else (running out of memory, a bug)
-    stays the error it is."""
+    e.g. eager attention weights: AssertionError, NotImplementedError), and so is one that needs a part this checkpoint
+    has nowhere (:func:`needs_a_part`); anything else (running out of memory, a bug) stays the error it is: an error
+    cell runs again on resume, an ``unsupported`` one never."""
     from attn.attention.base import UnsupportedBackend
 
-    if is_oom(err) or not isinstance(err, (AssertionError, NotImplementedError)):
+    if is_oom(err) or not (isinstance(err, (AssertionError, NotImplementedError)) or needs_a_part(err)):
         return err
     return UnsupportedBackend(one_line(f"press {label} cannot run here: {type(err).__name__}: {err or 'assertion failed'}"))
 
 
-__all__ = ["parse_presses", "press_refusal"]
+def needs_a_part(err: BaseException) -> bool:
+    """kvpress fetches some presses' parts from the Hugging Face Hub by the model's name (QFilter's filters,
+    ExpectedAttention's statistics, Fast-KVzip's gates) and keeps LU-KV's budget curves for a few named models: offline,
+    or for a local checkpoint whose path is no repository name, they are not there, however often it is tried."""
+    from huggingface_hub import errors
+
+    hub = (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, errors.HFValidationError,
+           errors.RepositoryNotFoundError)
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, hub) or (isinstance(seen, KeyError) and "LU-KV budget curve" in str(seen)):
+            return True
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)  # the chain a traceback shows
+    return False
+
+
+__all__ = ["needs_a_part", "parse_presses", "press_refusal"]

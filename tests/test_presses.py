@@ -222,6 +222,34 @@ def test_a_press_that_refuses_the_model_is_unsupported_and_the_others_go_on(mode
     assert len(got["none"]) == 2 and "none" not in cache.failed
 
 
+def test_a_press_missing_a_part_this_checkpoint_has_nowhere_refuses_and_is_not_retried(model):
+    """LU-KV keeps budget curves for a few named models, QFilter and ExpectedAttention's statistics come from the Hub by
+    the model's name: with none for this model (or offline) the press refuses (`unsupported`, never run again on
+    resume) instead of failing as an `error`, which re-ran its cells and kept none of their prompts' answers."""
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    from harness.presses import needs_a_part, press_refusal
+
+    lukv = "lukv(snapkv:compression_ratio=0.5)"
+    cache = SharedPrefill([presses.parse_press(lukv), presses.parse_press("none")])
+    got = cache.answers(model, prompt(11), CONTEXT, GenerationConfig(max_new_tokens=2, min_new_tokens=2))
+    err = cache.failed[presses.parse_press(lukv).label]
+    assert type(err).__name__ == "UnsupportedBackend" and "LU-KV budget curve" in str(err) and len(got["none"]) == 2
+    cache.next_cell()
+    assert presses.parse_press(lukv).label in cache.failed  # a refusal stays refused in the next cell
+    try:  # as kvpress raises it: its own message, the Hub's error as its context
+        try:
+            raise LocalEntryNotFoundError("cannot find the requested files in the local cache")
+        except LocalEntryNotFoundError:
+            raise ValueError("No statistics found for model m on the Hub") from None
+    except ValueError as e:
+        assert not needs_a_part(e)  # `from None` cut the chain: a ValueError alone is an error
+    wrapped = ValueError("No statistics found")
+    wrapped.__context__ = HFValidationError("Repo id must use alphanumeric chars")
+    assert needs_a_part(wrapped) and type(press_refusal("p", wrapped)).__name__ == "UnsupportedBackend"
+    assert press_refusal("p", ValueError("a bug")).__class__ is ValueError and not needs_a_part(KeyError("x"))
+
+
 def test_an_arm_that_failed_in_one_cell_runs_in_the_next_and_one_that_refused_does_not(model, monkeypatch):
     """A failure that may pass (memory, oneDNN's "could not create a primitive") costs its arm one cell, not every
     later cell of the setting: a run that failed once wrote `error` rows for five cells it never tried. A refusal
