@@ -171,13 +171,12 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
     if other := [L for L in lens if L not in has]:
         raise click.UsageError(f"--eval-lens {other[0]} is not a length of --preset {opts['preset']} "
                                f"({', '.join(map(str, has))})")
-    groups = [some_of(g, lens, opts["tasks"], opts["subtasks"]) for g in preset.groups]
-    for flag, asked, has in (("--task", opts["tasks"], {t for g in preset.groups for t in g.tasks}),
-                             ("--subtask", opts["subtasks"], {t for g in preset.groups for t in g.params().get(
-                                 "ruler", {}).get("tasks", ())})):
-        if other := [t for t in asked if t not in has]:
+    for flag, asked, names in (("--task", opts["tasks"], {t for g in preset.groups for t in g.tasks}),
+                               ("--subtask", opts["subtasks"], {t for g in preset.groups for t in _ruler_tasks(g)})):
+        if other := [t for t in asked if t not in names]:
             raise click.UsageError(f"{flag} {other[0]} is not a task of --preset {opts['preset']} "
-                                   f"({', '.join(sorted(has)) or 'none'})")
+                                   f"({', '.join(sorted(names)) or 'none'})")
+    groups = [some_of(g, lens, opts["tasks"], opts["subtasks"]) for g in preset.groups]
     return [budgets.plan(hf_model or preset.model, g.tasks, g.variants, g.positions, g.eval_lens,
                          preset_configs(g), g.presses,
                          query_aware=g.query_aware, equal_memory=g.equal_memory, dtype=opts["dtype"] or "auto",
@@ -187,10 +186,14 @@ def hf_preset_plans(hf_model: str | None, opts: dict[str, Any]) -> list[HFPlan]:
 def some_of(g: Group, lens: list[int], tasks: tuple[str, ...], subtasks: tuple[str, ...]) -> Group:
     """A preset's group at some of its lengths, tasks and RULER tasks (none given: all); a group left with no RULER
     task runs without RULER."""
-    ruler = tuple(t for t in g.params().get("ruler", {}).get("tasks", ()) if not subtasks or t in subtasks)
+    ruler = tuple(t for t in _ruler_tasks(g) if not subtasks or t in subtasks)
     kept = tuple(t for t in g.tasks if (not tasks or t in tasks) and (t != "ruler" or ruler))
     config = {**g.config, "ruler": {**g.config.get("ruler", {}), "tasks": ruler}} if "ruler" in kept else g.config
     return dataclasses.replace(g, eval_lens=tuple(L for L in g.eval_lens if L in lens), tasks=kept, config=config)
+
+
+def _ruler_tasks(g: Group) -> tuple[str, ...]:
+    return tuple(g.params().get("ruler", {}).get("tasks", ()))  # none: the group runs no RULER
 
 
 def preset_configs(g: Group) -> dict[str, Any]:
